@@ -1,0 +1,1 @@
+"""Chat rendering: tokenizers, templates, and token-in/token-out prompt extension."""

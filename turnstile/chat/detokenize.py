@@ -1,0 +1,35 @@
+"""Token IDs to text, one token at a time, without splitting a UTF-8 character.
+
+A byte-level token can end in the middle of a multi-byte character; its text only becomes
+whole with the next token. We decode a short window and emit only text that is complete.
+"""
+
+from __future__ import annotations
+
+from .tokenizer import LoadedTokenizer
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tok: LoadedTokenizer):
+        self._tok = tok
+        self._ids: list[int] = []
+        self._prefix = 0  # window start: tokens before it are fully emitted
+        self._read = 0  # tokens whose text has been emitted
+
+    def push(self, token_id: int) -> str:
+        """Add a token; return the text that is now complete."""
+        self._ids.append(token_id)
+        decode = self._tok.decode
+        done = decode(self._ids[self._prefix:self._read])
+        text = decode(self._ids[self._prefix:])
+        if text.endswith("\ufffd") or len(text) <= len(done):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(done):]
+
+    def flush(self) -> str:
+        """Whatever is left at the end (an incomplete character decodes to U+FFFD)."""
+        done = self._tok.decode(self._ids[self._prefix:self._read])
+        text = self._tok.decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return text[len(done):]

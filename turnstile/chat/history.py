@@ -1,0 +1,137 @@
+"""Which recorded call does a request continue?
+
+Each request's messages are hashed as a chain (tools first, then one message at a time), after
+normalising away the ways harnesses echo an assistant message back: ``content`` ``null`` vs
+``""``, tool-call arguments re-serialised, reasoning dropped, tool-call ids renamed. A recorded
+call is registered under the chain hash of *its request + the reply we returned*; a new request
+continues the call whose hash equals one of its own prefix hashes (the longest wins), and its
+remaining messages are the ones to render as a delta.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass, field
+
+import orjson
+
+
+def _text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type") == "text":
+                parts.append(str(p.get("text", "")))
+            else:
+                parts.append(orjson.dumps(p, option=orjson.OPT_SORT_KEYS).decode())
+        return "".join(parts)
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _arguments(args: object) -> object:
+    if isinstance(args, str):
+        try:
+            return orjson.loads(args)
+        except orjson.JSONDecodeError:
+            return args
+    return args
+
+
+def message_key(m: dict) -> bytes:
+    """The parts of a message that must match for it to be 'the same message'."""
+    role = m.get("role")
+    key: list = [role, _text(m.get("content")), m.get("name")]
+    if role == "assistant":
+        key.append([
+            [(c.get("function") or {}).get("name"), _arguments((c.get("function") or {})
+                                                               .get("arguments"))]
+            for c in m.get("tool_calls") or ()
+        ])
+    return orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
+
+
+def _chain(prev: bytes, data: bytes) -> bytes:
+    return hashlib.blake2b(prev + data, digest_size=8).digest()
+
+
+def root_hash(tools: list[dict] | None, template_kwargs: dict | None) -> bytes:
+    seed = orjson.dumps([tools or [], template_kwargs or {}], option=orjson.OPT_SORT_KEYS)
+    return _chain(b"", seed)
+
+
+def prefix_hashes(root: bytes, messages: list[dict]) -> list[bytes]:
+    """``out[k]`` identifies ``messages[:k]`` (``out[0]`` is the root)."""
+    out = [root]
+    for m in messages:
+        out.append(_chain(out[-1], message_key(m)))
+    return out
+
+
+@dataclass
+class Node:
+    """What the tree keeps in memory per call: its tokens, as compact int32 arrays."""
+
+    id: str
+    parent: Node | None
+    prompt_delta: array
+    completion_ids: array
+    message: dict | None
+    stop_token_id: int | None
+
+    def context_ids(self) -> array:
+        """Prompt + completion of this call: the prefix a child call reuses."""
+        parts = []
+        node: Node | None = self
+        while node is not None:
+            parts.append(node.completion_ids)
+            parts.append(node.prompt_delta)
+            node = node.parent
+        out = array("i")
+        for p in reversed(parts):
+            out.extend(p)
+        return out
+
+
+@dataclass
+class Match:
+    parent: Node | None
+    new_messages: list[dict]
+    hashes: list[bytes]
+    matched: int  # how many leading messages match some recorded conversation
+
+
+@dataclass
+class SessionTree:
+    """The calls of one session, indexed by the conversations they answered."""
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+    replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
+    known: set[bytes] = field(default_factory=set)  # every conversation prefix seen
+    n_calls: int = 0
+
+    def match(self, messages: list[dict], root: bytes) -> Match:
+        hashes = prefix_hashes(root, messages)
+        for k in range(len(messages) - 1, 0, -1):
+            call_id = self.replies.get(hashes[k])
+            if call_id is not None:
+                return Match(self.nodes[call_id], messages[k:], hashes, k)
+        matched = max((k for k, h in enumerate(hashes) if h in self.known), default=0)
+        return Match(None, messages, hashes, matched)
+
+    def add(self, node: Node, request_hashes: list[bytes], reply_hash: bytes | None) -> list[bytes]:
+        """Register a finished call; returns the hashes that were new (to persist)."""
+        self.nodes[node.id] = node
+        self.n_calls += 1
+        new = [h for h in request_hashes if h not in self.known]
+        self.known.update(new)
+        if reply_hash is not None:
+            self.replies[reply_hash] = node.id
+            if reply_hash not in self.known:
+                self.known.add(reply_hash)
+                new.append(reply_hash)
+        return new

@@ -1,0 +1,106 @@
+"""Prompt token IDs from messages: a full render, or a *delta* that extends recorded tokens.
+
+The delta for new messages (tool results, a user turn) is cut from the model's own template:
+render a short stand-in conversation that ends with the assistant message we returned, render
+it again with the new messages and the generation prompt, and keep what the second render
+adds. Where the recorded tokens end (the *seam*) is also read from the template, not
+hard-coded per family:
+
+- the assistant turn's close is the last end-of-generation marker (``<|im_end|>``,
+  ``<|eot_id|>``, ...) in the stand-in render of that turn;
+- if the model sampled that marker as its stop token, the delta starts right after it
+  (ChatML's ``\\n`` then lands in the delta); a stop token that *opens* the next part of the
+  render (GLM's ``<|observation|>``) is not repeated;
+- if the completion had no stop token (``length``, a stop string), the template's close is
+  appended as unsampled prompt tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .template import ChatTemplate
+from .tokenizer import LoadedTokenizer
+
+STAND_IN_USER = {"role": "user", "content": "dummy"}
+
+
+class NotPrefixPreserving(ValueError):
+    """Appending these messages re-renders earlier turns, so no exact delta exists."""
+
+
+@dataclass(frozen=True)
+class Seam:
+    kind: str  # "stop": after the sampled stop token; "synthesized_close"; "substituted_close"
+    text: str  # the text whose tokens form the delta
+
+
+class Renderer:
+    def __init__(self, tokenizer: LoadedTokenizer, template: ChatTemplate):
+        self.tok = tokenizer
+        self.template = template
+        self.eog_text = {i: t for i in tokenizer.eog_token_ids
+                         if (t := tokenizer.token_text(i)) is not None}
+        # Encoding a fragment after a special token reproduces how the full render tokenizes
+        # text that follows a special token (no sentencepiece prefix space, no merge).
+        anchor = tokenizer.eos_token or next(iter(self.eog_text.values()), None)
+        self._anchor = anchor if anchor and len(tokenizer.encode(anchor)) == 1 else None
+        self.fingerprint = f"{tokenizer.fingerprint}:{template.fingerprint}"
+
+    def render_full(self, messages: list[dict], tools: list[dict] | None,
+                    **kwargs: object) -> list[int]:
+        text = self.template.render(messages, tools, add_generation_prompt=True, **kwargs)
+        return self.tok.encode(text)
+
+    def encode_fragment(self, text: str) -> list[int]:
+        if self._anchor is None:
+            return self.tok.encode(text)
+        return self.tok.encode(self._anchor + text)[1:]
+
+    def extension(self, assistant: dict, new_messages: list[dict], tools: list[dict] | None,
+                  stop_token_id: int | None, **kwargs: object) -> tuple[list[int], Seam]:
+        """Token IDs that follow the recorded completion of ``assistant`` when ``new_messages``
+        are appended, ending with the generation prompt."""
+        head = [STAND_IN_USER]
+        render = self.template.render
+        before_turn = render(head, tools, add_generation_prompt=False, **kwargs)
+        before = render([*head, assistant], tools, add_generation_prompt=False, **kwargs)
+        after = render([*head, assistant, *new_messages], tools, add_generation_prompt=True,
+                       **kwargs)
+        if not after.startswith(before):
+            at = _first_difference(before, after)
+            raise NotPrefixPreserving(
+                f"appending {_roles(new_messages)} changes the rendered history at character "
+                f"{at}: {before[at:at + 40]!r} became {after[at:at + 40]!r}")
+        turn_start = len(before_turn) if before.startswith(before_turn) else 0
+        close_at, close_text = self._turn_close(before, turn_start)
+        tail = after[close_at:]
+        sampled = self.eog_text.get(stop_token_id) if stop_token_id is not None else None
+        if sampled is None:
+            seam = Seam("synthesized_close", tail)
+        elif tail.startswith(sampled):
+            seam = Seam("stop", tail[len(sampled):])
+        else:
+            # The model ended with a different end marker than the template writes; its token
+            # stands in for the template's close.
+            seam = Seam("substituted_close", tail[len(close_text):])
+        return self.encode_fragment(seam.text), seam
+
+    def _turn_close(self, rendered: str, start: int) -> tuple[int, str]:
+        """Position and text of the last end-of-generation marker in the assistant turn, or the
+        end of the render when the template closes turns without one."""
+        best, text = len(rendered), ""
+        for marker in self.eog_text.values():
+            at = rendered.rfind(marker, start)
+            if at != -1 and (text == "" or at > best):
+                best, text = at, marker
+        return best, text
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _roles(messages: list[dict]) -> str:
+    return "+".join(str(m.get("role")) for m in messages)

@@ -1,0 +1,232 @@
+"""JSON helpers for tool-call formats whose calls are ``{"name": ..., "arguments": {...}}`` objects.
+
+Hand-rolled rather than ``json.loads`` alone because streaming needs to know *where* in the
+model's text a value starts and ends, so that the exact characters the model sampled can be
+forwarded as ``arguments`` instead of a re-serialisation. Shared by Hermes today and meant for
+Llama-3 JSON / Mistral-style formats later.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+JSON_WS = " \t\n\r"
+ARGS_KEYS = ("arguments", "parameters")
+_DECODER = json.JSONDecoder()
+
+
+def skip_ws(text: str, i: int) -> int:
+    """Index of the first non-JSON-whitespace character at or after ``i``."""
+    n = len(text)
+    while i < n and text[i] in JSON_WS:
+        i += 1
+    return i
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One ``"key": value`` of an object, with the span of the raw value text."""
+
+    key: str
+    value: Any
+    start: int
+    end: int
+
+
+def object_members(text: str) -> list[Member] | None:
+    """The members of the one JSON object that ``text`` consists of, or None if it is not that.
+
+    Whitespace around the object is allowed; anything else (a second value, a trailing comma,
+    invalid JSON) gives None.
+    """
+    try:
+        i = skip_ws(text, 0)
+        if text[i : i + 1] != "{":
+            return None
+        members: list[Member] = []
+        i = skip_ws(text, i + 1)
+        if text[i : i + 1] == "}":
+            return members if skip_ws(text, i + 1) == len(text) else None
+        while True:
+            if text[i : i + 1] != '"':
+                return None
+            key, i = _DECODER.raw_decode(text, i)
+            i = skip_ws(text, i)
+            if text[i : i + 1] != ":":
+                return None
+            start = skip_ws(text, i + 1)
+            value, end = _DECODER.raw_decode(text, start)
+            members.append(Member(key, value, start, end))
+            i = skip_ws(text, end)
+            sep = text[i : i + 1]
+            if sep == "}":
+                return members if skip_ws(text, i + 1) == len(text) else None
+            if sep != ",":
+                return None
+            i = skip_ws(text, i + 1)
+    except ValueError:  # json.JSONDecodeError is a ValueError
+        return None
+
+
+def parse_call_object(text: str, args_keys: tuple[str, ...] = ARGS_KEYS) -> tuple[str, str] | None:
+    """(name, arguments JSON text) of a complete call object, or None if it is not a valid call.
+
+    The arguments text is the model's own substring when it wrote an object; a string that
+    holds a JSON object is accepted as is (some models stringify); missing or null gives "{}".
+    """
+    members = object_members(text)
+    if members is None:
+        return None
+    by_key = {m.key: m for m in members}  # last duplicate wins, like json.loads
+    name = by_key.get("name")
+    if name is None or not isinstance(name.value, str) or not name.value:
+        return None
+    args = next((by_key[k] for k in args_keys if k in by_key), None)
+    if args is None or args.value is None:
+        return name.value, "{}"
+    if isinstance(args.value, dict):
+        return name.value, text[args.start : args.end]
+    if isinstance(args.value, str):
+        try:
+            decoded = json.loads(args.value)
+        except ValueError:
+            return None
+        return (name.value, args.value) if isinstance(decoded, dict) else None
+    return None
+
+
+HeadStatus = Literal["match", "partial", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallHead:
+    """Result of ``match_call_head``; ``end`` is just past the ``{`` opening the arguments."""
+
+    status: HeadStatus
+    name: str = ""
+    end: int = 0
+
+
+class _Partial(Exception):
+    pass
+
+
+class _Fail(Exception):
+    pass
+
+
+class _Cursor:
+    """Sequential matcher over a possibly incomplete text: running out of text is 'partial'."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.i = 0
+
+    def ws(self) -> None:
+        self.i = skip_ws(self.text, self.i)
+
+    def literal(self, *options: str) -> None:
+        rest = self.text[self.i :]
+        for option in options:
+            if rest.startswith(option):
+                self.i += len(option)
+                return
+        if any(option.startswith(rest) for option in options):
+            raise _Partial
+        raise _Fail
+
+    def string(self) -> str:
+        text, i = self.text, self.i
+        if i >= len(text):
+            raise _Partial
+        if text[i] != '"':
+            raise _Fail
+        j = i + 1
+        while j < len(text):
+            ch = text[j]
+            if ch == "\\":
+                j += 2
+                continue
+            if ch == '"':
+                try:
+                    value = json.loads(text[i : j + 1])
+                except ValueError:
+                    raise _Fail from None
+                self.i = j + 1
+                return value
+            j += 1
+        raise _Partial
+
+
+def match_call_head(text: str, args_keys: tuple[str, ...] = ARGS_KEYS) -> CallHead:
+    """Match ``{"name": "<str>", "arguments": {`` at the start of ``text`` (JSON whitespace ok).
+
+    Why: this is the point from which a streamed call can be announced safely (the name is
+    known and the arguments are an object whose text can be forwarded as it arrives). The
+    result for a longer text never contradicts a "match" or "fail" for its prefix, so the
+    decision does not depend on how the stream was chunked.
+    """
+    cur = _Cursor(text)
+    try:
+        cur.ws()
+        cur.literal("{")
+        cur.ws()
+        cur.literal('"name"')
+        cur.ws()
+        cur.literal(":")
+        cur.ws()
+        name = cur.string()
+        cur.ws()
+        cur.literal(",")
+        cur.ws()
+        cur.literal(*(f'"{k}"' for k in args_keys))
+        cur.ws()
+        cur.literal(":")
+        cur.ws()
+        cur.literal("{")
+    except _Partial:
+        return CallHead("partial")
+    except _Fail:
+        return CallHead("fail")
+    if not name:
+        return CallHead("fail")
+    return CallHead("match", name, cur.i)
+
+
+class ValueScanner:
+    """Finds where a streamed JSON object/array ends by tracking brackets and strings.
+
+    It does not validate (that happens once the call is complete); it only needs to know which
+    characters belong to the value, character by character, whatever the chunking.
+    """
+
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = depth
+        self._in_string = False
+        self._escaped = False
+
+    @property
+    def done(self) -> bool:
+        return self.depth == 0
+
+    def feed(self, text: str) -> int | None:
+        """Consume ``text``; return the index just past the closing bracket, or None."""
+        for i, ch in enumerate(text):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return None

@@ -1,0 +1,221 @@
+"""The per-completion parser: reasoning split, then tool calls, as OpenAI stream deltas.
+
+One ``Parser`` per completion. ``feed`` returns the chunk deltas to send now; ``finish``
+flushes; ``result`` is the whole message. By construction ``result()`` is the concatenation of
+every delta returned, and it does not depend on how the text was chunked, so a non-streaming
+response (``parse``) equals what a streaming client reassembles.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from .reasoning import Piece, ThinkSplitter
+from .registry import create_tool_parser
+from .types import (
+    STATUS_OK,
+    STATUS_UNCLOSED_REASONING,
+    ArgsDelta,
+    CallEnd,
+    CallStart,
+    Event,
+    Issue,
+    ParsedMessage,
+    Text,
+    ToolCallParser,
+)
+
+Delta = dict[str, Any]
+
+
+class _Deltas:
+    """Collects the deltas of one feed/finish, merging neighbours of the same kind."""
+
+    def __init__(self) -> None:
+        self.items: list[Delta] = []
+
+    def text(self, key: str, text: str) -> None:
+        last = self.items[-1] if self.items else None
+        if last is not None and last.keys() == {key}:
+            last[key] += text
+        else:
+            self.items.append({key: text})
+
+    def call_start(self, index: int, call_id: str, name: str) -> None:
+        self.items.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }
+                ]
+            }
+        )
+
+    def call_args(self, index: int, text: str) -> None:
+        last = self.items[-1] if self.items else None
+        if last is not None and last.keys() == {"tool_calls"}:
+            entry = last["tool_calls"][-1]
+            if entry["index"] == index:
+                entry["function"]["arguments"] += text
+                return
+        self.items.append({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+
+
+class Parser:
+    """Incremental parser for one completion's text.
+
+    ``reasoning``: parse a leading ``<think>`` block into ``reasoning_content``.
+    ``reasoning_started``: the prompt already opened the block (generation prompt ends with
+    ``<think>\\n``), so text is reasoning until ``</think>``.
+    ``tool_format``: None (no tool parsing) or a registered format name (``"hermes"``).
+    ``id_factory``: optional ``index -> id`` for deterministic call ids (replays, tests);
+    by default ids are ``call_id_prefix`` + 24 random hex characters.
+    """
+
+    def __init__(
+        self,
+        reasoning: bool,
+        tool_format: str | None,
+        reasoning_started: bool = False,
+        call_id_prefix: str = "call_",
+        *,
+        id_factory: Callable[[int], str] | None = None,
+    ) -> None:
+        self._splitter = ThinkSplitter(started=reasoning_started) if reasoning else None
+        self._tools: ToolCallParser | None = (
+            create_tool_parser(tool_format) if tool_format is not None else None
+        )
+        self._id_factory = id_factory or (lambda _i: call_id_prefix + secrets.token_hex(12))
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[dict[str, Any]] = []
+        self._call_args: list[list[str]] = []
+        # Whitespace at the start of a content segment (before, between or after tool calls) is
+        # held until something visible follows, so whitespace-only gaps can be dropped.
+        self._segment_fresh = True
+        self._held_ws = ""
+        self._status = STATUS_OK
+        self._finished = False
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def feed(self, text: str) -> list[Delta]:
+        """Consume the next piece of completion text; return the deltas to stream now."""
+        if self._finished:
+            raise RuntimeError("Parser.feed() after finish()")
+        out = _Deltas()
+        if text:
+            pieces = self._splitter.feed(text) if self._splitter else [("content", text)]
+            self._route(pieces, out)
+        return out.items
+
+    def finish(self) -> list[Delta]:
+        """End of completion: flush held-back text and close anything left open."""
+        if self._finished:
+            raise RuntimeError("Parser.finish() called twice")
+        self._finished = True
+        out = _Deltas()
+        if self._splitter is not None:
+            self._route(self._splitter.finish(), out)
+            if self._splitter.in_reasoning:
+                self._set_status(STATUS_UNCLOSED_REASONING)
+        if self._tools is not None:
+            self._handle(self._tools.finish(), out)
+        if self._held_ws and not self._calls:
+            self._emit_content(self._held_ws, out)
+        self._held_ws = ""
+        return out.items
+
+    def result(self) -> ParsedMessage:
+        """The whole message; final after ``finish()``, a snapshot of what was emitted before."""
+        content: str | None = "".join(self._content)
+        unclosed = self._status == STATUS_UNCLOSED_REASONING
+        if not content and (self._calls or unclosed):
+            content = None
+        reasoning = None
+        if self._splitter is not None and self._splitter.opened:
+            reasoning = "".join(self._reasoning)
+        calls = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": "".join(args)},
+            }
+            for call, args in zip(self._calls, self._call_args, strict=True)
+        ]
+        return ParsedMessage(content, reasoning, calls, self._status)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _route(self, pieces: list[Piece], out: _Deltas) -> None:
+        for kind, text in pieces:
+            if kind == "reasoning":
+                self._reasoning.append(text)
+                out.text("reasoning_content", text)
+            elif self._tools is None:
+                self._emit_content(text, out)
+            else:
+                self._handle(self._tools.feed(text), out)
+
+    def _handle(self, events: list[Event], out: _Deltas) -> None:
+        for event in events:
+            if isinstance(event, Text):
+                self._segment_text(event.text, out)
+            elif isinstance(event, CallStart):
+                self._held_ws = ""
+                index = len(self._calls)
+                call_id = self._id_factory(index)
+                self._calls.append({"id": call_id, "name": event.name})
+                self._call_args.append([])
+                out.call_start(index, call_id, event.name)
+            elif isinstance(event, ArgsDelta):
+                if event.text:
+                    self._call_args[-1].append(event.text)
+                    out.call_args(len(self._calls) - 1, event.text)
+            elif isinstance(event, CallEnd):
+                self._segment_fresh = True
+            elif isinstance(event, Issue):
+                self._set_status(event.status)
+
+    def _segment_text(self, text: str, out: _Deltas) -> None:
+        """Content from the tool parser: hold leading whitespace of a segment, see ``_held_ws``."""
+        if self._segment_fresh:
+            text = self._held_ws + text
+            if text.isspace():
+                self._held_ws = text
+                return
+            self._held_ws = ""
+            self._segment_fresh = False
+        self._emit_content(text, out)
+
+    def _emit_content(self, text: str, out: _Deltas) -> None:
+        if text:
+            self._content.append(text)
+            out.text("content", text)
+
+    def _set_status(self, status: str) -> None:
+        if self._status == STATUS_OK:
+            self._status = status
+
+
+def parse(
+    text: str,
+    reasoning: bool,
+    tool_format: str | None,
+    reasoning_started: bool = False,
+    *,
+    id_factory: Callable[[int], str] | None = None,
+) -> ParsedMessage:
+    """Parse a whole completion (non-streaming); same result as streaming it through a Parser."""
+    parser = Parser(reasoning, tool_format, reasoning_started, id_factory=id_factory)
+    parser.feed(text)
+    parser.finish()
+    return parser.result()

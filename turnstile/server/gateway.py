@@ -1,0 +1,322 @@
+"""The hot path of one chat completion: request → render → engine → parse → record → response.
+
+:class:`Gateway` owns the pieces (renderer, engine, store, per-session call trees) and turns a
+validated Chat Completions request into either one response dict or a stream of chunk dicts.
+It knows nothing about HTTP; ``server.app`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..chat.detokenize import IncrementalDetokenizer
+from ..chat.history import Node, SessionTree, prefix_hashes, root_hash
+from ..chat.render import NotPrefixPreserving, Renderer
+from ..chat.template import TemplateError
+from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
+from ..parsing import Parser
+from ..store.sqlite import CallRecord, Store, new_id
+from .errors import APIError
+from .requests import ChatRequest
+
+
+@dataclass
+class Prompt:
+    """The prompt of one call and how it was obtained."""
+
+    ids: array
+    delta: array  # the tokens after the reused prefix (the whole prompt for a new segment)
+    parent: Node | None
+    hashes: list[bytes]
+    segment_reason: str | None = None  # why the call starts a new segment, if it does
+    segment_detail: str | None = None
+    seam: str | None = None
+
+
+@dataclass
+class Generation:
+    """What the engine returned, accumulated."""
+
+    ids: array = field(default_factory=lambda: array("i"))
+    logprobs: array = field(default_factory=lambda: array("f"))
+    top: list = field(default_factory=list)
+    finish: Finish | None = None
+
+
+@dataclass
+class ParserConfig:
+    reasoning: bool
+    tool_format: str | None
+    reasoning_started: bool
+
+
+class Gateway:
+    def __init__(self, renderer: Renderer, engine: Engine, store: Store, model_name: str,
+                 parser: ParserConfig):
+        self.renderer = renderer
+        self.tok = renderer.tok
+        self.engine = engine
+        self.store = store
+        self.model_name = model_name
+        self.parser = parser
+        self._trees: dict[str, SessionTree] = {}
+
+    # sessions
+
+    def tree(self, session_id: str) -> SessionTree:
+        """The session's call tree, rebuilt from the store the first time after a restart."""
+        tree = self._trees.get(session_id)
+        if tree is None:
+            tree = SessionTree()
+            for c in self.store.calls(session_id):
+                parent = tree.nodes.get(c.parent_id) if c.parent_id else None
+                node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
+                            c.stop_token_id)
+                tree.nodes[c.id] = node
+                tree.n_calls += 1
+                tree.known.update(c.prefix_hashes)
+                if c.status == "ok" and c.history_hash is not None:
+                    tree.replies[c.history_hash] = c.id
+            self._trees[session_id] = tree
+        return tree
+
+    # render
+
+    def prompt(self, tree: SessionTree, req: ChatRequest) -> Prompt:
+        root = root_hash(req.tools, req.template_kwargs)
+        match = tree.match(req.messages, root)
+        parent = match.parent
+        reason = detail = None
+        if parent is not None:
+            new = match.new_messages
+            if any(m.get("role") == "assistant" for m in new):
+                reason = "unsampled_assistant_message"
+                detail = "the new messages include an assistant turn the model did not sample"
+            else:
+                try:
+                    delta, seam = self.renderer.extension(
+                        parent.message or {}, new, req.tools, parent.stop_token_id,
+                        **req.template_kwargs)
+                except NotPrefixPreserving as exc:
+                    reason, detail = "template_not_prefix_preserving", str(exc)
+                except TemplateError as exc:
+                    raise APIError(400, str(exc), "messages") from exc
+                else:
+                    ids = parent.context_ids()
+                    d = array("i", delta)
+                    ids.extend(d)
+                    return Prompt(ids, d, parent, match.hashes, seam=seam.kind)
+        elif tree.n_calls == 0:
+            reason = "first_call"
+        else:
+            reason = "history_diverged"
+            detail = (f"messages[{match.matched}] does not continue any recorded call "
+                      f"(the first {match.matched} messages match a recorded conversation)")
+        try:
+            ids = array("i", self.renderer.render_full(req.messages, req.tools,
+                                                       **req.template_kwargs))
+        except TemplateError as exc:
+            raise APIError(400, str(exc), "messages") from exc
+        return Prompt(ids, ids, None, match.hashes, reason, detail)
+
+    def sampling(self, req: ChatRequest, prompt_len: int) -> SamplingParams:
+        room = self.engine.context_length - prompt_len
+        if room <= 0:
+            raise APIError(400, f"The prompt is {prompt_len} tokens; the model's context is "
+                                f"{self.engine.context_length}. Shorten the messages.",
+                           "messages", code="context_length_exceeded")
+        return SamplingParams(
+            max_tokens=min(req.max_tokens or room, room),
+            temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
+            top_logprobs=req.top_logprobs, logit_bias=req.logit_bias)
+
+    # record
+
+    def record(self, session_id: str, tree: SessionTree, prompt: Prompt, params: SamplingParams,
+               gen: Generation, status: str, message: dict | None, error: str | None,
+               started: float, extra: dict | None = None) -> CallRecord:
+        finish = gen.finish
+        stop_token = finish.stop_token_id if finish else None
+        call_id = new_id("call_")
+        node = Node(call_id, prompt.parent, prompt.delta, gen.ids, message, stop_token)
+        reply_hash = None
+        if status == "ok" and message is not None:
+            reply_hash = prefix_hashes(prompt.hashes[-1], [message])[1]
+        new_hashes = tree.add(node, prompt.hashes, reply_hash)
+        info = {
+            "model": self.model_name,
+            "engine": self.engine.name,
+            "fingerprint": self.renderer.fingerprint,
+            "segment_detail": prompt.segment_detail,
+            "sampling": params.as_dict(),
+            "logprob_kind": finish.logprob_kind if finish else None,
+            "stop_string": finish.stop_string if finish else None,
+            "usage": {"prompt_tokens": len(prompt.ids), "completion_tokens": len(gen.ids),
+                      "cached_tokens": finish.cached_tokens if finish else 0},
+            "timings": {"started": started, "latency_s": time.time() - started,
+                        **(finish.timings if finish else {})},
+            **(extra or {}),
+        }
+        rec = CallRecord(
+            id=call_id, session_id=session_id, seq=tree.n_calls,
+            parent_id=prompt.parent.id if prompt.parent else None,
+            segment_reason=prompt.segment_reason,
+            reused_prefix_len=len(prompt.ids) - len(prompt.delta),
+            prompt_delta=prompt.delta, completion_ids=gen.ids, completion_logprobs=gen.logprobs,
+            finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
+            seam=prompt.seam, status=status, error=error, message=message,
+            history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
+        self.store.add_call(rec)
+        return rec
+
+    # the call
+
+    async def _events(self, prompt: Prompt, params: SamplingParams, gen: Generation,
+                      stream: bool) -> AsyncIterator[TokenEvent]:
+        """Engine events, accumulated into ``gen``; sets ``gen.finish``."""
+        eog = self.tok.eog_token_ids
+        async for ev in self.engine.generate(prompt.ids.tolist(), params, stream=stream):
+            if isinstance(ev, Finish):
+                if ev.reason == "stop" and ev.stop_string is None and len(gen.ids):
+                    last = gen.ids[-1]
+                    if last in eog:
+                        ev.stop_token_id = last
+                gen.finish = ev
+                return
+            gen.ids.append(ev.token_id)
+            gen.logprobs.append(ev.logprob)
+            if params.top_logprobs:
+                gen.top.append(ev.top or [])
+            yield ev
+
+    def _parser(self) -> Parser:
+        p = self.parser
+        return Parser(reasoning=p.reasoning, tool_format=p.tool_format,
+                      reasoning_started=p.reasoning_started)
+
+    def _text_ids(self, gen: Generation) -> list[int]:
+        ids = gen.ids.tolist()
+        if gen.finish and gen.finish.stop_token_id is not None and ids and ids[-1] in \
+                self.tok.eog_token_ids:
+            ids = ids[:-1]
+        return ids
+
+    async def complete(self, session_id: str, req: ChatRequest) -> dict:
+        started = time.time()
+        tree = self.tree(session_id)
+        prompt = self.prompt(tree, req)
+        params = self.sampling(req, len(prompt.ids))
+        gen = Generation()
+        try:
+            async for _ in self._events(prompt, params, gen, stream=False):
+                pass
+        except EngineError as exc:
+            self.record(session_id, tree, prompt, params, gen, "error", None, str(exc), started)
+            raise APIError(exc.status, str(exc), type_="engine_error") from exc
+        text = self.tok.decode(self._text_ids(gen))
+        parser = self._parser()
+        parser.feed(text)
+        parser.finish()
+        parsed = parser.result()
+        message = parsed.to_openai()
+        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
+                          {"parse_status": parsed.parse_status})
+        finish_reason = "tool_calls" if parsed.tool_calls else gen.finish.reason
+        choice = {"index": 0, "message": message, "finish_reason": finish_reason,
+                  "logprobs": self._logprobs(gen) if req.logprobs else None}
+        return {
+            "id": "chatcmpl-" + rec.id.removeprefix("call_"),
+            "object": "chat.completion",
+            "created": int(started),
+            "model": req.model or self.model_name,
+            "choices": [choice],
+            "usage": self._usage(rec),
+        }
+
+    async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
+        """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
+        the first chunk; the call is recorded before the final chunk is sent."""
+        started = time.time()
+        tree = self.tree(session_id)
+        prompt = self.prompt(tree, req)
+        params = self.sampling(req, len(prompt.ids))
+        return self._stream(session_id, req, tree, prompt, params, started)
+
+    async def _stream(self, session_id: str, req: ChatRequest, tree: SessionTree,
+                      prompt: Prompt, params: SamplingParams, started: float
+                      ) -> AsyncIterator[dict]:
+        gen = Generation()
+        parser = self._parser()
+        detok = IncrementalDetokenizer(self.tok)
+        chunk_id = "chatcmpl-" + new_id("")
+        model = req.model or self.model_name
+
+        def chunk(delta: dict, finish: str | None = None, logprobs: list | None = None) -> dict:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            if logprobs is not None:
+                choice["logprobs"] = {"content": logprobs}
+            out = {"id": chunk_id, "object": "chat.completion.chunk", "created": int(started),
+                   "model": model, "choices": [choice]}
+            if req.include_usage:
+                out["usage"] = None
+            return out
+
+        yield chunk({"role": "assistant", "content": ""})
+        eog = self.tok.eog_token_ids
+        status, error = "aborted", "the client disconnected"
+        try:
+            async for ev in self._events(prompt, params, gen, stream=True):
+                if ev.token_id in eog:
+                    continue
+                lp = [self._logprob_entry(ev.token_id, ev.logprob, ev.top or [])] \
+                    if req.logprobs else None
+                deltas = parser.feed(detok.push(ev.token_id))
+                if lp and not deltas:
+                    deltas = [{"content": ""}]
+                for i, d in enumerate(deltas):
+                    yield chunk(d, logprobs=lp if i == 0 else None)
+            for d in parser.feed(detok.flush()) + parser.finish():
+                yield chunk(d)
+            status, error = "ok", None
+        except EngineError as exc:
+            status, error = "error", str(exc)
+            raise APIError(exc.status, str(exc), type_="engine_error") from exc
+        finally:
+            if status != "ok":
+                # The harness did not get a whole response: keep the tokens, mark the call.
+                self.record(session_id, tree, prompt, params, gen, status, None, error, started)
+        parsed = parser.result()
+        message = parsed.to_openai()
+        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
+                          {"parse_status": parsed.parse_status})
+        finish_reason = "tool_calls" if parsed.tool_calls else gen.finish.reason
+        yield chunk({}, finish_reason)
+        if req.include_usage:
+            last = chunk({})
+            last["choices"] = []
+            last["usage"] = self._usage(rec)
+            yield last
+
+    # response pieces
+
+    def _usage(self, rec: CallRecord) -> dict:
+        u = rec.info["usage"]
+        return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+                "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+                "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
+
+    def _logprob_entry(self, tid: int, logprob: float, top: list) -> dict:
+        text = self.tok.decode([tid])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode()),
+                "top_logprobs": [
+                    {"token": (t := self.tok.decode([i])), "logprob": lp,
+                     "bytes": list(t.encode())} for i, lp in top]}
+
+    def _logprobs(self, gen: Generation) -> dict:
+        tops = gen.top or [[] for _ in gen.ids]
+        return {"content": [self._logprob_entry(t, lp, top)
+                            for t, lp, top in zip(gen.ids, gen.logprobs, tops, strict=False)
+                            if t not in self.tok.eog_token_ids], "refusal": None}

@@ -1,0 +1,208 @@
+"""A Chat Completions request, validated once at the door.
+
+Every rejection is a 400 whose message names the field to fix (``messages[2].tool_call_id``),
+so a harness author sees the problem rather than a stack trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import APIError
+
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    model: str | None = None
+    tools: list[dict] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _bad(param: str, message: str) -> APIError:
+    return APIError(400, f"Invalid '{param}': {message}", param, code="invalid_value")
+
+
+def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(key, f"expected a number, got {type(v).__name__}.")
+    if not lo <= v <= hi:
+        raise _bad(key, f"{v} is outside [{lo}, {hi}].")
+    return float(v)
+
+
+def _int(body: dict, key: str, lo: int, hi: int | None = None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(key, f"expected an integer, got {type(v).__name__}.")
+    if v < lo or (hi is not None and v > hi):
+        raise _bad(key, f"{v} is outside [{lo}, {hi if hi is not None else 'inf'}].")
+    return v
+
+
+def _bool(body: dict, key: str) -> bool:
+    v = body.get(key, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise _bad(key, f"expected a boolean, got {type(v).__name__}.")
+    return v
+
+
+def _check_content(m: dict, where: str, role: str) -> None:
+    c = m.get("content")
+    if c is None:
+        if role == "assistant":  # content may be null beside tool calls, or when empty
+            return
+        raise _bad(f"{where}.content", f"a {role} message needs content.")
+    if isinstance(c, str):
+        return
+    if not isinstance(c, list):
+        raise _bad(f"{where}.content", f"expected a string or a list of parts, got "
+                                       f"{type(c).__name__}.")
+    for j, part in enumerate(c):
+        if not isinstance(part, dict) or part.get("type") != "text" or \
+                not isinstance(part.get("text"), str):
+            raise _bad(f"{where}.content[{j}]", "only text parts ({'type': 'text', 'text': "
+                                                "...}) are supported.")
+
+
+def _check_tool_calls(m: dict, where: str) -> None:
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise _bad(f"{where}.tool_calls", "expected a list.")
+    for j, c in enumerate(calls):
+        w = f"{where}.tool_calls[{j}]"
+        if not isinstance(c, dict):
+            raise _bad(w, "expected an object.")
+        fn = c.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"{w}.function.name", "expected a string.")
+        args = fn.get("arguments")
+        if args is not None and not isinstance(args, (str, dict)):
+            raise _bad(f"{w}.function.arguments", "expected a JSON string.")
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise APIError(400, "Missing required parameter: 'messages'.", "messages",
+                       code="missing_required_parameter")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", "expected a non-empty list of messages.")
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, "expected an object.")
+        role = m.get("role")
+        if role not in ROLES:
+            raise _bad(f"{where}.role", f"{role!r} is not one of {sorted(ROLES)}.")
+        _check_content(m, where, role)
+        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise _bad(f"{where}.tool_call_id", "a tool message needs the id of the tool call "
+                                                "it answers.")
+        if role == "assistant":
+            _check_tool_calls(m, where)
+    return msgs
+
+
+def _tools(body: dict) -> list[dict] | None:
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad("tools", "expected a list.")
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or \
+                not isinstance(t.get("function"), dict) or \
+                not isinstance(t["function"].get("name"), str):
+            raise _bad(f"tools[{i}]", "expected {'type': 'function', 'function': {'name': ...}}.")
+    return tools or None
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 16:
+        return stop
+    raise _bad("stop", "expected a string or a list of up to 16 strings.")
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    lb = body.get("logit_bias")
+    if lb is None:
+        return {}
+    if not isinstance(lb, dict):
+        raise _bad("logit_bias", "expected an object mapping token IDs to biases.")
+    out = {}
+    for k, v in lb.items():
+        try:
+            tid = int(k)
+        except ValueError:
+            raise _bad("logit_bias", f"{k!r} is not a token ID.") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise _bad("logit_bias", f"the bias for {k} must be a number in [-100, 100].")
+        out[tid] = float(v)
+    return out
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", None,
+                       code="invalid_request_body")
+    n = _int(body, "n", 1)
+    if n not in (None, 1):
+        raise _bad("n", "only n=1 is supported; send separate requests for more samples.")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", "expected a string.")
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise _bad("stream_options", "expected an object.")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise _bad("chat_template_kwargs", "expected an object.")
+    seed = _int(body, "seed", -(2**63))
+    return ChatRequest(
+        messages=_messages(body),
+        model=model,
+        tools=_tools(body),
+        stream=_bool(body, "stream"),
+        include_usage=bool(opts and opts.get("include_usage")),
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
+        seed=seed,
+        stop=_stop(body),
+        logprobs=_bool(body, "logprobs"),
+        top_logprobs=_int(body, "top_logprobs", 0, 20) or 0,
+        logit_bias=_logit_bias(body),
+        template_kwargs=kwargs,
+    )
