@@ -10,7 +10,7 @@ uses. Three sources are supported:
 For GGUF, transformers' own GGUF reader imports torch, so the metadata is read here with the
 ``gguf`` package and handed to transformers' ``convert_gguf_tokenizer``. A few llama.cpp
 conventions that transformers' mapping does not reproduce are corrected afterwards (see
-``_PRE_TOKENIZER_FIXES``, ``_IGNORE_MERGES_PRE`` and ``_restore_raw_added_tokens``); each
+``_PRE_TOKENIZER_FIXES``, ``_IGNORE_MERGES_PRE`` and ``_repair_added_tokens``); each
 correction is checked against llama.cpp's tokenizer test vectors in ``tests/test_tokenizers.py``.
 """
 
@@ -30,7 +30,15 @@ from typing import Any
 import numpy as np
 import tokenizers
 from gguf import GGUFReader, GGUFValueType, TokenType
-from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +59,7 @@ END_OF_TURN_MARKERS: frozenset[str] = frozenset(
         "<|endoftext|>",
         "<|end_of_text|>",
         "<turn|>",
-        "<｜end▁of▁sentence｜>",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek
     }
 )
 
@@ -433,6 +441,13 @@ def _load_gguf(path: Path, source: str) -> LoadedTokenizer:
     if not isinstance(add_bos, bool):
         # llama.cpp's default: sentencepiece vocabularies get BOS, byte-level BPE ones do not.
         add_bos = tokenizer_dict.get("tokenizer_type") == "llama"
+    if not isinstance(hf_json, str):
+        add_eos = metadata.get("tokenizer.ggml.add_eos_token") is True
+        _add_special_post_processor(
+            backend,
+            special_tokens.get("bos_token") if add_bos else None,
+            special_tokens.get("eos_token") if add_eos else None,
+        )
     template = metadata.get("tokenizer.chat_template")
     if not isinstance(template, str):
         template = None
@@ -454,6 +469,28 @@ def _load_gguf(path: Path, source: str) -> LoadedTokenizer:
         special_tokens=special_tokens,
         source=source,
         fingerprint=_fingerprint(backend, template),
+    )
+
+
+def _add_special_post_processor(
+    backend: tokenizers.Tokenizer, bos: str | None, eos: str | None
+) -> None:
+    """Make ``backend.encode(text)`` (special tokens on) add BOS/EOS as the model expects.
+
+    Turnstile itself always encodes with ``add_special_tokens=False``; this only keeps a plain
+    ``encode`` on the GGUF-built tokenizer consistent with the same model's HF ``tokenizer.json``.
+    """
+    if bos is None and eos is None:
+        return
+    ids = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
+    if (bos is not None and bos not in ids) or (eos is not None and eos not in ids):
+        return  # not an added token: TemplateProcessing could not name it
+    single = [*([bos] if bos else []), "$A", *([eos] if eos else [])]
+    pair = [*single, *([bos] if bos else []), "$B:1", *([eos] if eos else [])]
+    backend.post_processor = processors.TemplateProcessing(
+        single=single,
+        pair=pair,
+        special_tokens=[(t, ids[t]) for t in dict.fromkeys(x for x in (bos, eos) if x)],
     )
 
 
@@ -480,8 +517,8 @@ def _build_gguf_backend(
 
     tokenizer_type = tokenizer_dict.get("tokenizer_type")
     pre = tokenizer_dict.get("pre_tokenizer_type")
+    backend = _repair_added_tokens(backend, tokenizer_dict)
     if tokenizer_type == "gpt2":
-        backend = _restore_raw_added_tokens(backend, tokenizer_dict)
         fix = _PRE_TOKENIZER_FIXES.get(pre or "")
         if fix is not None:
             backend.pre_tokenizer = fix()
@@ -633,63 +670,92 @@ _IGNORE_MERGES_PRE = frozenset(
 )
 
 
-def _restore_raw_added_tokens(
+def _repair_added_tokens(
     backend: tokenizers.Tokenizer, tokenizer_dict: Mapping[str, Any]
 ) -> tokenizers.Tokenizer:
-    """Give byte-level vocabularies back their added tokens whose text is not byte-encoded.
+    """Make the added tokens exactly the file's control and user-defined tokens, at their ids.
 
-    llama.cpp stores control and user-defined tokens as raw text (`"  "`, `"\\n\\n"`,
-    `<｜begin▁of▁sentence｜>`) and matches that text in the input. transformers re-spells every
-    such token into the byte alphabet, so they are never matched (and a re-spelled text can shadow
-    an ordinary token). Here each one is put back under its raw text at its own id and added as an
-    added token, so tokenization and decoding follow llama.cpp.
+    Two things go wrong in transformers' conversion:
+
+    - the tokenizer class may invent a default special token the file does not have (GPT-2's
+      ``<|endoftext|>`` for Llama 3), appended past the end of the vocabulary: an id the model
+      cannot embed. Those are dropped.
+    - in byte-level vocabularies llama.cpp stores control and user-defined tokens as raw text
+      (`"  "`, `<\uff5cbegin\u2581of\u2581sentence\uff5c>`) and matches that text in the input;
+      transformers re-spells them into the byte alphabet, so they are never matched (and the
+      re-spelling can shadow an ordinary token). Each is put back under its raw text at its own id
+      and registered as an added token, so tokenization and decoding follow llama.cpp.
     """
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    tokens: list[str] = tokenizer_dict["tokens"]
+    kinds: list[int] = tokenizer_dict.get("token_type") or []
+    phantom = [i for i in backend.get_added_tokens_decoder() if i >= len(tokens)]
+    raw_ids: list[int] = []
+    if tokenizer_dict.get("tokenizer_type") == "gpt2":
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    to_alphabet = bytes_to_unicode()
-    alphabet = set(to_alphabet.values())
-    raw_ids = [
-        i
-        for i, (text, kind) in enumerate(
-            zip(tokenizer_dict["tokens"], tokenizer_dict.get("token_type") or (), strict=False)
-        )
-        if kind in (TokenType.CONTROL, TokenType.USER_DEFINED) and not set(text) <= alphabet
-    ]
-    if not raw_ids:
+        to_alphabet = bytes_to_unicode()
+        alphabet = set(to_alphabet.values())
+        raw_ids = [
+            i
+            for i, (text, kind) in enumerate(zip(tokens, kinds, strict=False))
+            if kind in (TokenType.CONTROL, TokenType.USER_DEFINED) and not set(text) <= alphabet
+        ]
+    if not phantom and not raw_ids:
         return backend
 
-    tokens = tokenizer_dict["tokens"]
-    state = json.loads(backend.to_str())
-    vocab: dict[str, int] = state["model"]["vocab"]
-    raw = set(raw_ids)
+    model = backend.model
+    if raw_ids:
+        vocab = backend.get_vocab(with_added_tokens=False)
+        raw = set(raw_ids)
+        shadowed: set[str] = set()
+        for i in raw_ids:
+            spelled = "".join(to_alphabet[b] for b in tokens[i].encode("utf-8"))
+            if vocab.get(spelled) == i:
+                del vocab[spelled]
+                shadowed.add(spelled)
+        for i, text in enumerate(tokens):  # ordinary tokens the re-spelling had overwritten
+            if text in shadowed and i not in raw and text not in vocab:
+                vocab[text] = i
+        vocab.update((tokens[i], i) for i in raw_ids)
+        model = _bpe_like(model, vocab, tokenizer_dict)
+
+    # A fresh Tokenizer around the (possibly same) model: the only way to drop added tokens.
+    rebuilt = tokenizers.Tokenizer(model)
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        if (value := getattr(backend, part)) is not None:
+            setattr(rebuilt, part, value)
+    added = {i: t for i, t in backend.get_added_tokens_decoder().items() if i < len(tokens)}
     for i in raw_ids:
-        spelled = "".join(to_alphabet[b] for b in tokens[i].encode("utf-8"))
-        if vocab.get(spelled) == i:
-            del vocab[spelled]
-    # A re-spelling may have overwritten an ordinary token with the same bytes: put it back.
-    for i, text in enumerate(tokens):
-        if i not in raw and set(text) <= alphabet and text not in vocab:
-            vocab[text] = i
-    for i in raw_ids:
-        vocab[tokens[i]] = i
-    known = {t["id"] for t in state["added_tokens"]}
-    for i in raw_ids:
-        if i in known:
-            continue
-        state["added_tokens"].append(
-            {
-                "id": i,
-                "content": tokens[i],
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": tokenizer_dict["token_type"][i] == TokenType.CONTROL,
-            }
+        added.setdefault(
+            i, AddedToken(tokens[i], normalized=False, special=kinds[i] == TokenType.CONTROL)
         )
-    state["added_tokens"].sort(key=lambda t: t["id"])
-    rebuilt = tokenizers.Tokenizer.from_str(json.dumps(state))
-    for i in raw_ids:
-        if rebuilt.token_to_id(tokens[i]) != i:
-            raise ValueError(f"GGUF added token {tokens[i]!r} could not be kept at id {i}")
+    for i in sorted(added):
+        token = added[i]
+        if token.special:
+            rebuilt.add_special_tokens([token])
+        else:
+            rebuilt.add_tokens([token])
+        if rebuilt.token_to_id(token.content) != i:
+            raise ValueError(f"GGUF added token {token.content!r} could not be kept at id {i}")
     return rebuilt
+
+
+def _bpe_like(
+    model: models.Model, vocab: dict[str, int], tokenizer_dict: Mapping[str, Any]
+) -> models.Model:
+    """A BPE model with ``model``'s options and merges but another vocabulary."""
+    if "merges" in tokenizer_dict:
+        merges = [tuple(m.split(" ", 1)) for m in tokenizer_dict["merges"]]
+    else:
+        merges = [tuple(m) for m in json.loads(model.__getstate__())["merges"]]
+    return models.BPE(
+        vocab=vocab,
+        merges=merges,
+        dropout=model.dropout,
+        unk_token=model.unk_token,
+        continuing_subword_prefix=model.continuing_subword_prefix,
+        end_of_word_suffix=model.end_of_word_suffix,
+        fuse_unk=model.fuse_unk,
+        byte_fallback=model.byte_fallback,
+        ignore_merges=model.ignore_merges,
+    )

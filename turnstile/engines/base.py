@@ -23,7 +23,11 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
+        """JSON-ready, for the call record."""
+        out = {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
+        if self.logit_bias:
+            out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        return out
 
 
 @dataclass
@@ -65,7 +69,12 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams
-                 ) -> AsyncIterator[TokenEvent | Finish]: ...
+    async def refresh(self) -> None: ...
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
+                 ) -> AsyncIterator[TokenEvent | Finish]:
+        """``stream`` is a hint: an adapter whose engine cannot stream exact token IDs
+        returns them all at once."""
+        ...
 
     async def health(self) -> bool: ...

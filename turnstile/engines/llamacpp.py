@@ -5,6 +5,12 @@ returns the sampled IDs (``tokens``) with ``completion_probabilities``. Its logp
 *pre-sampling*: a softmax over the raw logits, before temperature and truncation. llama.cpp's
 own sampler defaults (``top_k=40``, ``min_p=0.05``) differ from OpenAI's, so they are switched
 off explicitly: the distribution sampled from is the one the request describes.
+
+Generation is always requested *non-streaming*. llama-server's stream never sends the ID of a
+token whose text ends inside a UTF-8 character (``process_token`` in
+``tools/server/server-context.cpp`` holds the text back and the next chunk carries only the
+next token), so a streamed record would silently lose sampled tokens. The gateway replays the
+exact result to a streaming harness instead.
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ class LlamaCppEngine:
         self._session = aiohttp.ClientSession(
             timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
             connector=aiohttp.TCPConnector(limit=0))
+        try:
+            await self.refresh()
+        except EngineError:
+            pass  # not up yet: calls answer 503 until it is, and then pick up its settings
+
+    async def refresh(self) -> None:
+        """Read the engine's per-slot context size (what a prompt + completion must fit)."""
         props = await self._get("/props")
         settings = props.get("default_generation_settings") or {}
         self.context_length = int(settings.get("n_ctx") or props.get("n_ctx") or 0)
@@ -59,7 +72,7 @@ class LlamaCppEngine:
         except aiohttp.ClientError as exc:
             raise EngineError(f"llama-server at {self.url} is unreachable: {exc}", 503) from exc
 
-    def request_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> dict:
+    def request_body(self, prompt_ids: list[int], params: SamplingParams) -> dict:
         body = {
             "prompt": prompt_ids,
             "n_predict": params.max_tokens,
@@ -72,7 +85,7 @@ class LlamaCppEngine:
             "n_probs": max(1, params.top_logprobs),
             "return_tokens": True,
             "cache_prompt": True,
-            "stream": stream,
+            "stream": False,
         }
         if params.seed is not None:
             body["seed"] = params.seed
@@ -85,40 +98,40 @@ class LlamaCppEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
                        ) -> AsyncIterator[TokenEvent | Finish]:
         assert self._session is not None, "engine not started"
-        body = self.request_body(prompt_ids, params, stream)
+        body = self.request_body(prompt_ids, params)
         try:
             async with self._session.post(self.url + "/completion", json=body) as r:
                 if r.status != 200:
                     text = (await r.read()).decode(errors="replace")[:500]
                     status = 400 if r.status == 400 else 502
                     raise EngineError(f"llama-server answered {r.status}: {text}", status)
-                if not stream:
-                    data = orjson.loads(await r.read())
-                    for ev in _events(data):
-                        yield ev
-                    yield _finish(data)
-                    return
-                async for line in r.content:
-                    if not line.startswith(b"data: "):
-                        continue
-                    data = orjson.loads(line[6:])
-                    for ev in _events(data):
-                        yield ev
-                    if data.get("stop"):
-                        yield _finish(data)
-                        return
-                raise EngineError("llama-server closed the stream before the end", 502)
+                data = orjson.loads(await r.read())
+            for ev in _events(data):
+                yield ev
+            yield _finish(data)
         except aiohttp.ClientError as exc:
             raise EngineError(f"llama-server at {self.url} failed: {exc}", 502) from exc
 
 
 def _events(data: dict) -> list[TokenEvent]:
+    """Sampled tokens with their logprobs.
+
+    ``tokens`` lists every sampled ID, but ``completion_probabilities`` skips a token whose text
+    ends inside a UTF-8 character, and the tokens of a matched stop string. Entries carry
+    their ``id``, so they are matched to tokens in order; a token without one gets NaN
+    ("sampled, logprob unknown", null in JSON) rather than a neighbour's number.
+    """
     probs = data.get("completion_probabilities") or []
     out = []
-    for i, tid in enumerate(data.get("tokens") or []):
-        p = probs[i] if i < len(probs) else {}
-        top = [(t["id"], t["logprob"]) for t in p.get("top_logprobs") or ()]
-        out.append(TokenEvent(tid, float(p.get("logprob", 0.0)), top or None))
+    j = 0
+    for tid in data.get("tokens") or []:
+        if j < len(probs) and probs[j].get("id") == tid:
+            p = probs[j]
+            j += 1
+            top = [(t["id"], t["logprob"]) for t in p.get("top_logprobs") or ()]
+            out.append(TokenEvent(tid, float(p["logprob"]), top or None))
+        else:
+            out.append(TokenEvent(tid, float("nan")))
     return out
 
 

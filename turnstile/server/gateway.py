@@ -122,7 +122,12 @@ class Gateway:
             raise APIError(400, str(exc), "messages") from exc
         return Prompt(ids, ids, None, match.hashes, reason, detail)
 
-    def sampling(self, req: ChatRequest, prompt_len: int) -> SamplingParams:
+    async def sampling(self, req: ChatRequest, prompt_len: int) -> SamplingParams:
+        if not self.engine.context_length:
+            try:
+                await self.engine.refresh()
+            except EngineError as exc:
+                raise APIError(exc.status, str(exc), type_="engine_unavailable") from exc
         room = self.engine.context_length - prompt_len
         if room <= 0:
             raise APIError(400, f"The prompt is {prompt_len} tokens; the model's context is "
@@ -208,7 +213,7 @@ class Gateway:
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
-        params = self.sampling(req, len(prompt.ids))
+        params = await self.sampling(req, len(prompt.ids))
         gen = Generation()
         try:
             async for _ in self._events(prompt, params, gen, stream=False):
@@ -242,7 +247,7 @@ class Gateway:
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
-        params = self.sampling(req, len(prompt.ids))
+        params = await self.sampling(req, len(prompt.ids))
         return self._stream(session_id, req, tree, prompt, params, started)
 
     async def _stream(self, session_id: str, req: ChatRequest, tree: SessionTree,

@@ -1,0 +1,180 @@
+"""Shared fixtures: a real llama-server on tiny and small models, a recording relay that
+shows what the engine really received and returned, and Turnstile run as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from turnstile import testbed
+
+QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct"
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2() -> Path:
+    """Random weights on the real Qwen2 vocabulary, with the real Qwen2.5 template."""
+    return testbed.tiny_model("qwen2", QWEN25_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def llama_tiny(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("llama") / "llama-server.log"
+    with testbed.llama_server(tiny_qwen2, ctx=8192, parallel=2, log=log) as url:
+        yield url
+
+
+@dataclass
+class Exchange:
+    path: str
+    request: dict
+    response: dict  # for streams: tokens/probabilities gathered from every chunk + the last chunk
+
+
+@dataclass
+class Relay:
+    """Forwards to llama-server and keeps every /completion request and response."""
+
+    url: str
+    exchanges: list[Exchange] = field(default_factory=list)
+
+    def completions(self) -> list[Exchange]:
+        return [e for e in self.exchanges if e.path == "/completion"]
+
+
+def _relay_handler(upstream: str, relay: Relay) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _forward(self, method: str) -> None:
+            n = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(n) if n else None
+            req = urllib.request.Request(upstream + self.path, body, method=method,
+                                         headers={"content-type": "application/json"})
+            try:
+                resp = urllib.request.urlopen(req, timeout=120)
+            except urllib.error.HTTPError as e:
+                resp = e
+            self.send_response(resp.status)
+            ctype = resp.headers.get("content-type", "application/json")
+            self.send_header("content-type", ctype)
+            if "event-stream" in ctype:
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                tokens, probs, last = [], [], {}
+                for line in resp:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                    if line.startswith(b"data: "):
+                        last = json.loads(line[6:])
+                        tokens += last.get("tokens") or []
+                        probs += last.get("completion_probabilities") or []
+                self.wfile.write(b"0\r\n\r\n")
+                data = {**last, "tokens": tokens, "completion_probabilities": probs}
+            else:
+                raw = resp.read()
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                data = json.loads(raw) if raw else {}
+            if body:
+                relay.exchanges.append(Exchange(self.path, json.loads(body), data))
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._forward("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._forward("POST")
+
+    return Handler
+
+
+@pytest.fixture
+def relay(llama_tiny: str) -> Iterator[Relay]:
+    rel = Relay("")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _relay_handler(llama_tiny, rel))
+    rel.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield rel
+    server.shutdown()
+    server.server_close()
+
+
+class Turnstile:
+    """``turnstile serve`` as a real process (so it can be SIGKILLed and restarted)."""
+
+    def __init__(self, engine_url: str, model: Path, data: Path, log: Path):
+        self.engine_url, self.model, self.data, self.log = engine_url, model, data, log
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> Turnstile:
+        port = testbed.free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--engine-url", self.engine_url,
+               "--model", str(self.model), "--port", str(port), "--data", str(self.data)]
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=120)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def session(self, **metadata: object) -> dict:
+        r = httpx.post(self.url + "/v1/sessions", json={"metadata": metadata})
+        r.raise_for_status()
+        return r.json()
+
+    def get(self, path: str) -> dict:
+        r = httpx.get(self.url + path, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+
+@pytest.fixture
+def turnstile_factory(tmp_path: Path) -> Iterator:
+    started: list[Turnstile] = []
+
+    def make(engine_url: str, model: Path, data: Path | None = None) -> Turnstile:
+        t = Turnstile(engine_url, model, data or tmp_path / "data",
+                      tmp_path / f"turnstile-{len(started)}.log")
+        started.append(t)
+        return t.start()
+
+    yield make
+    for t in started:
+        t.stop()
+
+
+@pytest.fixture
+def turnstile(relay: Relay, tiny_qwen2: Path, turnstile_factory) -> Turnstile:
+    """Turnstile → recording relay → llama-server (tiny Qwen2-vocab model)."""
+    return turnstile_factory(relay.url, tiny_qwen2)
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
