@@ -126,6 +126,7 @@ def test_added_tokens_are_the_files_own() -> None:
     llama3 = _gguf("ggml-vocab-llama-bpe.gguf")
     assert llama3.tokenizer.get_vocab_size(with_added_tokens=True) == 128256
     assert {128001, 128009} <= llama3.eog_token_ids  # <|end_of_text|>, <|eot_id|>
+    assert llama3.add_bos is True  # no flag in the file; Llama 3 adds <|begin_of_text|>
     # MPT's whitespace tokens are user-defined: matched whole, decoded as spaces.
     mpt = _gguf("ggml-vocab-mpt.gguf")
     assert mpt.encode("  x") == [50276, 89]
@@ -134,7 +135,8 @@ def test_added_tokens_are_the_files_own() -> None:
 
 def test_sentencepiece_bos_and_prefix() -> None:
     tok = _gguf("ggml-vocab-llama-spm.gguf")
-    assert (tok.bos_token, tok.eos_token, tok.bos_token_id, tok.eos_token_id) == ("<s>", "</s>", 1, 2)
+    assert (tok.bos_token, tok.bos_token_id) == ("<s>", 1)
+    assert (tok.eos_token, tok.eos_token_id) == ("</s>", 2)
     assert tok.add_bos is True
     assert tok.special_tokens == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     # Like sentencepiece and llama.cpp: a space prefix after a special token too.
@@ -177,17 +179,17 @@ def test_hf_directory_matches_gguf(vocab: str, tmp_path: Path) -> None:
     )
     assert hf_tok.add_bos == gguf_tok.add_bos
     assert hf_tok.eog_token_ids == gguf_tok.eog_token_ids
-    with_template = load_tokenizer(str(MODELS_DIR / vocab), chat_template=template)
-    assert hf_tok.fingerprint == with_template.fingerprint
+    if gguf_tok.chat_template != template:
+        gguf_tok = load_tokenizer(str(MODELS_DIR / vocab), chat_template=template)
+    assert hf_tok.fingerprint == gguf_tok.fingerprint
 
 
 def test_hf_directory_generation_config_adds_stop_ids(tmp_path: Path) -> None:
-    tok = _gguf("ggml-vocab-llama-bpe.gguf")
+    tok = _gguf("ggml-vocab-phi-3.gguf")
     _save_as_hf_dir(tok, tmp_path, "{{ messages }}")
-    (tmp_path / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [128001, 128008, 128009]})
-    )
-    assert {128001, 128008, 128009} <= load_tokenizer(str(tmp_path)).eog_token_ids
+    assert load_tokenizer(str(tmp_path)).eog_token_ids == {32000, 32007}  # eos, <|end|>
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [32000, 32001]}))
+    assert load_tokenizer(str(tmp_path)).eog_token_ids == {32000, 32001, 32007}
 
 
 def test_hub_cache_repo_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,13 +204,13 @@ def test_hub_cache_repo_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         snapshot.mkdir(parents=True)
         return snapshot
 
-    gguf_tok = _gguf("ggml-vocab-qwen2.gguf")
+    gguf_tok = _gguf("ggml-vocab-phi-3.gguf")
     _save_as_hf_dir(gguf_tok, cached_repo("acme/tiny-chat"), gguf_tok.chat_template or "")
-    shutil.copy(MODELS_DIR / "ggml-vocab-qwen2.gguf", cached_repo("acme/tiny-GGUF") / "m.gguf")
+    shutil.copy(MODELS_DIR / "ggml-vocab-phi-3.gguf", cached_repo("acme/tiny-GGUF") / "m.gguf")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
-    text = "<|im_start|>user\nHello, world! 1234<|im_end|>\n"
+    text = "<|user|>\nHello, world! 1234<|end|>\n<|assistant|>\n"
     for repo_id in ("acme/tiny-chat", "acme/tiny-GGUF"):
         tok = load_tokenizer(repo_id)
         assert tok.source == repo_id
@@ -237,8 +239,7 @@ def test_full_model_gguf(endianess: GGUFEndian, tmp_path: Path) -> None:
     writer.add_token_merges(["h e", "l l", "he ll", "hell o"])
     writer.add_eos_token_id(len(tokens) - 2)
     writer.add_chat_template("{{ messages }}")
-    dtype = np.float32 if endianess == GGUFEndian.LITTLE else np.dtype(">f4")
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=dtype))
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -254,16 +255,18 @@ def test_full_model_gguf(endianess: GGUFEndian, tmp_path: Path) -> None:
 
 
 def test_chat_template_override(tmp_path: Path) -> None:
-    path = testbed.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
-    base = _gguf("ggml-vocab-qwen2.gguf")
-    from_file = load_tokenizer(str(MODELS_DIR / "ggml-vocab-qwen2.gguf"), chat_template=str(path))
+    model = str(MODELS_DIR / "ggml-vocab-phi-3.gguf")
+    path = testbed.templates_dir() / "microsoft-Phi-3.5-mini-instruct.jinja"
+    base = _gguf("ggml-vocab-phi-3.gguf")
+    from_file = load_tokenizer(model, chat_template=str(path))
     assert from_file.chat_template == path.read_text(encoding="utf-8")
     source = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    from_source = load_tokenizer(str(MODELS_DIR / "ggml-vocab-qwen2.gguf"), chat_template=source)
+    from_source = load_tokenizer(model, chat_template=source)
     assert from_source.chat_template == source
     assert len({base.fingerprint, from_file.fingerprint, from_source.fingerprint}) == 3
+    assert from_source.encode("<|user|>\nHi<|end|>") == base.encode("<|user|>\nHi<|end|>")
     with pytest.raises(ValueError, match="neither an existing file nor Jinja"):
-        load_tokenizer(str(MODELS_DIR / "ggml-vocab-qwen2.gguf"), str(tmp_path / "no.jinja"))
+        load_tokenizer(model, chat_template=str(tmp_path / "no.jinja"))
 
 
 def test_clear_errors(tmp_path: Path) -> None:

@@ -248,9 +248,9 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
 
 @contextlib.contextmanager
 def llama_server(model: Path, ctx: int = 4096, parallel: int = 2, extra: list[str] | None = None,
-                 log: Path | None = None) -> Iterator[str]:
-    """Run llama-server on a free loopback port; yields its base URL and stops it after."""
-    port = free_port()
+                 log: Path | None = None, port: int | None = None) -> Iterator[str]:
+    """Run llama-server on a (free) loopback port; yields its base URL and stops it after."""
+    port = port or free_port()
     cmd = [str(llama_server_binary()), "-m", str(model), "--host", "127.0.0.1",
            "--port", str(port), "-c", str(ctx), "-np", str(parallel), "-t", "1",
            "--no-webui", *(extra or [])]

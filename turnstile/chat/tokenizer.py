@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import struct
 import sys
@@ -39,8 +38,6 @@ from tokenizers import (
     pre_tokenizers,
     processors,
 )
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["END_OF_TURN_MARKERS", "LoadedTokenizer", "load_tokenizer"]
 
@@ -105,6 +102,7 @@ def load_tokenizer(model: str, chat_template: str | None = None) -> LoadedTokeni
     Hugging Face cache (nothing is downloaded). chat_template: an override, either a path to a
     Jinja file or the Jinja source itself.
     """
+    model = os.fspath(model)
     template_override = _read_template_override(chat_template) if chat_template else None
     path = Path(os.path.expanduser(model))
     tried: list[str] = []
@@ -237,7 +235,7 @@ def _find_hub_snapshot(repo_id: str, tried: list[str]) -> Path | None:
 
         cache_dir = os.environ.get("HF_HUB_CACHE") or HF_HUB_CACHE
         snapshot = snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - report whatever the hub client says
+    except Exception as exc:  # report whatever the hub client says
         where = os.environ.get("HF_HUB_CACHE") or "the default HF hub cache"
         tried.append(f"hub repo {repo_id!r} in {where} (offline): {type(exc).__name__}: {exc}")
         return None
@@ -250,7 +248,7 @@ def _load_hf(directory: Path, source: str) -> LoadedTokenizer:
 
     try:
         hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - turn any loader failure into one clear error
+    except Exception as exc:  # any loader failure -> one clear error
         raise ValueError(
             f"cannot load a Hugging Face tokenizer from {str(directory)!r} "
             f"(AutoTokenizer.from_pretrained, local files only): {type(exc).__name__}: {exc}"
@@ -387,7 +385,7 @@ def _read_gguf_tokenizer_metadata(path: Path) -> tuple[str, dict[str, Any]]:
     """``(architecture, {tokenizer.* key: value})`` from a GGUF file."""
     try:
         reader = _TokenizerMetadataReader(path)
-    except Exception as exc:  # noqa: BLE001 - the reader raises several types on bad files
+    except Exception as exc:  # the reader raises several types
         raise ValueError(f"cannot read GGUF metadata from {str(path)!r}: {exc}") from exc
     architecture = reader.value("general.architecture")
     if not isinstance(architecture, str):
@@ -437,12 +435,16 @@ def _load_gguf(path: Path, source: str) -> LoadedTokenizer:
         for name, i in special_ids.items()
         if i is not None
     }
+    default_bos, default_eos = _default_add_special(
+        tokenizer_dict.get("tokenizer_type"), tokenizer_dict.get("pre_tokenizer_type")
+    )
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")
     if not isinstance(add_bos, bool):
-        # llama.cpp's default: sentencepiece vocabularies get BOS, byte-level BPE ones do not.
-        add_bos = tokenizer_dict.get("tokenizer_type") == "llama"
+        add_bos = default_bos
+    add_eos = metadata.get("tokenizer.ggml.add_eos_token")
+    if not isinstance(add_eos, bool):
+        add_eos = default_eos
     if not isinstance(hf_json, str):
-        add_eos = metadata.get("tokenizer.ggml.add_eos_token") is True
         _add_special_post_processor(
             backend,
             special_tokens.get("bos_token") if add_bos else None,
@@ -508,7 +510,7 @@ def _build_gguf_backend(
 
     try:
         backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    except Exception as exc:  # noqa: BLE001 - name the file and what it declared
+    except Exception as exc:  # name the file and what it declared
         raise ValueError(
             f"cannot build a tokenizer from {str(path)!r} (architecture {architecture!r}, "
             f"tokenizer.ggml.model {tokenizer_dict.get('tokenizer_type')!r}, "
@@ -552,20 +554,6 @@ def _use_sentencepiece_prefix(backend: tokenizers.Tokenizer, add_prefix: bool) -
         backend.decoder = decoders.Sequence(
             [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
         )
-
-
-def _byte_level_split(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
-    """Split by ``pattern`` (isolated), then map bytes to the byte-level alphabet."""
-
-    def build() -> pre_tokenizers.PreTokenizer:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-
-    return build
 
 
 def _splits_then_digits(*patterns: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
@@ -647,27 +635,35 @@ _PRE_TOKENIZER_FIXES: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
     ),
 }
 
+# The Llama 3 family of tokenizer.ggml.pre values (same split, same conventions).
+_LLAMA3_PRE = frozenset(
+    {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"}
+    | {"jina-v5-nano"}
+)
+
 # tokenizer.ggml.pre values whose tokenizer.json sets `"ignore_merges": true` (a word that is
 # itself in the vocabulary is emitted whole, whatever the merges would have made of it).
-_IGNORE_MERGES_PRE = frozenset(
-    {
-        "llama3",
-        "llama-v3",
-        "llama-bpe",
-        "falcon3",
-        "falcon-h1",
-        "pixtral",
-        "midm-2.0",
-        "lfm2",
-        "jina-v5-nano",
-        "tekken",
-        "glm4",
-        "glm5",
-        "youtu",
-        "minicpm5",
-        "granite-embed-multi-97m",
-    }
-)
+_IGNORE_MERGES_PRE = _LLAMA3_PRE | {
+    "tekken",
+    "glm4",
+    "glm5",
+    "youtu",
+    "minicpm5",
+    "granite-embed-multi-97m",
+}
+
+# Byte-level vocabularies that expect BOS when the file has no tokenizer.ggml.add_bos_token
+# (llama.cpp's defaults; sentencepiece vocabularies always do).
+_ADD_BOS_PRE = _LLAMA3_PRE | {"tekken", "chameleon"}
+
+
+def _default_add_special(tokenizer_type: str | None, pre: str | None) -> tuple[bool, bool]:
+    """``(add_bos, add_eos)`` for a file that does not say."""
+    if tokenizer_type == "llama":
+        return True, False
+    if tokenizer_type == "t5":
+        return False, True
+    return tokenizer_type == "gpt2" and pre in _ADD_BOS_PRE, False
 
 
 def _repair_added_tokens(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from starlette.responses import Response
-
 import orjson
+from starlette.responses import Response
 
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
           502: "engine_error", 503: "engine_unavailable"}
