@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 
     d = sub.add_parser("demo", help="SmolLM2 on llama-server, a few sessions, what was recorded")
     d.add_argument("--data", help="record store directory (default: a temporary one)")
-    d.add_argument("--sessions", type=int, default=3)
+    d.add_argument("--sessions", type=int, default=4)
     d.set_defaults(func=lambda a: __import__("turnstile.demo", fromlist=["run"]).run(a))
 
     t = sub.add_parser("testbed", help="build/unpack llama-server, tokenizers, templates, models")
