@@ -1,9 +1,11 @@
 """HTTP routes. Harness-facing: ``/v1/chat/completions`` (also under a session's base URL
-``/s/<id>/v1``) and ``/v1/models``. Trainer-facing: sessions, their calls and trajectories."""
+``/s/<id>/v1``) and ``/v1/models``. Trainer-facing: sessions (open, list, reward, close,
+delete), their calls and trajectories (merged or per call)."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -14,7 +16,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engines.base import EngineError
-from ..store.trajectories import trajectories
+from ..store.trajectories import MODES, stitch
 from .errors import APIError
 from .gateway import Gateway
 from .requests import parse_chat_request
@@ -84,32 +86,141 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         if not isinstance(body, dict):
             raise APIError(400, "The body must be a JSON object: {\"metadata\": {...}}.",
                            "metadata")
-        meta = body.get("metadata", {k: v for k, v in body.items() if k != "id"})
+        fields = _session_fields(body)
+        if "metadata" in body:
+            meta = body["metadata"]
+        else:
+            meta = {k: v for k, v in body.items() if k != "id" and k not in fields}
         if not isinstance(meta, dict):
             raise APIError(400, "Invalid 'metadata': expected an object.", "metadata")
         sid = body.get("id")
         if sid is not None and (not isinstance(sid, str) or not sid or "/" in sid):
             raise APIError(400, "Invalid 'id': expected a non-empty string without '/'.", "id")
-        sid = store.create_session(meta, sid)
+        sid = store.create_session(meta, sid, **fields)
         known_sessions.add(sid)
         return _json(session_json(sid), 201)
 
-    def session_json(sid: str) -> dict:
-        s = store.get_session(sid)
-        assert s is not None
+    def session_json(sid: str, s: dict | None = None) -> dict:
+        s = s or store.get_session(sid)
+        if s is None:  # deleted meanwhile
+            raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
         return {**s, "object": "session", "base_url": f"{public_url}/s/{sid}/v1"}
 
-    async def get_session(request: Request) -> Response:
+    async def session(request: Request) -> Response:
         sid = require_session(request.path_params["sid"])
+        if request.method == "DELETE":
+            known_sessions.discard(sid)
+            # The gateway caches call trees per session; a reused id must start empty.
+            getattr(gateway, "_trees", {}).pop(sid, None)
+            if not store.delete_session(sid):
+                raise APIError(404, f"No session {sid!r}.", "session_id",
+                               code="session_not_found")
+            return _json({"id": sid, "object": "session.deleted", "deleted": True})
+        return _json(session_json(sid))
+
+    async def list_sessions(request: Request) -> Response:
+        q = request.query_params
+        unknown = set(q) - {"group", "group_id", "status", "limit", "after", "exported"}
+        if unknown:
+            name = sorted(unknown)[0]
+            raise APIError(400, f"Unknown query parameter {name!r}; use group, status, limit, "
+                                "after or exported.", name)
+        status = q.get("status")
+        if status is not None and status not in ("open", "closed"):
+            raise APIError(400, f"Invalid 'status' {status!r}: expected 'open' or 'closed'.",
+                           "status")
+        limit = _int_param(q.get("limit"), "limit", 100, 1, 1000)
+        exported = q.get("exported")
+        if exported is not None and exported not in ("true", "false"):
+            raise APIError(400, "Invalid 'exported': expected true or false.", "exported")
+        sessions, more = store.list_sessions(
+            group_id=q.get("group", q.get("group_id")), status=status, limit=limit,
+            after=q.get("after"), exported=None if exported is None else exported == "true")
+        data = [session_json(s["id"], s) for s in sessions]
+        return _json({"object": "list", "data": data, "has_more": more,
+                      "first_id": data[0]["id"] if data else None,
+                      "last_id": data[-1]["id"] if data else None})
+
+    async def rewards(request: Request) -> Response:
+        sid = require_session(request.path_params["sid"])
+        body = await _read_json(request, max_body)
+        if not isinstance(body, dict):
+            raise APIError(400, "The body must be a JSON object: {\"reward\": 1.0} or "
+                                "{\"rewards\": {\"name\": 1.0}}, optionally with \"call_id\".",
+                           "rewards")
+        for key in body:
+            if key not in ("reward", "rewards", "call_id"):
+                raise APIError(400, f"Unknown field {key!r}; expected reward, rewards or "
+                                    "call_id.", key)
+        named: dict[str, float] = {}
+        if "rewards" in body:
+            rw = body["rewards"]
+            if not isinstance(rw, dict) or not rw:
+                raise APIError(400, "Invalid 'rewards': expected a non-empty object of named "
+                                    "numbers, e.g. {\"correct\": 1.0}.", "rewards")
+            for name, v in rw.items():
+                if not name:
+                    raise APIError(400, "Invalid 'rewards': names must be non-empty.",
+                                   "rewards")
+                named[name] = _number(v, f"rewards.{name}")
+        if "reward" in body:
+            named["reward"] = _number(body["reward"], "reward")
+        if not named:
+            raise APIError(400, "Give 'reward' (a number) or 'rewards' (an object of named "
+                                "numbers).", "reward")
+        call_id = body.get("call_id")
+        if call_id is not None:
+            if not isinstance(call_id, str) or not call_id:
+                raise APIError(400, "Invalid 'call_id': expected a call id string.", "call_id")
+            if not store.has_call(sid, call_id):
+                raise APIError(404, f"Session {sid!r} has no call {call_id!r}.", "call_id",
+                               code="call_not_found")
+        store.set_rewards(sid, named, call_id)
+        return _json(session_json(sid))
+
+    async def close(request: Request) -> Response:
+        sid = require_session(request.path_params["sid"])
+        body = await _read_json(request, max_body, required=False) or {}
+        if not isinstance(body, dict):
+            raise APIError(400, "The body must be a JSON object (or empty).",
+                           "termination_reason")
+        for key in body:
+            if key != "termination_reason":
+                raise APIError(400, f"Unknown field {key!r}; expected termination_reason.", key)
+        reason = body.get("termination_reason")
+        if reason is not None and not isinstance(reason, str):
+            raise APIError(400, "Invalid 'termination_reason': expected a string.",
+                           "termination_reason")
+        store.close_session(sid, reason)
         return _json(session_json(sid))
 
     async def calls(request: Request) -> Response:
         sid = require_session(request.path_params["sid"])
         return _json({"object": "list", "data": [c.to_json() for c in store.calls(sid)]})
 
+    async def call_body(request: Request) -> Response:
+        sid = require_session(request.path_params["sid"])
+        cid = request.path_params["cid"]
+        if not store.has_call(sid, cid):
+            raise APIError(404, f"Session {sid!r} has no call {cid!r}.", "call_id",
+                           code="call_not_found")
+        body = store.body(cid)
+        if body is None:
+            raise APIError(404, f"No body kept for call {cid!r} (the store keeps raw bodies "
+                                "only when started with keep_bodies).", "call_id",
+                           code="body_not_kept")
+        return _json({"object": "call.body", "call_id": cid, **body})
+
     async def trajs(request: Request) -> Response:
         sid = require_session(request.path_params["sid"])
-        return _json({"object": "list", "data": trajectories(store.calls(sid))})
+        mode = request.query_params.get("mode", "merged")
+        if mode not in MODES:
+            raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'merged' (one sample per "
+                                "root-to-leaf path) or 'per_call' (one sample per call).",
+                           "mode")
+        s = store.get_session(sid)
+        return _json({"object": "list", "mode": mode, "data": [
+            t.with_session(s).to_json() for t in stitch(store.calls(sid), mode)]})
 
     async def models(request: Request) -> Response:
         if "sid" in request.path_params:
@@ -150,8 +261,12 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         Route("/v1/models", models, methods=["GET"]),
         Route("/s/{sid}/v1/models", models, methods=["GET"]),
         Route("/v1/sessions", create_session, methods=["POST"]),
-        Route("/v1/sessions/{sid}", get_session, methods=["GET"]),
+        Route("/v1/sessions", list_sessions, methods=["GET"]),
+        Route("/v1/sessions/{sid}", session, methods=["GET", "DELETE"]),
+        Route("/v1/sessions/{sid}/rewards", rewards, methods=["POST"]),
+        Route("/v1/sessions/{sid}/close", close, methods=["POST"]),
         Route("/v1/sessions/{sid}/calls", calls, methods=["GET"]),
+        Route("/v1/sessions/{sid}/calls/{cid}/body", call_body, methods=["GET"]),
         Route("/v1/sessions/{sid}/trajectories", trajs, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
@@ -160,6 +275,43 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: on_api_error, EngineError: on_engine_error, HTTPException: on_http_error,
         Exception: on_unexpected})
+
+
+def _session_fields(body: dict) -> dict:
+    """First-class session fields from a create body, validated (400 names the field)."""
+    out: dict = {}
+    for name in ("group_id", "task_id"):
+        v = body.get(name)
+        if v is not None and not (isinstance(v, str) and v):
+            raise APIError(400, f"Invalid {name!r}: expected a non-empty string.", name)
+        if name in body:
+            out[name] = v
+    if "sample_index" in body:
+        v = body["sample_index"]
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise APIError(400, "Invalid 'sample_index': expected an integer >= 0.",
+                           "sample_index")
+        out["sample_index"] = v
+    return out
+
+
+def _number(v: object, param: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise APIError(400, f"Invalid {param!r}: expected a finite number, got {v!r}.", param)
+    return float(v)
+
+
+def _int_param(raw: str | None, name: str, default: int, lo: int, hi: int) -> int:
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        v = lo - 1
+    if not lo <= v <= hi:
+        raise APIError(400, f"Invalid {name!r} {raw!r}: expected an integer in [{lo}, {hi}].",
+                       name)
+    return v
 
 
 async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:

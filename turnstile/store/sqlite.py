@@ -1,4 +1,5 @@
-"""Durable records in one SQLite file (WAL mode): sessions and their calls.
+"""Durable records in one SQLite file (WAL mode): sessions, their calls, rewards and (optionally)
+raw request/response bodies.
 
 A call stores its prompt as a *delta* against its parent (the parent's prompt + completion is
 the reused prefix), so a long session costs storage for its new tokens only. Token IDs are
@@ -6,6 +7,10 @@ packed int32 and logprobs float32 blobs: 4 bytes each, no JSON parsing to read t
 
 WAL with ``synchronous=NORMAL`` survives a killed process (SIGKILL) after each commit; the
 server commits a call before its response reaches the harness.
+
+Schema versions: 1 = sessions + calls; 2 adds session status/group/sample/task columns, rewards
+and bodies tables (migrated in place, existing columns untouched). docs/schema.md is the
+reference.
 """
 
 from __future__ import annotations
@@ -14,21 +19,30 @@ import sqlite3
 import threading
 import time
 import uuid
+import zlib
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
     created REAL NOT NULL,
-    metadata BLOB NOT NULL
+    metadata BLOB NOT NULL,
+    status TEXT NOT NULL DEFAULT 'open',
+    closed REAL,
+    termination_reason TEXT,
+    group_id TEXT,
+    sample_index INTEGER,
+    task_id TEXT,
+    exported REAL
 );
 CREATE TABLE IF NOT EXISTS calls (
     id TEXT PRIMARY KEY,
@@ -52,7 +66,47 @@ CREATE TABLE IF NOT EXISTS calls (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_by_session ON calls(session_id, seq);
+""" + """
+CREATE INDEX IF NOT EXISTS sessions_by_group ON sessions(group_id, sample_index);
+CREATE TABLE IF NOT EXISTS rewards (
+    session_id TEXT NOT NULL,
+    call_id TEXT NOT NULL DEFAULT '',
+    name TEXT NOT NULL,
+    value REAL NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (session_id, call_id, name)
+);
+CREATE TABLE IF NOT EXISTS bodies (
+    call_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    request BLOB,
+    response BLOB
+);
+CREATE INDEX IF NOT EXISTS bodies_by_session ON bodies(session_id);
 """
+
+# v1 -> v2: new session columns (the v1 columns stay as they are) and the new tables.
+MIGRATE_1_TO_2 = [
+    "ALTER TABLE sessions ADD COLUMN status TEXT NOT NULL DEFAULT 'open'",
+    "ALTER TABLE sessions ADD COLUMN closed REAL",
+    "ALTER TABLE sessions ADD COLUMN termination_reason TEXT",
+    "ALTER TABLE sessions ADD COLUMN group_id TEXT",
+    "ALTER TABLE sessions ADD COLUMN sample_index INTEGER",
+    "ALTER TABLE sessions ADD COLUMN task_id TEXT",
+    "ALTER TABLE sessions ADD COLUMN exported REAL",
+]
+
+SESSION_COLUMNS = ("id, created, metadata, status, closed, termination_reason, group_id, "
+                   "sample_index, task_id, exported")
+
+# Metadata keys that name the first-class session fields when they are not given directly
+# (v1 clients put them in metadata).
+FIELD_ALIASES = {"group_id": ("group_id", "group"), "sample_index": ("sample_index",),
+                 "task_id": ("task_id", "task")}
+
+
+class SchemaError(RuntimeError):
+    """The store file was written by a newer Turnstile (or is not a Turnstile store)."""
 
 
 def pack_ids(ids: Any) -> bytes:
@@ -127,18 +181,65 @@ def new_id(prefix: str) -> str:
 
 
 class Store:
-    """SQLite-backed records. Thread-safe; one connection guarded by a lock (writes are short)."""
+    """SQLite-backed records. Thread-safe; one connection guarded by a lock (writes are short).
 
-    def __init__(self, data_dir: str | Path):
-        self.path = Path(data_dir) / "turnstile.sqlite3"
+    ``keep_bodies`` decides whether raw request/response bodies handed to :meth:`add_call` are
+    kept (zlib-compressed JSON, one row per call) or dropped; token records are always kept.
+    """
+
+    FILENAME = "turnstile.sqlite3"
+
+    def __init__(self, data_dir: str | Path, keep_bodies: bool = False):
+        path = Path(data_dir)
+        self.path = path if path.suffix in (".sqlite3", ".sqlite", ".db") else path / self.FILENAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self.keep_bodies = keep_bodies
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=30.0)
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                         (str(SCHEMA_VERSION),))
+        self._open_schema()
+
+    def _open_schema(self) -> None:
+        db = self._db
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see v2
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = int(row[0]) if row else None
+            if version is not None and version > SCHEMA_VERSION:
+                raise SchemaError(f"{self.path} has schema version {version}; this Turnstile "
+                                  f"reads up to {SCHEMA_VERSION}. Upgrade Turnstile.")
+            if version == 1:
+                self._migrate_1_to_2()
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                       (str(SCHEMA_VERSION),))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _migrate_1_to_2(self) -> None:
+        db = self._db
+        for stmt in MIGRATE_1_TO_2:
+            db.execute(stmt)
+        # Lift group/sample/task out of v1 metadata, where clients used to put them.
+        for sid, meta in db.execute("SELECT id, metadata FROM sessions").fetchall():
+            fields = session_fields(orjson.loads(meta), {})
+            if any(v is not None for v in fields.values()):
+                db.execute("UPDATE sessions SET group_id = ?, sample_index = ?, task_id = ? "
+                           "WHERE id = ?", (fields["group_id"], fields["sample_index"],
+                                            fields["task_id"], sid))
+
+    def schema_version(self) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0])
 
     def close(self) -> None:
         with self._lock:
@@ -146,24 +247,133 @@ class Store:
 
     # sessions
 
-    def create_session(self, metadata: dict | None = None, session_id: str | None = None) -> str:
+    def create_session(self, metadata: dict | None = None, session_id: str | None = None, *,
+                       group_id: str | None = None, sample_index: int | None = None,
+                       task_id: str | None = None) -> str:
+        """Create a session (idempotent on ``session_id``). Group/sample/task not given here
+        are taken from metadata keys (``group_id``/``group``, ``sample_index``,
+        ``task_id``/``task``) so that older clients' sessions are grouped too."""
         sid = session_id or new_id("sess_")
+        meta = metadata or {}
+        f = session_fields(meta, {"group_id": group_id, "sample_index": sample_index,
+                                  "task_id": task_id})
         with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?, ?)",
-                             (sid, time.time(), orjson.dumps(metadata or {})))
+            self._db.execute(
+                "INSERT OR IGNORE INTO sessions (id, created, metadata, group_id, sample_index, "
+                "task_id) VALUES (?, ?, ?, ?, ?, ?)",
+                (sid, time.time(), orjson.dumps(meta), f["group_id"], f["sample_index"],
+                 f["task_id"]))
         return sid
 
     def get_session(self, session_id: str) -> dict | None:
+        """The session with its rewards (scalar + named, per session and per call)."""
         with self._lock:
-            row = self._db.execute("SELECT id, created, metadata FROM sessions WHERE id = ?",
+            row = self._db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?",
                                    (session_id,)).fetchone()
-        if row is None:
-            return None
-        return {"id": row[0], "created": row[1], "metadata": orjson.loads(row[2])}
+            if row is None:
+                return None
+            n_calls = self._db.execute("SELECT count(*) FROM calls WHERE session_id = ?",
+                                       (session_id,)).fetchone()[0]
+            rewards = self._db.execute(
+                "SELECT session_id, call_id, name, value FROM rewards WHERE session_id = ?",
+                (session_id,)).fetchall()
+        out = _session_from_row(row, rewards)
+        out["n_calls"] = n_calls
+        return out
+
+    def list_sessions(self, group_id: str | None = None, status: str | None = None,
+                      limit: int = 100, after: str | None = None,
+                      exported: bool | None = None) -> tuple[list[dict], bool]:
+        """Sessions in creation order, filtered; ``after`` is the last id of the previous
+        page. Returns ``(sessions, has_more)``."""
+        where, args = [], []
+        if group_id is not None:
+            where.append("group_id = ?")
+            args.append(group_id)
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if exported is not None:
+            where.append("exported IS NOT NULL" if exported else "exported IS NULL")
+        if after is not None:
+            where.append("rowid > coalesce((SELECT rowid FROM sessions WHERE id = ?), -1)")
+            args.append(after)
+        sql = f"SELECT {SESSION_COLUMNS} FROM sessions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY rowid LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, (*args, limit + 1)).fetchall()
+            ids = [r[0] for r in rows[:limit]]
+            rewards = self._rewards_for(ids)
+        sessions = [_session_from_row(r, rewards.get(r[0], [])) for r in rows[:limit]]
+        return sessions, len(rows) > limit
+
+    def _rewards_for(self, ids: list[str]) -> dict[str, list[tuple]]:
+        out: dict[str, list[tuple]] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            for r in self._db.execute(
+                    "SELECT session_id, call_id, name, value FROM rewards WHERE session_id IN "
+                    f"({','.join('?' * len(chunk))})", chunk):
+                out.setdefault(r[0], []).append(r)
+        return out
+
+    def close_session(self, session_id: str, termination_reason: str | None = None) -> bool:
+        """Mark a rollout finished. Closing again keeps the first close time; a reason given
+        later replaces an earlier one. False if there is no such session."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE sessions SET status = 'closed', closed = coalesce(closed, ?), "
+                "termination_reason = coalesce(?, termination_reason) WHERE id = ?",
+                (time.time(), termination_reason, session_id))
+        return cur.rowcount > 0
+
+    def set_rewards(self, session_id: str, rewards: dict[str, float],
+                    call_id: str | None = None) -> None:
+        """Upsert named rewards on a session (or on one of its calls)."""
+        now = time.time()
+        rows = [(session_id, call_id or "", name, float(v), now) for name, v in rewards.items()]
+        with self._lock:
+            self._db.executemany("INSERT OR REPLACE INTO rewards VALUES (?, ?, ?, ?, ?)", rows)
+
+    def has_call(self, session_id: str, call_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM calls WHERE id = ? AND session_id = ?",
+                                    (call_id, session_id)).fetchone() is not None
+
+    def delete_session(self, session_id: str) -> bool:
+        """Delete a session with its calls, rewards and bodies, in one transaction."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for table, col in (("calls", "session_id"), ("rewards", "session_id"),
+                                   ("bodies", "session_id"), ("sessions", "id")):
+                    cur = self._db.execute(f"DELETE FROM {table} WHERE {col} = ?",
+                                           (session_id,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return cur.rowcount > 0
+
+    def mark_exported(self, session_ids: Iterable[str], when: float | None = None) -> None:
+        when = when or time.time()
+        with self._lock:
+            self._db.executemany("UPDATE sessions SET exported = ? WHERE id = ?",
+                                 [(when, sid) for sid in session_ids])
+
+    def vacuum(self) -> None:
+        """Give the space of deleted sessions back to the file system (rewrites the file)."""
+        with self._lock:
+            self._db.execute("VACUUM")
 
     # calls
 
-    def add_call(self, c: CallRecord) -> None:
+    def add_call(self, c: CallRecord, request_body: object = None,
+                 response_body: object = None) -> None:
+        """Record a call; with ``keep_bodies`` also its raw request/response bodies, in the
+        same transaction (without it the bodies are dropped here)."""
         row = (
             c.id, c.session_id, c.seq, c.parent_id, c.segment_reason, c.reused_prefix_len,
             pack_ids(c.prompt_delta), pack_ids(c.completion_ids),
@@ -171,8 +381,39 @@ class Store:
             c.status, c.error, orjson.dumps(c.message) if c.message is not None else None,
             c.history_hash, b"".join(c.prefix_hashes), orjson.dumps(c.info), c.created,
         )
+        keep = self.keep_bodies and (request_body is not None or response_body is not None)
         with self._lock:
-            self._db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
+            if not keep:
+                self._db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
+                return
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
+                self._db.execute("INSERT OR REPLACE INTO bodies VALUES (?, ?, ?, ?)",
+                                 (c.id, c.session_id, _pack_body(request_body),
+                                  _pack_body(response_body)))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def body(self, call_id: str) -> dict | None:
+        """``{"request": ..., "response": ...}`` as kept for a call, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT request, response FROM bodies WHERE call_id = ?",
+                                   (call_id,)).fetchone()
+        if row is None:
+            return None
+        return {"request": _unpack_body(row[0]), "response": _unpack_body(row[1])}
+
+    def drop_bodies(self, session_id: str | None = None) -> int:
+        """Delete kept bodies (of one session, or all): they are the bulky part."""
+        with self._lock:
+            if session_id is None:
+                cur = self._db.execute("DELETE FROM bodies")
+            else:
+                cur = self._db.execute("DELETE FROM bodies WHERE session_id = ?", (session_id,))
+        return cur.rowcount
 
     def calls(self, session_id: str) -> list[CallRecord]:
         with self._lock:
@@ -180,6 +421,59 @@ class Store:
                 "SELECT * FROM calls WHERE session_id = ? ORDER BY seq", (session_id,)
             ).fetchall()
         return [_call_from_row(r) for r in rows]
+
+
+def session_fields(metadata: dict, given: dict) -> dict:
+    """group_id / sample_index / task_id: the explicit value, else the metadata alias."""
+    out = {}
+    for name, aliases in FIELD_ALIASES.items():
+        v = given.get(name)
+        if v is None:
+            v = next((metadata[a] for a in aliases if metadata.get(a) is not None), None)
+            if name == "sample_index":
+                v = v if isinstance(v, int) and not isinstance(v, bool) else None
+            elif v is not None and not isinstance(v, str):
+                v = str(v)
+        out[name] = v
+    return out
+
+
+def scalar_reward(named: dict[str, float]) -> float | None:
+    """The one number a trainer uses: the component named ``reward`` if posted, else the sum
+    of the named components, else None (no reward yet)."""
+    if not named:
+        return None
+    if "reward" in named:
+        return named["reward"]
+    return float(sum(named.values()))
+
+
+def _session_from_row(r: tuple, rewards: list[tuple]) -> dict:
+    named: dict[str, float] = {}
+    per_call: dict[str, dict[str, float]] = {}
+    for _sid, call_id, name, value in rewards:
+        if call_id:
+            per_call.setdefault(call_id, {})[name] = value
+        else:
+            named[name] = value
+    return {
+        "id": r[0], "created": r[1], "metadata": orjson.loads(r[2]), "status": r[3],
+        "closed": r[4], "termination_reason": r[5], "group_id": r[6], "sample_index": r[7],
+        "task_id": r[8], "exported": r[9], "reward": scalar_reward(named), "rewards": named,
+        "call_rewards": {cid: {"reward": scalar_reward(v), "rewards": v}
+                         for cid, v in per_call.items()},
+    }
+
+
+def _pack_body(body: object) -> bytes | None:
+    if body is None:
+        return None
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    return zlib.compress(raw, 1)
+
+
+def _unpack_body(blob: bytes | None) -> object:
+    return None if blob is None else orjson.loads(zlib.decompress(blob))
 
 
 def _call_from_row(r: tuple) -> CallRecord:

@@ -1,60 +1,238 @@
-"""Stitch recorded calls into trajectories: one per root-to-leaf path of a session's call tree.
+"""Stitch recorded calls into training samples, in one of two modes, from the same records.
 
-Each call contributes its prompt delta (mask 0, logprob 0) then its completion (mask 1, the
-engine's logprobs). Because a child's prompt *is* its parent's prompt + completion + delta,
-the concatenation along a path equals exactly the last call's prompt + completion: the
-sequence the engine saw and sampled. A call that started a new segment (history rewritten,
-template not prefix-preserving) has no parent, so it roots a trajectory of its own.
+``merged`` (default): one sample per root-to-leaf path of a session's call tree. Each call
+contributes its prompt delta (mask 0, logprob 0) then its completion (mask 1, the engine's
+logprobs). Because a child's prompt *is* its parent's prompt + completion + delta, the
+concatenation along a path equals exactly the last call's prompt + completion: the sequence
+the engine saw and sampled. A call that started a new segment (history rewritten, template not
+prefix-preserving) has no parent, so it roots a sample of its own.
+
+``per_call``: one sample per call: its full prompt (mask 0) then its completion (mask 1).
+
+Only calls with status ``ok`` take part (an aborted or failed call never reached the harness,
+so nothing extends it). Arrays are numpy: int32 token IDs, int8 mask, float32 logprobs (NaN
+where the engine sampled a token but reported no logprob), int64 versions (-1 where not
+sampled or not reported). ``Trajectory.to_json`` gives the API/JSONL shape (NaN/-1 → null).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
 from .sqlite import CallRecord
 
+MODES = ("merged", "per_call")
+NO_VERSION = -1
 
-def trajectories(calls: list[CallRecord]) -> list[dict]:
+
+@dataclass
+class Trajectory:
+    """One training sample in canonical form (see docs/schema.md, ``trajectory``)."""
+
+    id: str
+    session_id: str
+    call_ids: list[str]
+    token_ids: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # int8 [T], 1 exactly on sampled tokens
+    logprobs: np.ndarray  # float32 [T], 0 where mask is 0, NaN where unknown
+    versions: np.ndarray  # int64 [T], policy version per sampled token, -1 elsewhere
+    prompt_len: int  # tokens before the first sampled token of the sample
+    turns: list[dict]
+    segment_reason: str | None = None
+    segment_detail: str | None = None
+    fingerprint: str | None = None
+    mode: str = "merged"
+    # session-level fields, filled in by ``with_session``
+    group_id: str | None = None
+    sample_index: int | None = None
+    task_id: str | None = None
+    reward: float | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+    status: str | None = None
+    metadata: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def weight_versions(self) -> list[str | None]:
+        """The weight version each call reported, in path order (raw, as the engine said)."""
+        return [t["weight_version"] for t in self.turns]
+
+    def with_session(self, session: dict | None) -> Trajectory:
+        """Copy the rollout's group/sample/task ids, rewards and status onto the sample."""
+        if session:
+            self.group_id = session.get("group_id")
+            self.sample_index = session.get("sample_index")
+            self.task_id = session.get("task_id")
+            self.reward = session.get("reward")
+            self.rewards = dict(session.get("rewards") or {})
+            self.status = session.get("status")
+            self.metadata = session.get("metadata") or {}
+            call_rewards = session.get("call_rewards") or {}
+            for t in self.turns:
+                r = call_rewards.get(t["call_id"])
+                t["reward"] = r["reward"] if r else None
+                t["rewards"] = r["rewards"] if r else {}
+        return self
+
+    def to_json(self) -> dict:
+        lp = self.logprobs.astype(np.float64)
+        versions = self.versions.tolist()
+        return {
+            "id": self.id,
+            "session_id": self.session_id,
+            "mode": self.mode,
+            "group_id": self.group_id,
+            "sample_index": self.sample_index,
+            "task_id": self.task_id,
+            "call_ids": list(self.call_ids),
+            "token_ids": self.token_ids.tolist(),
+            "loss_mask": self.loss_mask.tolist(),
+            "logprobs": [None if x != x else x for x in lp.tolist()],
+            "versions": [None if v == NO_VERSION else v for v in versions],
+            "prompt_len": self.prompt_len,
+            "num_turns": self.num_turns,
+            "turns": self.turns,
+            "segment_reason": self.segment_reason,
+            "segment_detail": self.segment_detail,
+            "fingerprint": self.fingerprint,
+            "reward": self.reward,
+            "rewards": self.rewards,
+            "status": self.status,
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Trajectory:
+        """Back from the API/JSONL shape (null logprob → NaN, null version → -1)."""
+        lp = np.array([np.nan if x is None else x for x in d["logprobs"]], dtype=np.float32)
+        versions = np.array([NO_VERSION if v is None else v for v in d.get("versions") or
+                             [None] * len(d["token_ids"])], dtype=np.int64)
+        return cls(
+            id=d["id"], session_id=d["session_id"], call_ids=list(d["call_ids"]),
+            token_ids=np.asarray(d["token_ids"], dtype=np.int32),
+            loss_mask=np.asarray(d["loss_mask"], dtype=np.int8), logprobs=lp,
+            versions=versions, prompt_len=int(d["prompt_len"]), turns=list(d["turns"]),
+            segment_reason=d.get("segment_reason"), segment_detail=d.get("segment_detail"),
+            fingerprint=d.get("fingerprint"), mode=d.get("mode", "merged"),
+            group_id=d.get("group_id"), sample_index=d.get("sample_index"),
+            task_id=d.get("task_id"), reward=d.get("reward"), rewards=d.get("rewards") or {},
+            status=d.get("status"), metadata=d.get("metadata") or {})
+
+
+def version_number(v: Any) -> int:
+    """A weight version as an integer for the per-token ``versions`` array: ints and integer
+    strings ("12") map to themselves; anything else (None, hashes, names) to -1. The raw value
+    stays in ``turns[i].weight_version``."""
+    if isinstance(v, bool) or v is None:
+        return NO_VERSION
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        s = v.strip()
+        if s.lstrip("-").isdigit():
+            return int(s)
+    return NO_VERSION
+
+
+def _completion_versions(c: CallRecord) -> np.ndarray:
+    """Per-token versions of one completion: a per-token list if the engine gave one,
+    otherwise the call's single version repeated."""
+    wv = c.info.get("weight_version")
+    n = len(c.completion_ids)
+    if isinstance(wv, list) and len(wv) == n:
+        return np.array([version_number(v) for v in wv], dtype=np.int64)
+    return np.full(n, version_number(wv), dtype=np.int64)
+
+
+def _raw_version(c: CallRecord) -> str | None:
+    wv = c.info.get("weight_version")
+    if wv is None:
+        return None
+    if isinstance(wv, list):
+        known = [v for v in wv if v is not None]
+        return str(known[-1]) if known else None
+    return str(wv)
+
+
+def stitch(calls: list[CallRecord], mode: str = "merged") -> list[Trajectory]:
+    """Training samples of one session's calls (ordered by ``seq``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     ok = [c for c in calls if c.status == "ok"]
     by_id = {c.id: c for c in ok}
-    has_child = {c.parent_id for c in ok if c.parent_id}
     out = []
-    for leaf in ok:
-        if leaf.id in has_child:
-            continue
-        path = [leaf]
+    if mode == "merged":
+        has_child = {c.parent_id for c in ok if c.parent_id}
+        targets = [c for c in ok if c.id not in has_child]
+    else:
+        targets = ok
+    for last in targets:
+        path = [last]
         while path[-1].parent_id is not None and path[-1].parent_id in by_id:
             path.append(by_id[path[-1].parent_id])
         path.reverse()
-        out.append(_flatten(path))
+        out.append(_flatten(path, mode))
     return out
 
 
-def _flatten(path: list[CallRecord]) -> dict:
-    ids: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
+def trajectories(calls: list[CallRecord], mode: str = "merged") -> list[dict]:
+    """JSON-ready samples (the ``/trajectories`` route's shape, without session fields)."""
+    return [t.to_json() for t in stitch(calls, mode)]
+
+
+def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
+    pieces: list[np.ndarray] = []
+    lps: list[np.ndarray] = []
+    vers: list[np.ndarray] = []
+    mask_runs: list[tuple[int, int]] = []  # (length, value)
     turns = []
-    for c in path:
-        prompt_start = len(ids)
-        ids.extend(c.prompt_delta)
-        completion_start = len(ids)
-        ids.extend(c.completion_ids)
-        mask.extend([0] * len(c.prompt_delta))
-        mask.extend([1] * len(c.completion_ids))
-        logprobs.extend([0.0] * len(c.prompt_delta))
-        logprobs.extend(c.completion_logprobs)
+    n = 0
+    per_call = mode == "per_call"
+    last = len(path) - 1
+    context = 0
+    for i, c in enumerate(path):
+        delta = np.frombuffer(c.prompt_delta, dtype=np.int32)
+        comp = np.frombuffer(c.completion_ids, dtype=np.int32)
+        if per_call and i < last:  # an ancestor: its tokens are context for the last call
+            pieces += [delta, comp]
+            context += len(delta) + len(comp)
+            continue
+        prompt_start = 0 if per_call else n
+        n = (context if per_call else n) + len(delta)
+        completion_start = n
+        n += len(comp)
+        pieces += [delta, comp]
+        mask_runs += [(context + len(delta) if per_call else len(delta), 0), (len(comp), 1)]
+        zeros = np.zeros((context if per_call else 0) + len(delta), dtype=np.float32)
+        lps += [zeros, np.frombuffer(c.completion_logprobs, dtype=np.float32)]
+        vers += [np.full(len(zeros), NO_VERSION, dtype=np.int64), _completion_versions(c)]
+        sampling = c.info.get("sampling") or {}
         turns.append({"call_id": c.id, "prompt_start": prompt_start,
-                      "completion_start": completion_start, "completion_end": len(ids),
-                      "finish_reason": c.finish_reason, "seam": c.seam})
+                      "completion_start": completion_start, "completion_end": n,
+                      "finish_reason": c.finish_reason, "seam": c.seam,
+                      "weight_version": _raw_version(c),
+                      "temperature": sampling.get("temperature"),
+                      "reward": None, "rewards": {}})
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    mask = np.repeat(np.array([v for _, v in mask_runs], dtype=np.int8),
+                     [k for k, _ in mask_runs])
     root = path[0]
-    return {
-        "id": path[-1].id,
-        "session_id": root.session_id,
-        "call_ids": [c.id for c in path],
-        "token_ids": ids,
-        "loss_mask": mask,
-        "logprobs": logprobs,
-        "turns": turns,
-        "segment_reason": root.segment_reason,
-        "segment_detail": root.info.get("segment_detail"),
-        "fingerprint": root.info.get("fingerprint"),
-    }
+    target = path[-1]
+    return Trajectory(
+        id=target.id, session_id=root.session_id,
+        call_ids=[target.id] if per_call else [c.id for c in path],
+        token_ids=ids, loss_mask=mask, logprobs=np.concatenate(lps),
+        versions=np.concatenate(vers), prompt_len=turns[0]["completion_start"], turns=turns,
+        segment_reason=root.segment_reason, segment_detail=root.info.get("segment_detail"),
+        fingerprint=root.info.get("fingerprint"), mode=mode)
