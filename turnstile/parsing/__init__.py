@@ -12,7 +12,14 @@ Guarantees others rely on:
     calls stay in ``content`` as raw text.
 """
 
-from . import hermes as _hermes  # noqa: F401  (registers "hermes")
+from . import (  # noqa: F401  (each module registers its formats)
+    glm,
+    hermes,
+    hy3,
+    minicpm,
+    qwen3_coder,
+    seed_oss,
+)
 from .parser import Parser, parse
 from .reasoning import ThinkSplitter
 from .registry import create_tool_parser, register_tool_format, tool_formats
@@ -26,8 +33,10 @@ from .types import (
     Event,
     Issue,
     ParsedMessage,
+    Reasoning,
     Text,
     ToolCallParser,
+    ToolSchemas,
 )
 
 __all__ = [
@@ -41,9 +50,11 @@ __all__ = [
     "Issue",
     "ParsedMessage",
     "Parser",
+    "Reasoning",
     "Text",
     "ThinkSplitter",
     "ToolCallParser",
+    "ToolSchemas",
     "create_tool_parser",
     "parse",
     "register_tool_format",

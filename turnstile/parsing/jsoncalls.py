@@ -70,7 +70,9 @@ def object_members(text: str) -> list[Member] | None:
         return None
 
 
-def parse_call_object(text: str, args_keys: tuple[str, ...] = ARGS_KEYS) -> tuple[str, str] | None:
+def parse_call_object(
+    text: str, args_keys: tuple[str, ...] = ARGS_KEYS, name_keys: tuple[str, ...] = ("name",)
+) -> tuple[str, str] | None:
     """(name, arguments JSON text) of a complete call object, or None if it is not a valid call.
 
     The arguments text is the model's own substring when it wrote an object; a string that
@@ -80,7 +82,7 @@ def parse_call_object(text: str, args_keys: tuple[str, ...] = ARGS_KEYS) -> tupl
     if members is None:
         return None
     by_key = {m.key: m for m in members}  # last duplicate wins, like json.loads
-    name = by_key.get("name")
+    name = next((by_key[k] for k in name_keys if k in by_key), None)
     if name is None or not isinstance(name.value, str) or not name.value:
         return None
     args = next((by_key[k] for k in args_keys if k in by_key), None)
@@ -193,6 +195,90 @@ def match_call_head(text: str, args_keys: tuple[str, ...] = ARGS_KEYS) -> CallHe
     if not name:
         return CallHead("fail")
     return CallHead("match", name, cur.i)
+
+
+def parse_keyed_call(text: str) -> tuple[str, str] | None:
+    """(name, arguments) of a ``{"<name>": {...arguments}}`` object (Apertus), or None."""
+    members = object_members(text)
+    if members is None or len(members) != 1 or not members[0].key:
+        return None
+    member = members[0]
+    if not isinstance(member.value, dict):
+        return None
+    return member.key, text[member.start : member.end]
+
+
+def match_head(
+    text: str,
+    name_keys: tuple[str, ...] = ("name",),
+    args_keys: tuple[str, ...] = ARGS_KEYS,
+    keyed: bool = False,
+) -> CallHead:
+    """Like ``match_call_head`` for other key spellings, skipping leading scalar members.
+
+    Matches ``{"tool_call_id": "0", "tool_name": "f", "parameters": {`` (Cohere) as well as
+    ``{"name": "f", "arguments": {``; with ``keyed``, ``{"f": {`` (the name is the key).
+    Members before the name must have string/number/literal values, so that the match stays
+    a pure function of the prefix (the same guarantee as ``match_call_head``).
+    """
+    cur = _Cursor(text)
+    try:
+        cur.ws()
+        cur.literal("{")
+        cur.ws()
+        if keyed:
+            name = cur.string()
+            cur.ws()
+            cur.literal(":")
+            cur.ws()
+            cur.literal("{")
+            return CallHead("match", name, cur.i) if name else CallHead("fail")
+        name = ""
+        while True:
+            key = cur.string()
+            cur.ws()
+            cur.literal(":")
+            cur.ws()
+            if key in name_keys and not name:
+                name = cur.string()
+                if not name:
+                    return CallHead("fail")
+            elif key in args_keys and name:
+                cur.literal("{")
+                return CallHead("match", name, cur.i)
+            elif key in args_keys or key in name_keys:
+                return CallHead("fail")
+            else:
+                _skip_scalar(cur)
+            cur.ws()
+            cur.literal(",")
+            cur.ws()
+    except _Partial:
+        return CallHead("partial")
+    except _Fail:
+        return CallHead("fail")
+
+
+def _skip_scalar(cur: _Cursor) -> None:
+    """Skip a string, number or literal; objects and arrays fail (they need a scanner)."""
+    text = cur.text
+    if cur.i >= len(text):
+        raise _Partial
+    if text[cur.i] == '"':
+        cur.string()
+        return
+    j = cur.i
+    while j < len(text) and (text[j].isalnum() or text[j] in "+-."):
+        j += 1
+    if j == len(text):
+        raise _Partial
+    if j == cur.i:
+        raise _Fail
+    try:
+        json.loads(text[cur.i : j])
+    except ValueError:
+        raise _Fail from None
+    cur.i = j
 
 
 class ValueScanner:

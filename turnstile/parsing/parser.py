@@ -23,6 +23,7 @@ from .types import (
     Event,
     Issue,
     ParsedMessage,
+    Reasoning,
     Text,
     ToolCallParser,
 )
@@ -74,8 +75,12 @@ class Parser:
     ``reasoning_started``: the prompt already opened the block (generation prompt ends with
     ``<think>\\n``), so text is reasoning until ``</think>``.
     ``tool_format``: None (no tool parsing) or a registered format name (``"hermes"``).
+    ``reasoning_tags``: the block's (open, close) markers when not ``<think>``/``</think>``.
+    ``tools``: the request's tools; formats with untyped arguments use their schemas.
     ``id_factory``: optional ``index -> id`` for deterministic call ids (replays, tests);
     by default ids are ``call_id_prefix`` + 24 random hex characters.
+
+    ``turnstile.parsing.detect_format`` picks all of these from a chat template.
     """
 
     def __init__(
@@ -86,11 +91,18 @@ class Parser:
         call_id_prefix: str = "call_",
         *,
         id_factory: Callable[[int], str] | None = None,
+        reasoning_tags: tuple[str, str] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
-        self._splitter = ThinkSplitter(started=reasoning_started) if reasoning else None
         self._tools: ToolCallParser | None = (
-            create_tool_parser(tool_format) if tool_format is not None else None
+            create_tool_parser(tool_format, tools) if tool_format is not None else None
         )
+        own = self._tools is not None and self._tools.owns_reasoning
+        open_tag, close_tag = reasoning_tags or ("<think>", "</think>")
+        self._splitter = (
+            ThinkSplitter(reasoning_started, open_tag, close_tag) if reasoning and not own else None
+        )
+        self._format_reasoning = False  # the tool format reported reasoning itself
         self._id_factory = id_factory or (lambda _i: call_id_prefix + secrets.token_hex(12))
         self._content: list[str] = []
         self._reasoning: list[str] = []
@@ -141,7 +153,7 @@ class Parser:
         if not content and (self._calls or unclosed):
             content = None
         reasoning = None
-        if self._splitter is not None and self._splitter.opened:
+        if (self._splitter is not None and self._splitter.opened) or self._format_reasoning:
             reasoning = "".join(self._reasoning)
         calls = [
             {
@@ -169,6 +181,11 @@ class Parser:
         for event in events:
             if isinstance(event, Text):
                 self._segment_text(event.text, out)
+            elif isinstance(event, Reasoning):
+                self._format_reasoning = True
+                if event.text:
+                    self._reasoning.append(event.text)
+                    out.text("reasoning_content", event.text)
             elif isinstance(event, CallStart):
                 self._held_ws = ""
                 index = len(self._calls)
@@ -213,9 +230,18 @@ def parse(
     reasoning_started: bool = False,
     *,
     id_factory: Callable[[int], str] | None = None,
+    reasoning_tags: tuple[str, str] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> ParsedMessage:
     """Parse a whole completion (non-streaming); same result as streaming it through a Parser."""
-    parser = Parser(reasoning, tool_format, reasoning_started, id_factory=id_factory)
+    parser = Parser(
+        reasoning,
+        tool_format,
+        reasoning_started,
+        id_factory=id_factory,
+        reasoning_tags=reasoning_tags,
+        tools=tools,
+    )
     parser.feed(text)
     parser.finish()
     return parser.result()

@@ -3,8 +3,11 @@
 Only a block at the very start (after optional whitespace) counts, or one the prompt already
 opened (``started``): a ``<think>`` later in the answer is ordinary text, and so is anything
 inside the block, tool-call markers included. Leading newlines after ``</think>`` are dropped
-because Qwen-style templates put ``\\n\\n`` there. The markers are parameters so families with
-other spellings can reuse this.
+because Qwen-style templates put ``\\n\\n`` there, and so is a close tag at the very start with no
+open tag (MiniMax-M3 and GLM-style templates write a bare ``</think>`` to skip reasoning). The
+markers are parameters so families with other spellings (``<seed:think>``,
+``<|START_THINKING|>``, ``[THINK]``...) reuse this; an empty open tag with ``started`` serves
+templates whose reasoning has no opening marker at all (Apriel).
 """
 
 from __future__ import annotations
@@ -57,13 +60,20 @@ class ThinkSplitter:
         text = self._pending
         if self._state == _START:
             stripped = text.lstrip()
-            if stripped.startswith(self.open_tag):
+            if self.open_tag and stripped.startswith(self.open_tag):
                 self._pending = stripped[len(self.open_tag) :]
                 self._state = _REASONING
                 self.opened = True
                 return True
-            if self.open_tag.startswith(stripped) and not final:
-                return False  # whitespace or a prefix of the open tag: wait
+            if stripped.startswith(self.close_tag):
+                # A close tag with no open one: templates that switch reasoning off (or models
+                # that skip it) write it at the start; it is not content.
+                self._pending = stripped[len(self.close_tag) :]
+                self._state = _AFTER
+                return True
+            tags = (self.open_tag, self.close_tag)
+            if not final and any(tag.startswith(stripped) for tag in tags if tag):
+                return False  # whitespace or a prefix of a tag: wait
             self._state = _CONTENT
             return True
         if self._state == _REASONING:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from .types import ToolCallParser
+from .types import ToolCallParser, ToolSchemas
 
 _FORMATS: dict[str, type[ToolCallParser]] = {}
 
@@ -31,12 +32,24 @@ def tool_formats() -> list[str]:
     return sorted(_FORMATS)
 
 
-def create_tool_parser(name: str) -> ToolCallParser:
-    """A fresh parser for one completion; unknown names raise ``ValueError`` early."""
+def create_tool_parser(name: str, tools: list[dict[str, Any]] | None = None) -> ToolCallParser:
+    """A fresh parser for one completion; unknown names raise ``ValueError`` early.
+
+    ``tools`` (the request's OpenAI tools) lets formats with untyped arguments type them.
+    """
     try:
         cls = _FORMATS[name]
     except KeyError:
         raise ValueError(
             f"unknown tool format {name!r}; known: {', '.join(tool_formats()) or 'none'}"
         ) from None
-    return cls()
+    parser = cls()
+    if tools:
+        parser.tools = ToolSchemas(tools)
+    return parser
+
+
+def format_class(name: str) -> type[ToolCallParser]:
+    """The parser class registered as ``name`` (for its markers and flags)."""
+    create_tool_parser(name)  # same error for unknown names
+    return _FORMATS[name]

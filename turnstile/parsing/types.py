@@ -72,13 +72,68 @@ class CallEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class Reasoning:
+    """Reasoning text found by the format itself (Harmony ``analysis`` channel, ``to=self``...).
+
+    Formats whose reasoning is not a leading ``<open>…</close>`` block report it this way; the
+    Parser routes it to ``reasoning_content``.
+    """
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Issue:
     """A problem worth recording in ``parse_status``; parsing continues."""
 
     status: str
 
 
-Event = Text | CallStart | ArgsDelta | CallEnd | Issue
+Event = Text | Reasoning | CallStart | ArgsDelta | CallEnd | Issue
+
+
+class ToolSchemas:
+    """Parameter types of the request's tools, for formats that write arguments as plain text."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None) -> None:
+        self._props: dict[str, dict[str, Any]] = {}
+        for tool in tools or []:
+            fn = tool.get("function", tool) if isinstance(tool, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                continue
+            params = fn.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
+            self._props[fn["name"]] = props if isinstance(props, dict) else {}
+
+    def schema(self, function: str, param: str) -> dict[str, Any] | None:
+        """The JSON schema of one parameter, or None when unknown."""
+        prop = self._props.get(function, {}).get(param)
+        return prop if isinstance(prop, dict) else None
+
+    def types(self, function: str, param: str) -> frozenset[str] | None:
+        """JSON types the parameter allows (``{"string"}``, ``{"integer", "null"}``...), or None."""
+        return schema_types(self.schema(function, param))
+
+
+def schema_types(schema: dict[str, Any] | None) -> frozenset[str] | None:
+    """Types a JSON schema allows, following ``type`` lists, ``anyOf``/``oneOf`` and ``enum``."""
+    if not isinstance(schema, dict):
+        return None
+    found: set[str] = set()
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        found.add(kind)
+    elif isinstance(kind, list):
+        found.update(k for k in kind if isinstance(k, str))
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            found |= schema_types(sub) or set()
+    if not found and isinstance(schema.get("enum"), list):
+        names = {bool: "boolean", int: "integer", float: "number", str: "string"}
+        found.update(names.get(type(v), "null" if v is None else "object") for v in schema["enum"])
+    if not found and "properties" in schema:
+        found.add("object")
+    return frozenset(found) or None
 
 
 class ToolCallParser(ABC):
@@ -93,6 +148,15 @@ class ToolCallParser(ABC):
 
     #: Names this format is registered under (see ``register_tool_format``).
     names: ClassVar[tuple[str, ...]] = ()
+    #: True when the format itself separates reasoning (emits ``Reasoning``); the Parser then
+    #: runs no ``<think>`` splitter in front of it.
+    owns_reasoning: ClassVar[bool] = False
+    #: Literal markers of the syntax (documentation, and the special tokens a stand-in
+    #: tokenizer needs in tests).
+    markers: ClassVar[tuple[str, ...]] = ()
+    #: The request's tools (OpenAI ``tools`` list) when known: formats whose arguments are
+    #: untyped text (XML parameters) use the schemas to tell ``"7"`` from ``7``.
+    tools: ToolSchemas | None = None
 
     @abstractmethod
     def feed(self, text: str) -> list[Event]:
