@@ -7,9 +7,18 @@ The rest of Turnstile never knows which engine it talks to. An adapter turns
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
+
+# What the logprob numbers an engine returns mean (``Finish.logprob_kind``). Only a logprob of
+# the distribution the token was actually sampled from is a behaviour-policy logprob.
+RAW_LOGPROBS = "raw_logprobs"  # log-softmax of the model's logits: before bias, temperature, top-p
+SCALED_LOGPROBS = "scaled_logprobs"  # log-softmax((logits + bias) / T): before top-k/top-p
+PROCESSED_LOGPROBS = "processed_logprobs"  # the distribution sampled from (after everything)
+RAW_LOGITS = "raw_logits"  # not logprobs at all (vLLM --logprobs-mode raw_logits)
+PROCESSED_LOGITS = "processed_logits"  # idem, after processing (vLLM processed_logits)
 
 
 @dataclass
@@ -21,6 +30,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # Token IDs that end generation besides the engine's own EOS (e.g. the chat template's
+    # end-of-turn token). The one sampled is kept in the completion and reported in
+    # ``Finish.stop_token_id``. llama-server has no such option: it stops on its vocabulary's
+    # end-of-generation tokens only.
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """JSON-ready, for the call record."""
@@ -48,9 +62,23 @@ class Finish:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     engine_request_id: str | None = None
-    weight_version: str | None = None
+    weight_version: str | None = None  # the version of the last sampled token, if known
     logprob_kind: str = ""
     timings: dict = field(default_factory=dict)
+    # Spans ``{"version", "start", "end"}`` over completion-token indexes ``[start, end)``, as
+    # the engine reported them (vLLM ``weight_versions``, SGLang ``meta_info.weight_versions``).
+    weight_versions: list[dict] | None = None
+
+    def token_versions(self, n: int) -> list[str | None] | None:
+        """The weight version of each of ``n`` completion tokens (None where no span covers
+        it), or None when the engine reported no spans."""
+        if not self.weight_versions:
+            return None
+        out: list[str | None] = [None] * n
+        for span in self.weight_versions:
+            for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):
+                out[i] = span["version"]
+        return out
 
 
 class EngineError(Exception):
@@ -59,6 +87,35 @@ class EngineError(Exception):
     def __init__(self, message: str, status: int = 502):
         super().__init__(message)
         self.status = status
+
+
+def logprob_unfitness(kind: str, params: SamplingParams | None) -> str | None:
+    """Why logprobs of ``kind``, recorded for a call with ``params``, are not the log-probability
+    of the sampled token under the distribution it was sampled from (None when they are).
+
+    Without ``params`` only what is wrong whatever the request is reported."""
+    if kind in (RAW_LOGITS, PROCESSED_LOGITS):
+        return (f"the engine returns {kind} (unnormalised logits), not logprobs: they cannot "
+                f"be used as behaviour-policy logprobs (start vLLM with "
+                f"--logprobs-mode processed_logprobs)")
+    if kind not in (RAW_LOGPROBS, SCALED_LOGPROBS, PROCESSED_LOGPROBS):
+        return f"the engine's logprob kind is unknown ({kind or 'not reported'})"
+    if params is None or kind == PROCESSED_LOGPROBS:
+        return None
+    if params.temperature == 0:
+        return ("greedy decoding (temperature 0): the behaviour policy is deterministic; the "
+                f"recorded {kind} are the model's distribution, not the sampling one")
+    changes = []
+    if kind == RAW_LOGPROBS and not math.isclose(params.temperature, 1.0):
+        changes.append(f"temperature {params.temperature:g}")
+    if kind == RAW_LOGPROBS and params.logit_bias:
+        changes.append("logit_bias")
+    if params.top_p < 1.0:
+        changes.append(f"top_p {params.top_p:g}")
+    if not changes:
+        return None
+    return (f"recorded logprobs are {kind}, taken before {', '.join(changes)} changed the "
+            f"sampling distribution: they are not behaviour-policy logprobs")
 
 
 class Engine(Protocol):
@@ -78,3 +135,9 @@ class Engine(Protocol):
         ...
 
     async def health(self) -> bool: ...
+
+    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
+        """Why this engine's recorded logprobs are unfit as behaviour-policy logprobs for a call
+        with ``params`` (None: fit). Without ``params``: what is wrong with the engine's
+        configuration whatever the request (for a warning at start)."""
+        ...

@@ -20,29 +20,26 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 
-from .base import EngineError, Finish, SamplingParams, TokenEvent
+from .base import (
+    RAW_LOGPROBS,
+    EngineError,
+    Finish,
+    SamplingParams,
+    TokenEvent,
+    logprob_unfitness,
+)
+from .http import HTTPEngine
 
 _STOP_REASON = {"eos": "stop", "word": "stop", "limit": "length"}
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(HTTPEngine):
     name = "llama-cpp"
+    label = "llama-server"
 
     def __init__(self, url: str, timeout: float = 600.0):
-        self.url = url.rstrip("/")
-        self.context_length = 0
+        super().__init__(url, timeout)
         self.model_path = ""
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
-            connector=aiohttp.TCPConnector(limit=0))
-        try:
-            await self.refresh()
-        except EngineError:
-            pass  # not up yet: calls answer 503 until it is, and then pick up its settings
 
     async def refresh(self) -> None:
         """Read the engine's per-slot context size (what a prompt + completion must fit)."""
@@ -51,26 +48,15 @@ class LlamaCppEngine:
         self.context_length = int(settings.get("n_ctx") or props.get("n_ctx") or 0)
         self.model_path = props.get("model_path", "")
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def health(self) -> bool:
-        try:
-            await self._get("/health")
-            return True
-        except EngineError:
-            return False
-
     async def _get(self, path: str) -> dict:
-        assert self._session is not None
-        try:
-            async with self._session.get(self.url + path) as r:
-                if r.status != 200:
-                    raise EngineError(f"llama-server {path} answered {r.status}", 503)
-                return orjson.loads(await r.read())
-        except aiohttp.ClientError as exc:
-            raise EngineError(f"llama-server at {self.url} is unreachable: {exc}", 503) from exc
+        status, raw = await self._request("GET", path)
+        if status != 200:
+            raise EngineError(f"llama-server {path} answered {status}", 503)
+        return orjson.loads(raw)
+
+    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
+        """``completion_probabilities`` are pre-sampling: raw logits, no bias or temperature."""
+        return logprob_unfitness(RAW_LOGPROBS, params)
 
     def request_body(self, prompt_ids: list[int], params: SamplingParams) -> dict:
         body = {
@@ -97,20 +83,30 @@ class LlamaCppEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
                        ) -> AsyncIterator[TokenEvent | Finish]:
-        assert self._session is not None, "engine not started"
+        """Always one non-streamed request (see the module doc). A consumer that stops waiting
+        closes the connection, which makes llama-server stop the task."""
         body = self.request_body(prompt_ids, params)
+        resp: aiohttp.ClientResponse | None = None
+        ended = False
         try:
-            async with self._session.post(self.url + "/completion", json=body) as r:
-                if r.status != 200:
-                    text = (await r.read()).decode(errors="replace")[:500]
-                    status = 400 if r.status == 400 else 502
-                    raise EngineError(f"llama-server answered {r.status}: {text}", status)
-                data = orjson.loads(await r.read())
-            for ev in _events(data):
+            async with self.session.post(self.url + "/completion", json=body) as resp:
+                if resp.status != 200:
+                    ended = True
+                    text = (await resp.read()).decode(errors="replace")[:500]
+                    status = 400 if resp.status == 400 else 502
+                    raise EngineError(f"llama-server answered {resp.status}: {text}", status)
+                data = orjson.loads(await resp.read())
+                ended = True
+            events = _events(data)
+            for ev in events:
                 yield ev
-            yield _finish(data)
+            yield _finish(data, events)
         except aiohttp.ClientError as exc:
+            ended = True
             raise EngineError(f"llama-server at {self.url} failed: {exc}", 502) from exc
+        finally:
+            if not ended:
+                self._give_up(resp, None)
 
 
 def _events(data: dict) -> list[TokenEvent]:
@@ -135,14 +131,17 @@ def _events(data: dict) -> list[TokenEvent]:
     return out
 
 
-def _finish(data: dict) -> Finish:
+def _finish(data: dict, events: list[TokenEvent]) -> Finish:
     stop_type = data.get("stop_type", "none")
     timings = data.get("timings") or {}
+    # "eos": the last sampled token is the end-of-generation token (kept in ``tokens``).
+    stop_token = events[-1].token_id if stop_type == "eos" and events else None
     return Finish(
         reason=_STOP_REASON.get(stop_type, "stop"),
+        stop_token_id=stop_token,
         stop_string=data.get("stopping_word") or None if stop_type == "word" else None,
         prompt_tokens=int(data.get("tokens_evaluated") or 0),
         cached_tokens=int(timings.get("cache_n") or 0),
-        logprob_kind="raw_logits",
+        logprob_kind=RAW_LOGPROBS,
         timings={k: timings[k] for k in ("prompt_ms", "predicted_ms") if k in timings},
     )

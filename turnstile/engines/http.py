@@ -1,0 +1,198 @@
+"""Plumbing the HTTP engine adapters share: one aiohttp session, JSON requests, an SSE reader,
+engine error bodies turned into :class:`EngineError`, and aborts sent in the background.
+
+An adapter's ``generate`` is an async generator. When its consumer stops early (the harness went
+away: the task is cancelled, or the generator is closed) the request must not keep the engine
+busy: :meth:`HTTPEngine._give_up` closes the connection at once and lets the adapter tell the
+engine by request id, in the background, because a cancelled task cannot wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+
+from .base import EngineError
+
+
+def new_request_id() -> str:
+    """A request id of our own, so a call can be aborted and found in engine logs."""
+    return "turnstile-" + uuid.uuid4().hex
+
+
+def version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """``"0.33.0"``, ``"0.11.1rc2.dev3+gabc"`` → ``(0, 33, 0)`` / ``(0, 11, 1)``."""
+    if not version:
+        return None
+    m = re.match(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", version.strip())
+    if not m:
+        return None
+    return tuple(int(g or 0) for g in m.groups())
+
+
+def error_message(raw: bytes) -> str:
+    """The human part of an engine's error body, whatever its shape: ``{"error": {"message"}}``
+    (vLLM, SGLang), ``{"error": "..."}`` (SGLang contract errors), ``{"message"}`` (SGLang's
+    OpenAI ErrorResponse), ``{"detail"}`` (FastAPI defaults), or plain text."""
+    text = raw.decode(errors="replace").strip()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return text[:500] or "(empty body)"
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:2000]
+        if isinstance(err, str) and err:
+            return err[:2000]
+        for key in ("message", "detail"):
+            if body.get(key):
+                return str(body[key])[:2000]
+    return text[:500]
+
+
+def gateway_status(engine_status: int) -> int:
+    """The status to give the harness for an engine's HTTP status.
+
+    The gateway builds every engine request from the harness's request, so an engine 4xx about
+    the request (bad sampling value, prompt + max_tokens over the context) is the harness's 400;
+    overload and pauses stay 503 (retryable); anything else is the gateway's upstream failing
+    (502)."""
+    if engine_status in (400, 413, 422):
+        return 400
+    if engine_status in (429, 503):
+        return 503
+    return 502
+
+
+async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The ``data`` payload of each server-sent event, however long its line.
+
+    (aiohttp's line reader refuses lines over its buffer size, and an SGLang cumulative stream
+    resends every logprob so far in each event.) Comments (``: keep-alive``) and ``event:``
+    lines are skipped; several ``data`` lines of one event are joined with newlines."""
+    buf = bytearray()
+    data: list[bytes] = []
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        start = 0
+        while (nl := buf.find(b"\n", start)) >= 0:
+            line = bytes(buf[start:nl]).rstrip(b"\r")
+            start = nl + 1
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+        del buf[:start]
+    if buf.startswith(b"data:"):
+        value = bytes(buf[5:]).rstrip(b"\r")
+        data.append(value[1:] if value.startswith(b" ") else value)
+    if data:
+        yield b"\n".join(data)
+
+
+class HTTPEngine:
+    """Session, JSON requests and background aborts for an engine reached over HTTP."""
+
+    name = "http"
+    label = "engine"  # how messages name the engine
+
+    def __init__(self, url: str, timeout: float = 600.0):
+        self.url = url.rstrip("/")
+        self.context_length = 0
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+        self._session: aiohttp.ClientSession | None = None
+        self._background: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
+            connector=aiohttp.TCPConnector(limit=0))
+        try:
+            await self.refresh()
+        except EngineError:
+            pass  # not up yet: calls answer 503 until it is, and then pick up its settings
+
+    async def refresh(self) -> None:  # pragma: no cover - every adapter overrides it
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Let pending aborts reach the engine (briefly), then close the session."""
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=2)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def health(self) -> bool:
+        try:
+            status, _ = await self._request("GET", "/health", timeout=5)
+        except EngineError:
+            return False
+        return status == 200
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise EngineError(f"{self.label} adapter used before start()", 503)
+        return self._session
+
+    async def _request(self, method: str, path: str, body: object = None,
+                       timeout: float | None = None) -> tuple[int, bytes]:
+        """One whole request; raises EngineError (503) only when the engine is unreachable."""
+        kw: dict = {}
+        if body is not None:
+            kw["data"] = orjson.dumps(body)
+            kw["headers"] = {"content-type": "application/json"}
+        if timeout is not None:
+            kw["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+        try:
+            async with self.session.request(method, self.url + path, **kw) as r:
+                return r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"{self.label} at {self.url} is unreachable: {exc}", 503) from exc
+
+    async def _get_json(self, path: str, timeout: float | None = 30) -> dict | list | None:
+        """GET a JSON document; None when the engine answers but has no such route."""
+        status, raw = await self._request("GET", path, timeout=timeout)
+        if status != 200:
+            return None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+
+    def _error(self, path: str, status: int, raw: bytes) -> EngineError:
+        return EngineError(f"{self.label} {path} answered {status}: {error_message(raw)}",
+                           gateway_status(status))
+
+    def _in_background(self, make: Callable[[], Awaitable[object]]) -> None:
+        """Run ``make()`` on the loop without waiting (used from a cancelled generator)."""
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await make()
+
+        try:
+            task = asyncio.get_running_loop().create_task(run())
+        except RuntimeError:
+            return
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _give_up(self, resp: aiohttp.ClientResponse | None,
+                 abort: Callable[[], Awaitable[object]] | None) -> None:
+        """The consumer stopped before the engine finished: drop the connection (engines
+        cancel on disconnect) and, where the engine has one, call its abort route too."""
+        if resp is not None:
+            resp.close()
+        if abort is not None and self._session is not None and not self._session.closed:
+            self._in_background(abort)

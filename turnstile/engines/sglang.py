@@ -1,0 +1,260 @@
+"""SGLang, token-in through its native ``POST /generate`` with ``input_ids``.
+
+The response carries the sampled ``output_ids`` (the sampled stop token included: SGLang trims
+it from ``text`` only) and, with ``return_logprob``, ``meta_info.output_token_logprobs`` as
+``[logprob, token_id, text|null]`` triples; ``logprob_start_len=-1`` keeps prompt logprobs out.
+``meta_info.finish_reason`` is ``{"type": "stop", "matched": <token id | stop string>}``,
+``{"type": "length", ...}`` or ``{"type": "abort", "message", "status_code"}``;
+``meta_info.weight_version`` names the server's weights and ``weight_versions`` spans say which
+version sampled which output tokens.
+
+Streams are cumulative by default (each event repeats ``output_ids`` and the logprob lists so
+far, and intermediate events may be skipped when the client is slow) or incremental with the
+server flag ``--incremental-streaming-output`` (each event is a delta). Each event is read by
+comparing its ``output_ids`` with ``meta_info.completion_tokens``, so both work without knowing
+the flag. A cancelled call is aborted by ``rid`` (``POST /abort_request``).
+
+SGLang's logprobs are ``log_softmax((logits + bias) / temperature)``: after temperature, before
+top-k/top-p (``layers/sampler.py``); the raw ones when the request is greedy or the server runs
+with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (say so with ``original_logprobs=True``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+
+from .base import (
+    RAW_LOGPROBS,
+    SCALED_LOGPROBS,
+    EngineError,
+    Finish,
+    SamplingParams,
+    TokenEvent,
+    logprob_unfitness,
+)
+from .http import HTTPEngine, gateway_status, new_request_id, sse_data
+
+
+class SGLangEngine(HTTPEngine):
+    name = "sglang"
+    label = "SGLang"
+
+    def __init__(self, url: str, *, original_logprobs: bool = False, timeout: float = 600.0):
+        """``original_logprobs``: the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``."""
+        super().__init__(url, timeout)
+        self.original_logprobs = original_logprobs
+        self.version: str | None = None
+        self.weight_version: str | None = None
+        self.incremental_streaming: bool | None = None
+
+    async def refresh(self) -> None:
+        """Context length (``/v1/models``); version, streaming mode and weight version when the
+        server shows them (``/server_info``, ``/model_info``)."""
+        models = await self._get_json("/v1/models")
+        if not isinstance(models, dict) or not models.get("data"):
+            raise EngineError(f"SGLang at {self.url} has no /v1/models answer yet", 503)
+        self.context_length = int(models["data"][0].get("max_model_len") or 0)
+        info = await self._get_json("/server_info")
+        if isinstance(info, dict):
+            self.version = info.get("version") or self.version
+            if "incremental_streaming_output" in info:
+                self.incremental_streaming = bool(info["incremental_streaming_output"])
+        model = await self._get_json("/model_info")
+        if isinstance(model, dict):
+            self.weight_version = model.get("weight_version")
+
+    @property
+    def logprob_kind(self) -> str:
+        return RAW_LOGPROBS if self.original_logprobs else SCALED_LOGPROBS
+
+    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
+        return logprob_unfitness(self.logprob_kind, params)
+
+    def request_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool,
+                     rid: str) -> dict:
+        sp: dict = {
+            "max_new_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": -1,
+            "min_p": 0.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "min_new_tokens": 0,
+            "n": 1,
+            "ignore_eos": False,
+            "skip_special_tokens": False,
+            "no_stop_trim": False,
+        }
+        if params.stop:
+            sp["stop"] = list(params.stop)
+        if params.stop_token_ids:
+            sp["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
+        if params.logit_bias:
+            sp["logit_bias"] = {str(int(k)): float(v) for k, v in params.logit_bias.items()}
+        if params.seed is not None:
+            sp["sampling_seed"] = params.seed  # honoured with --enable-deterministic-inference
+        body: dict = {
+            "rid": rid,
+            "input_ids": list(prompt_ids),
+            "sampling_params": sp,
+            "stream": stream,
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "return_text_in_logprobs": False,
+        }
+        if params.top_logprobs > 0:
+            body["top_logprobs_num"] = params.top_logprobs
+        return body
+
+    async def _abort(self, rid: str) -> None:
+        await self._request("POST", "/abort_request", {"rid": rid}, timeout=5)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
+                       ) -> AsyncIterator[TokenEvent | Finish]:
+        rid = new_request_id()
+        body = self.request_body(prompt_ids, params, stream, rid)
+        resp: aiohttp.ClientResponse | None = None
+        ended = False
+        reader = _Reader(self, params, len(prompt_ids))
+        try:
+            async with self.session.post(self.url + "/generate", data=orjson.dumps(body),
+                                         headers={"content-type": "application/json"}) as resp:
+                if resp.status != 200:
+                    ended = True
+                    raise self._error("/generate", resp.status, await resp.read())
+                if not stream or "event-stream" not in resp.headers.get("content-type", ""):
+                    raw = await resp.read()
+                    ended = True
+                    reader.feed(_loads(raw), cumulative=True)
+                    for ev in reader.take():
+                        yield ev
+                else:
+                    async for payload in sse_data(resp):
+                        if payload.strip() == b"[DONE]":
+                            break
+                        reader.feed(_loads(payload), cumulative=None)
+                        for ev in reader.take():
+                            yield ev
+                    ended = True
+                yield reader.finish()
+        except EngineError:
+            ended = True
+            raise
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"SGLang at {self.url} failed: {exc}", 502) from exc
+        finally:
+            if not ended:
+                self._give_up(resp, lambda: self._abort(rid))
+
+
+def _loads(raw: bytes) -> dict:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise EngineError(f"SGLang /generate sent invalid JSON: {raw[:200]!r}", 502) from exc
+    if not isinstance(obj, dict):
+        raise EngineError(f"SGLang /generate sent {type(obj).__name__}, not an object", 502)
+    return obj
+
+
+class _Reader:
+    """Accumulates ``/generate`` bodies or stream events into token events and a Finish."""
+
+    def __init__(self, engine: SGLangEngine, params: SamplingParams, prompt_len: int):
+        self.engine, self.params, self.prompt_len = engine, params, prompt_len
+        self.ids: list[int] = []
+        self.pending: list[TokenEvent] = []
+        self.meta: dict = {}
+
+    def feed(self, obj: dict, cumulative: bool | None) -> None:
+        """``cumulative``: True for a whole response, None to tell from the event itself."""
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            code = err.get("code") if isinstance(err, dict) else None
+            status = code if isinstance(code, int) and code >= 400 else 400
+            raise EngineError(f"SGLang /generate answered {status}: {msg}",
+                              gateway_status(status))
+        meta = obj.get("meta_info") or {}
+        out_ids = [int(t) for t in obj.get("output_ids") or []]
+        lps = meta.get("output_token_logprobs") or []
+        tops = meta.get("output_top_logprobs") or []
+        total = meta.get("completion_tokens")
+        have = len(self.ids)
+        if cumulative is None:
+            # A cumulative event repeats everything so far (its length is the running
+            # completion_tokens); an incremental one is a delta. Alike on the first event.
+            if isinstance(total, int):
+                cumulative = have > 0 and len(out_ids) == total
+            elif self.engine.incremental_streaming is not None:
+                cumulative = not self.engine.incremental_streaming
+            else:
+                cumulative = have > 0 and out_ids[:have] == self.ids
+        if cumulative:
+            if out_ids[:have] != self.ids:
+                raise EngineError("SGLang's cumulative stream changed tokens it had already "
+                                  "sent", 502)
+            new = out_ids[have:]
+            offset = have  # the logprob lists are cumulative too
+        else:
+            new = out_ids
+            offset = len(lps) - len(new) if len(lps) > len(new) else 0
+        for j, tid in enumerate(new):
+            i = offset + j
+            entry = lps[i] if i < len(lps) else None
+            if entry is not None and len(entry) >= 2 and entry[1] == tid and \
+                    entry[0] is not None:
+                lp = float(entry[0])
+            else:
+                lp = math.nan
+            top = None
+            k = self.params.top_logprobs
+            if k > 0 and i < len(tops) and tops[i]:
+                top = [(int(t[1]), float(t[0])) for t in tops[i][:k] if t[0] is not None]
+            self.pending.append(TokenEvent(tid, lp, top))
+        self.ids.extend(new)
+        if meta:
+            self.meta = meta
+
+    def take(self) -> list[TokenEvent]:
+        out, self.pending = self.pending, []
+        return out
+
+    def finish(self) -> Finish:
+        meta = self.meta
+        fr = meta.get("finish_reason")
+        if not isinstance(fr, dict):
+            raise EngineError("SGLang /generate ended without a finish reason", 502)
+        kind = fr.get("type")
+        if kind == "abort":
+            status = fr.get("status_code")
+            status = status if isinstance(status, int) and status >= 400 else 503
+            raise EngineError(f"SGLang aborted the request after {len(self.ids)} tokens: "
+                              f"{fr.get('message') or 'aborted'}", gateway_status(status))
+        stop_token = stop_string = None
+        reason = "length" if kind == "length" else "stop"
+        matched = fr.get("matched")
+        if kind == "stop":
+            if isinstance(matched, int) and not isinstance(matched, bool):
+                stop_token = matched
+            elif isinstance(matched, str):
+                stop_string = matched
+        spans = meta.get("weight_versions") or None
+        version = meta.get("weight_version")
+        return Finish(
+            reason=reason,
+            stop_token_id=stop_token,
+            stop_string=stop_string,
+            prompt_tokens=int(meta.get("prompt_tokens") or self.prompt_len),
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            engine_request_id=meta.get("id"),
+            weight_version=str(version) if version is not None else None,
+            weight_versions=[dict(s) for s in spans] if spans else None,
+            logprob_kind=self.engine.logprob_kind,
+        )
