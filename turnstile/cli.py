@@ -1,4 +1,4 @@
-"""``turnstile serve | demo | testbed``."""
+"""``turnstile serve | demo | testbed | export``."""
 
 from __future__ import annotations
 
@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None) -> None:
     t.set_defaults(func=lambda a: [print(f"{k}: {v}") for k, v in
                                    __import__("turnstile.testbed", fromlist=["x"])
                                    .provision().items()])
+
+    e = sub.add_parser("export", help="write sessions to Parquet/JSONL for a trainer")
+    from .store import export as export_mod
+
+    export_mod.add_arguments(e)
+    e.set_defaults(func=export_mod.cli)
 
     args = parser.parse_args(argv)
     args.func(args)

@@ -357,6 +357,40 @@ class Store:
                 raise
         return cur.rowcount > 0
 
+    def delete_sessions(self, session_ids: Iterable[str]) -> int:
+        """Delete many sessions (e.g. after export) in one transaction; returns how many."""
+        ids = list(session_ids)
+        n = 0
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for i in range(0, len(ids), 500):
+                    chunk = ids[i:i + 500]
+                    marks = ",".join("?" * len(chunk))
+                    for table in ("calls", "rewards", "bodies"):
+                        self._db.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})",
+                                         chunk)
+                    n += self._db.execute(f"DELETE FROM sessions WHERE id IN ({marks})",
+                                          chunk).rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return n
+
+    def raw_calls(self, session_id: str) -> list[tuple]:
+        """The session's call rows as stored (blobs and JSON bytes untouched), for export."""
+        with self._lock:
+            return self._db.execute("SELECT * FROM calls WHERE session_id = ? ORDER BY seq",
+                                    (session_id,)).fetchall()
+
+    def bodies_of(self, session_id: str) -> dict[str, tuple[bytes | None, bytes | None]]:
+        """Kept bodies of a session's calls, still compressed: call id → (request, response)."""
+        with self._lock:
+            rows = self._db.execute("SELECT call_id, request, response FROM bodies "
+                                    "WHERE session_id = ?", (session_id,)).fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
     def mark_exported(self, session_ids: Iterable[str], when: float | None = None) -> None:
         when = when or time.time()
         with self._lock:
@@ -404,7 +438,7 @@ class Store:
                                    (call_id,)).fetchone()
         if row is None:
             return None
-        return {"request": _unpack_body(row[0]), "response": _unpack_body(row[1])}
+        return {"request": unpack_body(row[0]), "response": unpack_body(row[1])}
 
     def drop_bodies(self, session_id: str | None = None) -> int:
         """Delete kept bodies (of one session, or all): they are the bulky part."""
@@ -420,7 +454,7 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM calls WHERE session_id = ? ORDER BY seq", (session_id,)
             ).fetchall()
-        return [_call_from_row(r) for r in rows]
+        return [call_from_row(r) for r in rows]
 
 
 def session_fields(metadata: dict, given: dict) -> dict:
@@ -472,11 +506,11 @@ def _pack_body(body: object) -> bytes | None:
     return zlib.compress(raw, 1)
 
 
-def _unpack_body(blob: bytes | None) -> object:
+def unpack_body(blob: bytes | None) -> object:
     return None if blob is None else orjson.loads(zlib.decompress(blob))
 
 
-def _call_from_row(r: tuple) -> CallRecord:
+def call_from_row(r: tuple) -> CallRecord:
     hashes = r[16] or b""
     return CallRecord(
         id=r[0], session_id=r[1], seq=r[2], parent_id=r[3], segment_reason=r[4],

@@ -145,14 +145,13 @@ def version_number(v: Any) -> int:
     return NO_VERSION
 
 
-def _completion_versions(c: CallRecord) -> np.ndarray:
-    """Per-token versions of one completion: a per-token list if the engine gave one,
-    otherwise the call's single version repeated."""
+def _completion_versions(c: CallRecord, n: int) -> np.ndarray | int:
+    """Per-token versions of one completion (``n`` tokens): a per-token list if the engine
+    gave one, otherwise the call's single version (broadcast by the caller)."""
     wv = c.info.get("weight_version")
-    n = len(c.completion_ids)
     if isinstance(wv, list) and len(wv) == n:
         return np.array([version_number(v) for v in wv], dtype=np.int64)
-    return np.full(n, version_number(wv), dtype=np.int64)
+    return version_number(wv)
 
 
 def _raw_version(c: CallRecord) -> str | None:
@@ -192,47 +191,39 @@ def trajectories(calls: list[CallRecord], mode: str = "merged") -> list[dict]:
 
 
 def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
-    pieces: list[np.ndarray] = []
-    lps: list[np.ndarray] = []
-    vers: list[np.ndarray] = []
-    mask_runs: list[tuple[int, int]] = []  # (length, value)
-    turns = []
-    n = 0
     per_call = mode == "per_call"
-    last = len(path) - 1
-    context = 0
-    for i, c in enumerate(path):
-        delta = np.frombuffer(c.prompt_delta, dtype=np.int32)
-        comp = np.frombuffer(c.completion_ids, dtype=np.int32)
-        if per_call and i < last:  # an ancestor: its tokens are context for the last call
-            pieces += [delta, comp]
-            context += len(delta) + len(comp)
-            continue
-        prompt_start = 0 if per_call else n
-        n = (context if per_call else n) + len(delta)
-        completion_start = n
-        n += len(comp)
-        pieces += [delta, comp]
-        mask_runs += [(context + len(delta) if per_call else len(delta), 0), (len(comp), 1)]
-        zeros = np.zeros((context if per_call else 0) + len(delta), dtype=np.float32)
-        lps += [zeros, np.frombuffer(c.completion_logprobs, dtype=np.float32)]
-        vers += [np.full(len(zeros), NO_VERSION, dtype=np.int64), _completion_versions(c)]
+    pieces: list[np.ndarray] = []
+    for c in path:
+        pieces.append(np.frombuffer(c.prompt_delta, dtype=np.int32))
+        pieces.append(np.frombuffer(c.completion_ids, dtype=np.int32))
+    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+    ends = np.cumsum(lengths)
+    ids = np.concatenate(pieces)
+    total = len(ids)
+    first = len(path) - 1 if per_call else 0  # calls whose completion is sampled here
+    mask = np.zeros(total, dtype=np.int8)
+    logprobs = np.zeros(total, dtype=np.float32)
+    versions = np.full(total, NO_VERSION, dtype=np.int64)
+    turns = []
+    for i in range(first, len(path)):
+        c = path[i]
+        start, end = int(ends[2 * i]), int(ends[2 * i + 1])  # the completion
+        prompt_start = 0 if per_call else int(ends[2 * i] - lengths[2 * i])
+        mask[start:end] = 1
+        logprobs[start:end] = np.frombuffer(c.completion_logprobs, dtype=np.float32)
+        versions[start:end] = _completion_versions(c, end - start)
         sampling = c.info.get("sampling") or {}
         turns.append({"call_id": c.id, "prompt_start": prompt_start,
-                      "completion_start": completion_start, "completion_end": n,
+                      "completion_start": start, "completion_end": end,
                       "finish_reason": c.finish_reason, "seam": c.seam,
                       "weight_version": _raw_version(c),
                       "temperature": sampling.get("temperature"),
                       "reward": None, "rewards": {}})
-    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-    mask = np.repeat(np.array([v for _, v in mask_runs], dtype=np.int8),
-                     [k for k, _ in mask_runs])
-    root = path[0]
-    target = path[-1]
+    root, target = path[0], path[-1]
     return Trajectory(
         id=target.id, session_id=root.session_id,
         call_ids=[target.id] if per_call else [c.id for c in path],
-        token_ids=ids, loss_mask=mask, logprobs=np.concatenate(lps),
-        versions=np.concatenate(vers), prompt_len=turns[0]["completion_start"], turns=turns,
+        token_ids=ids, loss_mask=mask, logprobs=logprobs, versions=versions,
+        prompt_len=turns[0]["completion_start"], turns=turns,
         segment_reason=root.segment_reason, segment_detail=root.info.get("segment_detail"),
         fingerprint=root.info.get("fingerprint"), mode=mode)
