@@ -1,0 +1,1 @@
+"""Fakes of the engines that cannot run here (vLLM, SGLang), in their documented shapes."""

@@ -1,0 +1,481 @@
+"""A fake vLLM server: ``/inference/v1/generate``, ``/v1/completions``, aborts and metadata,
+in the request/response shapes of vLLM 0.29, 0.31, 0.32 and 0.33 (and a pre-0.25 server
+without the token-in route), byte for byte where the shape is fixed by vLLM's code.
+
+Shapes follow the vLLM wheels (``vllm/entrypoints/scale_out/token_in_token_out/``):
+
+- non-streamed bodies are ``JSONResponse(model.model_dump())``: Python ``json.dumps`` with
+  ``separators=(",", ":")``, every field present (``null`` when unset), in declaration order;
+- stream chunks are ``model_dump_json()`` (pydantic-core: compact, ``1e-5`` written
+  ``0.00001`` like orjson), 0.31+ leaving out ``prompt_token_ids``/``mm_placeholders``/
+  ``metrics`` when unset; the usage chunk is ``exclude_none``; ``data: [DONE]`` ends it;
+- an error inside a stream is ``json.dumps(ErrorResponse)`` with default separators;
+- 0.29-0.31 logprobs are chat-shaped (``"token": "token_id:N"``, ``bytes: null``), top lists
+  cut to ``max(k, 1)``; 0.32 has integer ``token_id`` + ``rank``, still cut; 0.33 not cut;
+  ``stop_reason`` and ``weight_versions`` exist from 0.32;
+- scale-out switched off: 0.31 has no route (FastAPI's ``{"detail":"Not Found"}``), 0.32+
+  answer 403 ``PermissionDeniedError``; ``/inference/v1/abort_requests`` is 0.33 only.
+
+Validation messages are modelled on vLLM's handlers (``serve/exception_handling``) and
+``SamplingParams._verify_args``; they were not captured from a running server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .common import EOS, FakeServer, Generation, Step, ToyModel
+
+MODEL = "fake/tiny-model"
+MAX_LOGPROBS = 20
+
+
+def _dumps_python(obj: object) -> bytes:
+    """Starlette ``JSONResponse.render``."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode()
+
+
+def _dumps_pydantic(obj: object) -> bytes:
+    """``model_dump_json``: compact; floats as pydantic-core (= orjson) writes them."""
+    return orjson.dumps(obj)
+
+
+def _error(message: str, err_type: str, code: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+class _Invalid(Exception):
+    def __init__(self, body: dict, status: int = 400):
+        super().__init__(body["error"]["message"] if "error" in body else str(body))
+        self.body, self.status = body, status
+
+
+def _validation(loc: str, msg: str, err_type: str, input_repr: str, ctx: str) -> _Invalid:
+    """``validation_exception_handler``: ``"N validation error:\\n  {...}"``, 400."""
+    text = (f"1 validation error:\n  {{'type': '{err_type}', 'loc': '{loc}', 'msg': '{msg}', "
+            f"'input': '{input_repr}', 'ctx': {ctx}}}")
+    param = loc
+    return _Invalid(_error(text, "Bad Request", 400, param))
+
+
+def _sampling_error(message: str, parameter: str | None, sp: dict) -> _Invalid:
+    text = (f"1 validation error:\n  {{'type': 'value_error', 'loc': 'body.sampling_params', "
+            f"'msg': 'Value error, {message}', 'input': '<dict of {len(sp)} items>', "
+            f"'ctx': {{'error': VLLMValidationError('{message}')}}}}")
+    return _Invalid(_error(text, "Bad Request", 400, parameter or "body.sampling_params"))
+
+
+class VLLMFake(FakeServer):
+    def __init__(self, version: str = "0.33.0", *, scale_out: bool = True,
+                 logprobs_mode: str = "raw_logprobs", dev_mode: bool = False,
+                 max_model_len: int = 4096, tokens_per_chunk: int = 1,
+                 keep_alive: bool = False):
+        super().__init__()
+        self.version = version
+        self.v = tuple(int(x) for x in version.split(".")[:2])
+        self.scale_out = scale_out
+        self.dev_mode = dev_mode
+        self.max_model_len = max_model_len
+        self.tokens_per_chunk = tokens_per_chunk
+        self.keep_alive = keep_alive  # SSE comment lines between chunks (--sse-keep-alive)
+        self.model = ToyModel(logprobs_mode)
+        self.logprobs_mode = logprobs_mode
+
+    # routes
+
+    def routes(self) -> list:
+        routes = [
+            Route("/version", self.get_version, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        has_generate = self.v >= (0, 25) and (self.scale_out or self.v < (0, 31))
+        if has_generate:
+            routes.append(Route("/inference/v1/generate", self.generate, methods=["POST"]))
+            if self.v >= (0, 33):
+                routes.append(Route("/inference/v1/abort_requests", self.abort_requests,
+                                    methods=["POST"]))
+        elif self.v >= (0, 32):
+            paths = ["/inference/v1/generate"] + (
+                ["/inference/v1/abort_requests"] if self.v >= (0, 33) else [])
+            routes += [Route(p, self.disabled, methods=["POST"]) for p in paths]
+        if self.dev_mode:
+            routes.append(Route("/abort_requests", self.dev_abort_requests, methods=["POST"]))
+            routes.append(Route("/server_info", self.server_info, methods=["GET"]))
+        return routes
+
+    async def get_version(self, request: Request) -> Response:
+        return JSONResponse({"version": self.version})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(self, request: Request) -> Response:
+        card = {"id": MODEL, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": MODEL, "parent": None, "max_model_len": self.max_model_len,
+                "permission": []}
+        return Response(_dumps_python({"object": "list", "data": [card]}),
+                        media_type="application/json")
+
+    async def server_info(self, request: Request) -> Response:
+        config = {"model_config": {"model": MODEL, "max_model_len": self.max_model_len,
+                                   "logprobs_mode": self.logprobs_mode}}
+        if request.query_params.get("config_format") != "json":
+            config = str(config)  # type: ignore[assignment]
+        return JSONResponse({"vllm_config": config, "vllm_env": {}, "system_env": {}})
+
+    async def disabled(self, request: Request) -> Response:
+        await self.record(request)
+        msg = ("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out "
+               "to enable them.")
+        return Response(_dumps_python(_error(msg, "PermissionDeniedError", 403)),
+                        status_code=403, media_type="application/json")
+
+    async def abort_requests(self, request: Request) -> Response:
+        body = await self.record(request)
+        if not isinstance(body, dict) or body.get("request_ids") is None:
+            return Response(_dumps_python(_error("Missing 'request_ids' in request body",
+                                                 "Bad Request", 400)),
+                            status_code=400, media_type="application/json")
+        self.abort(list(body["request_ids"]))
+        return Response(status_code=200)
+
+    async def dev_abort_requests(self, request: Request) -> Response:
+        body = await self.record(request) or {}
+        ids = list(body.get("request_ids") or [])
+        self.abort(ids)
+        return JSONResponse({"status": "aborted", "aborted": len(ids)})
+
+    # /inference/v1/generate
+
+    def _check_sampling(self, sp: dict, prompt_len: int) -> None:
+        t = sp.get("temperature", 1.0)
+        if not isinstance(t, (int, float)) or t < 0:
+            raise _sampling_error(f"temperature must be non-negative, got {float(t)}.",
+                                  "temperature", sp)
+        top_p = sp.get("top_p", 1.0)
+        if not 0.0 < top_p <= 1.0:
+            raise _sampling_error(f"top_p must be in (0, 1], got {float(top_p)}.", "top_p", sp)
+        mt = sp.get("max_tokens", 16)
+        if mt is not None and mt < 1:
+            raise _sampling_error(f"max_tokens must be at least 1, got {mt}.", "max_tokens", sp)
+        lp = sp.get("logprobs")
+        if lp is not None and lp < -1:
+            raise _sampling_error(f"logprobs must be non-negative or -1, got {lp}.",
+                                  "logprobs", sp)
+        if lp is not None and lp > MAX_LOGPROBS:
+            raise _Invalid(_error(f"Requested sample logprobs of {lp}, which is greater than "
+                                  f"max allowed: {MAX_LOGPROBS}", "BadRequestError", 400,
+                                  "logprobs"))
+        if mt is not None and prompt_len + mt > self.max_model_len:
+            raise _Invalid(_error(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {mt}. This model's "
+                f"maximum context length is {self.max_model_len} tokens and your request has "
+                f"{prompt_len} input tokens ({mt} > {self.max_model_len} - {prompt_len}).",
+                "BadRequestError", 400, "max_tokens"))
+
+    def _run(self, rid: str, prompt: list[int], sp: dict) -> Generation:
+        k = sp.get("logprobs")
+        gen = self.model.generate(
+            prompt, max_tokens=sp.get("max_tokens") or 16,
+            temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
+            seed=sp.get("seed"), stop=sp.get("stop") or [],
+            stop_token_ids=sp.get("stop_token_ids") or [],
+            logit_bias=sp.get("logit_bias") or {}, ignore_eos=bool(sp.get("ignore_eos")),
+            k=max(k or 0, 0), version=self.version_of)
+        self.rec.sent[rid] = gen
+        return gen
+
+    def _logprobs(self, steps: list[Step], k: int | None) -> dict | None:
+        """``_create_tokens_logprobs`` per version: the sampled token first, then the top k."""
+        if k is None:
+            return None
+        content = []
+        for s in steps:
+            cands = [(s.token_id, s.logprob, s.rank)]
+            cands += [(t, v, r + 1) for r, (t, v) in enumerate(s.top) if t != s.token_id]
+            if self.v < (0, 33):
+                cands = cands[:max(k, 1)] if k != -1 else cands
+            lp = max(s.logprob, -9999.0)
+            if self.v >= (0, 32):
+                content.append({"token_id": s.token_id, "logprob": lp, "rank": s.rank or None,
+                                "top_logprobs": [{"token_id": t, "logprob": max(v, -9999.0),
+                                                  "rank": r or None} for t, v, r in cands]})
+            else:
+                content.append({"token": f"token_id:{s.token_id}", "logprob": lp,
+                                "bytes": None,
+                                "top_logprobs": [{"token": f"token_id:{t}",
+                                                  "logprob": max(v, -9999.0), "bytes": None}
+                                                 for t, v, _ in cands]})
+        return {"content": content}
+
+    def _stop_reason(self, gen: Generation) -> int | str | None:
+        if gen.stop_token is not None and gen.stop_token != EOS:
+            return gen.stop_token
+        return gen.stop_string
+
+    def _usage(self, prompt_len: int, n: int, none_fields: bool) -> dict:
+        u = {"prompt_tokens": prompt_len, "total_tokens": prompt_len + n, "completion_tokens": n}
+        if none_fields:
+            u.update(prompt_tokens_details=None, completion_tokens_details=None)
+        return u
+
+    def _choice(self, gen: Generation, steps: list[Step], k: int | None, finish: str | None,
+                stream: bool, final: bool) -> dict:
+        """A (stream) choice of the tokens output mode, fields in declaration order."""
+        lp = self._logprobs(steps, k)
+        ids = [s.token_id for s in steps]
+        if self.v >= (0, 32):
+            return {"index": 0, "finish_reason": finish,
+                    "stop_reason": self._stop_reason(gen) if finish else None,
+                    "token_ids": ids, "routed_experts": None, "sampling_mask": None,
+                    "weight_versions": self.spans(gen) if final else None, "logprobs": lp}
+        return {"index": 0, "logprobs": lp, "finish_reason": finish, "token_ids": ids,
+                "routed_experts": None, "sampling_mask": None}
+
+    async def generate(self, request: Request) -> Response:
+        body = await self.record(request)
+        try:
+            if not isinstance(body, dict):
+                raise _Invalid(_error("JSON decode error", "Bad Request", 400))
+            ids = body.get("token_ids")
+            if not isinstance(ids, list) or not ids:
+                n = len(ids) if isinstance(ids, list) else 0
+                if ids is None:
+                    raise _validation("body.token_ids", "Field required", "missing",
+                                      f"<dict of {len(body)} items>", "{}")
+                raise _validation("body.token_ids",
+                                  f"List should have at least 1 item after validation, not {n}",
+                                  "too_short", f"<list of {n} items>",
+                                  "{'field_type': 'List', 'min_length': 1, "
+                                  f"'actual_length': {n}}}")
+            if any(not isinstance(t, int) or t < 0 for t in ids):
+                raise _validation("body.token_ids",
+                                  "Value error, token_ids must not contain negative values",
+                                  "value_error", f"<list of {len(ids)} items>",
+                                  "{'error': ValueError('token_ids must not contain negative "
+                                  "values')}")
+            sp = body.get("sampling_params")
+            if not isinstance(sp, dict):
+                raise _validation("body.sampling_params", "Field required", "missing",
+                                  f"<dict of {len(body)} items>", "{}")
+            self._check_sampling(sp, len(ids))
+        except _Invalid as exc:
+            return Response(_dumps_python(exc.body), status_code=exc.status,
+                            media_type="application/json")
+        if self.fail_next is not None:
+            status, self.fail_next = self.fail_next, None
+            return self._failure(status)
+        rid = f"generate-tokens-{request.headers.get('x-request-id') or body.get('request_id')}"
+        gen = self._run(rid, ids, sp)
+        k = sp.get("logprobs")
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._stream(rid, gen, k, len(ids), include_usage),
+                                     media_type="text/event-stream")
+        done = await self.until_disconnect_or(request, rid, self._wait(rid, gen))
+        if done is None:
+            self.rec.sent[rid] = Generation([], "abort")
+            return Response(status_code=499)
+        sent = done
+        finish = "abort" if len(sent.steps) < len(gen.steps) else gen.reason
+        created = int(time.time())
+        usage = self._usage(len(ids), len(sent.steps), True)
+        choice = self._choice(sent, sent.steps, k, finish, False, True)
+        if self.v >= (0, 31):
+            resp = {"request_id": rid, "model": MODEL, "created": created, "usage": usage,
+                    "prompt_logprobs": None, "prompt_token_id_logprobs": None,
+                    "prompt_token_ids": ids if body.get("return_token_ids") else None,
+                    "mm_placeholders": None, "metrics": None, "kv_transfer_params": None,
+                    "ec_transfer_params": None}
+            if self.v >= (0, 32):
+                resp["output_mode"] = "tokens"
+            resp["choices"] = [choice]
+        else:
+            resp = {"request_id": rid, "model": MODEL, "created": created, "choices": [choice],
+                    "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None,
+                    "ec_transfer_params": None}
+        raw = _dumps_python(resp)
+        self.rec.raw[rid] = [raw]
+        self.rec.finished.append(rid)
+        return Response(raw, media_type="application/json")
+
+    def _failure(self, status: int) -> Response:
+        if status == 503:
+            body = _error("Generation is paused. Please retry after it resumes.",
+                          "ServiceUnavailableError", 503)
+        elif status == 500:
+            body = _error("Internal server error", "InternalServerError", 500)
+        else:
+            body = _error("Bad request", "BadRequestError", status)
+        return Response(_dumps_python(body), status_code=status, media_type="application/json")
+
+    async def _wait(self, rid: str, gen: Generation) -> Generation:
+        for i in range(len(gen.steps)):
+            if not await self.pace(rid):
+                return Generation(gen.steps[:i], "abort")
+        return gen
+
+    async def _stream(self, rid: str, gen: Generation, k: int | None, prompt_len: int,
+                      include_usage: bool):
+        raw: list[bytes] = []
+        self.rec.raw[rid] = raw
+        sent = 0
+        ok = False
+        try:
+            i = 0
+            while i < len(gen.steps):
+                n = self.tokens_per_chunk if i else 1
+                chunk_steps = gen.steps[i:i + n]
+                for _ in chunk_steps:
+                    if not await self.pace(rid):
+                        # Aborted by request id: 0.32+ send a terminal chunk without tokens.
+                        self.rec.sent[rid] = Generation(gen.steps[:i], "abort")
+                        tail = [b"data: [DONE]\n\n"]
+                        if self.v >= (0, 32):
+                            cut = Generation(gen.steps[:i], "abort")
+                            tail.insert(0, self._chunk(rid, self._choice(cut, [], k, "abort",
+                                                                         True, True)))
+                        for data in tail:
+                            raw.append(data)
+                            yield data
+                        ok = True
+                        return
+                if self.fail_mid_stream is not None and i > 0:
+                    status, self.fail_mid_stream = self.fail_mid_stream, None
+                    err = _error("Internal server error", "InternalServerError", status) \
+                        if status == 500 else _error(
+                            "Generation is paused. Please retry after it resumes.",
+                            "ServiceUnavailableError", status)
+                    for line in (f"data: {json.dumps(err)}\n\n", "data: [DONE]\n\n"):
+                        raw.append(line.encode())
+                        yield line.encode()
+                    ok = True
+                    return
+                i += len(chunk_steps)
+                last = i == len(gen.steps)
+                choice = self._choice(gen, chunk_steps, k, gen.reason if last else None, True,
+                                      last)
+                data = self._chunk(rid, choice)
+                sent = i
+                raw.append(data)
+                yield data
+                if self.keep_alive:
+                    yield b": keep-alive\n\n"
+            if include_usage:
+                usage = self._usage(prompt_len, len(gen.steps), False)
+                if self.v >= (0, 32):
+                    final = {"request_id": rid, "usage": usage, "output_mode": "tokens",
+                             "choices": []}
+                else:
+                    final = {"request_id": rid, "choices": [], "usage": usage}
+                data = b"data: " + _dumps_pydantic(final) + b"\n\n"
+                raw.append(data)
+                yield data
+            raw.append(b"data: [DONE]\n\n")
+            yield b"data: [DONE]\n\n"
+            ok = True
+            self.rec.finished.append(rid)
+        finally:
+            if not ok:
+                self.rec.disconnects.append(rid)
+                self.rec.sent[rid] = Generation(gen.steps[:sent], "abort")
+
+    def _chunk(self, rid: str, choice: dict) -> bytes:
+        if self.v >= (0, 32):
+            obj = {"request_id": rid, "usage": None, "output_mode": "tokens", "choices": [choice]}
+        elif self.v >= (0, 31):
+            obj = {"request_id": rid, "choices": [choice], "usage": None}
+        else:
+            obj = {"request_id": rid, "choices": [choice], "usage": None}
+        return b"data: " + _dumps_pydantic(obj) + b"\n\n"
+
+    # /v1/completions (token-ID prompt, return_token_ids, return_tokens_as_token_ids)
+
+    def _completion_logprobs(self, steps: list[Step], k: int | None, as_ids: bool) -> dict | None:
+        if k is None:
+            return None
+        name = (lambda t: f"token_id:{t}") if as_ids else (lambda t: f"<{t}>")
+        out: dict = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        offset = 0
+        for s in steps:
+            cands = [(s.token_id, s.logprob)] + [(t, v) for t, v in s.top if t != s.token_id]
+            out["text_offset"].append(offset)
+            out["token_logprobs"].append(max(s.logprob, -9999.0))
+            out["tokens"].append(name(s.token_id))
+            out["top_logprobs"].append({name(t): max(v, -9999.0) for t, v in cands[:k + 1]})
+            offset += len(name(s.token_id))
+        return out
+
+    async def completions(self, request: Request) -> Response:
+        body = await self.record(request)
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), list):
+            return Response(_dumps_python(_error("prompt must be a list of token ids",
+                                                 "BadRequestError", 400, "prompt")),
+                            status_code=400, media_type="application/json")
+        ids = body["prompt"]
+        sp = {key: body.get(key) for key in ("temperature", "top_p", "seed", "stop",
+                                             "stop_token_ids", "logit_bias", "ignore_eos",
+                                             "logprobs", "max_tokens") if key in body}
+        sp.setdefault("max_tokens", 16)
+        try:
+            self._check_sampling(sp, len(ids))
+        except _Invalid as exc:
+            return Response(_dumps_python(exc.body), status_code=exc.status,
+                            media_type="application/json")
+        rid = f"cmpl-{body.get('request_id') or 'x'}"
+        gen = self._run(rid, ids, sp)
+        k = body.get("logprobs")
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        with_ids = bool(body.get("return_token_ids"))
+        wv = bool(body.get("return_weight_versions")) and self.v >= (0, 33)
+        created = int(time.time())
+        text = "".join(f"<{s.token_id}>" for s in gen.steps if s.token_id != EOS)
+
+        def choice(steps: list[Step], finish: str | None, first: bool, last: bool) -> dict:
+            c = {"index": 0, "text": "".join(f"<{s.token_id}>" for s in steps),
+                 "logprobs": self._completion_logprobs(steps, k, as_ids),
+                 "finish_reason": finish,
+                 "stop_reason": self._stop_reason(gen) if finish else None}
+            if body.get("stream"):
+                c["prompt_token_ids"] = ids if (first and with_ids) else None
+                c["token_ids"] = [s.token_id for s in steps] if with_ids else None
+                c["weight_versions"] = self.spans(gen) if (wv and last) else None
+            return c
+
+        if body.get("stream"):
+            async def events():
+                for i, s in enumerate(gen.steps):
+                    await self.pace(rid)
+                    last = i == len(gen.steps) - 1
+                    obj = {"id": rid, "object": "text_completion", "created": created,
+                           "model": MODEL,
+                           "choices": [choice([s], gen.reason if last else None, i == 0, last)],
+                           "kv_transfer_params": None}
+                    yield b"data: " + _dumps_pydantic(obj) + b"\n\n"
+                usage = self._usage(len(ids), len(gen.steps), False)
+                yield b"data: " + _dumps_pydantic({"id": rid, "object": "text_completion",
+                                                   "created": created, "model": MODEL,
+                                                   "choices": [], "usage": usage}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                self.rec.finished.append(rid)
+            return StreamingResponse(events(), media_type="text/event-stream")
+        c = choice(gen.steps, gen.reason, True, True)
+        c["text"] = text
+        c.update(token_ids=gen.ids if with_ids else None, prompt_logprobs=None,
+                 prompt_token_ids=ids if with_ids else None, routed_experts=None,
+                 weight_versions=self.spans(gen) if wv else None)
+        resp = {"id": rid, "object": "text_completion", "created": created, "model": MODEL,
+                "choices": [c], "service_tier": None, "system_fingerprint": None,
+                "usage": self._usage(len(ids), len(gen.steps), True),
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+        self.rec.finished.append(rid)
+        return Response(_dumps_python(resp), media_type="application/json")
