@@ -58,10 +58,15 @@ class Renderer:
         return self.tok.encode(self._anchor + text)[1:]
 
     def extension(self, assistant: dict, new_messages: list[dict], tools: list[dict] | None,
-                  stop_token_id: int | None, **kwargs: object) -> tuple[list[int], Seam]:
+                  stop_token_id: int | None, system: dict | None = None,
+                  **kwargs: object) -> tuple[list[int], Seam]:
         """Token IDs that follow the recorded completion of ``assistant`` when ``new_messages``
-        are appended, ending with the generation prompt."""
-        head = [STAND_IN_USER]
+        are appended, ending with the generation prompt.
+
+        ``system`` is the conversation's leading system message, if any: templates index
+        messages by position and branch on it (Bielik), so the stand-in keeps it.
+        """
+        head = [system, STAND_IN_USER] if system else [STAND_IN_USER]
         render = self.template.render
         before_turn = render(head, tools, add_generation_prompt=False, **kwargs)
         before = render([*head, assistant], tools, add_generation_prompt=False, **kwargs)

@@ -97,8 +97,10 @@ class Gateway:
                 detail = "the new messages include an assistant turn the model did not sample"
             else:
                 try:
+                    first = req.messages[0]
+                    system = first if first.get("role") in ("system", "developer") else None
                     delta, seam = self.renderer.extension(
-                        parent.message or {}, new, req.tools, parent.stop_token_id,
+                        parent.message or {}, new, req.tools, parent.stop_token_id, system,
                         **req.template_kwargs)
                 except NotPrefixPreserving as exc:
                     reason, detail = "template_not_prefix_preserving", str(exc)
