@@ -13,12 +13,30 @@ Guarantees others rely on:
 """
 
 from . import (  # noqa: F401  (each module registers its formats)
+    apertus,
+    apriel,
+    cohere,
+    deepseek,
+    firefunction,
+    functionary,
+    gemma4,
+    gigachat,
+    glimmer,
     glm,
+    granite,
+    harmony,
     hermes,
     hy3,
+    kimi,
+    lfm2,
+    llama3,
     minicpm,
+    minimax,
+    mistral,
+    nemotron,
     qwen3_coder,
     seed_oss,
+    solar,
 )
 from .parser import Parser, parse
 from .reasoning import ThinkSplitter

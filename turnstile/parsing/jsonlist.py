@@ -41,6 +41,8 @@ class ListSpec:
     ``prefix``: text allowed (and dropped) between the opener and the list, e.g. "```json".
     ``strict``: an element that is not a call is malformed (False: it is content, for formats
     such as Llama-3 where a JSON answer and a call look alike).
+    ``lenient``: an opener not followed by a list is plain content, not a malformed call (for
+    openers that are ordinary words, like Command-R's ``Action:``).
     """
 
     closes: tuple[str, ...] = ()
@@ -51,6 +53,7 @@ class ListSpec:
     seps: str = ","
     prefix: tuple[str, ...] = ()
     strict: bool = True
+    lenient: bool = False
 
 
 _START, _BETWEEN, _ELEM, _AFTER = "start", "between", "elem", "after"
@@ -121,7 +124,11 @@ class JsonCallList(Region):
             if ch == "{" and self._spec.bare:
                 self._state = _BETWEEN
                 return i, False
-            malformed(out, self._opener)  # not a list: the opener and what follows are content
+            # not a list: the opener and what follows are content
+            if self._spec.lenient:
+                out.append(Text(self._opener))
+            else:
+                malformed(out, self._opener)
             return 0, True
         if self._state == _BETWEEN:
             if ch == "{":

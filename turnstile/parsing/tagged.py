@@ -33,12 +33,15 @@ class TaggedSpec:
     ``tail``: regex the text between the arguments and the close marker may hold.
     ``aborts``: markers that, seen where a close marker is awaited, end the call early
     (the next call's opener when a model skips the close).
+    ``close_at_end``: the completion may end instead of the close marker (when the close
+    marker is the stop token, which is not part of the parsed text: gpt-oss ``<|call|>``).
     """
 
-    headers: tuple[re.Pattern[str], ...]
+    headers: tuple[re.Pattern[str], ...] = ()
     closes: tuple[str, ...] = ()
     tail: re.Pattern[str] = re.compile(r"\s*")
     aborts: tuple[str, ...] = ()
+    close_at_end: bool = False
 
 
 _HEADER, _ARGS, _TAIL = "header", "args", "tail"
@@ -47,9 +50,11 @@ _HEADER, _ARGS, _TAIL = "header", "args", "tail"
 class TaggedJsonCall(Region):
     """One call in the tagged-JSON shape (see the module docstring)."""
 
-    def __init__(self, opener: str, spec: TaggedSpec) -> None:
+    def __init__(self, opener: str, spec: TaggedSpec, name: str | None = None) -> None:
+        """``name``: already known from elsewhere (a message header); the header must be blank."""
         self._opener = opener
         self._spec = spec
+        self._known = name
         self._state = _HEADER
         self._args: list[str] = []
         self._tail = ""
@@ -84,6 +89,8 @@ class TaggedJsonCall(Region):
         return 0, False
 
     def _name(self, header: str) -> str | None:
+        if self._known is not None:
+            return self._known if not header.strip() else None
         for pattern in self._spec.headers:
             m = pattern.fullmatch(header)
             if m and m.group("name"):
@@ -131,8 +138,9 @@ class TaggedJsonCall(Region):
                 out.append(Text(tail))
             return stop, True
         if final:
-            self._end(out, ok=False)
-            if buf.strip():
+            ok = self._spec.close_at_end and self._spec.tail.fullmatch(buf) is not None
+            self._end(out, ok=ok)
+            if not ok and buf.strip():
                 out.append(Text(buf))
             return len(buf), True
         return 0, False

@@ -1,0 +1,111 @@
+"""MeetKai Functionary tool calls.
+
+``functionary_v3_1`` (Llama-3.1 based): ``<function=NAME>{args}</function>``, several in a row,
+and ``<|python_tag|>code`` for the code interpreter (a call to ``python``).
+
+``functionary_v3_2``: messages ``>>>RECIPIENT\\nBODY``; recipient ``all`` is text for the user,
+any other is a call whose body is its JSON arguments (``python`` may carry raw code). The
+generation prompt already ends with the first ``>>>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .base import Region, RegionParser, find_first, malformed
+from .llama3 import PYTHON_TAG, PythonTag
+from .markers import split_safe
+from .registry import register_tool_format
+from .tagged import TaggedJsonCall, TaggedSpec
+from .types import ArgsDelta, CallEnd, CallStart, Event, Text
+
+FUNCTION = "<function="
+V31_SPEC = TaggedSpec(
+    headers=(re.compile(r"\s*(?P<name>[^\s<>{}]+)\s*>\s*"),),
+    closes=("</function>",),
+    aborts=(FUNCTION, PYTHON_TAG),
+)
+
+
+@register_tool_format("functionary_v3_1")
+class FunctionaryV31ToolParser(RegionParser):
+    """``<function=name>{…}</function>`` and ``<|python_tag|>``."""
+
+    openers = (FUNCTION, PYTHON_TAG)
+    markers = (FUNCTION, "</function>", PYTHON_TAG, "<|eom_id|>")
+
+    def open_region(self, marker: str) -> Region:
+        if marker == PYTHON_TAG:
+            return PythonTag(marker)
+        return TaggedJsonCall(marker, V31_SPEC)
+
+
+NEXT = ">>>"
+V32_ARGS = TaggedSpec(aborts=(NEXT,))
+
+
+class _V32Message(Region):
+    """One ``>>>recipient\\nbody`` message (the ``>>>`` already consumed)."""
+
+    def __init__(self, opener: str) -> None:
+        self._opener = opener
+        self._recipient: str | None = None
+        self._inner: Region | None = None
+
+    def step(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
+        if self._inner is not None:
+            return self._inner.step(buf, final, out)
+        if self._recipient is None:
+            nl = buf.find("\n")
+            stop, _ = find_first(buf, (NEXT,))
+            if nl < 0 or (0 <= stop < nl):
+                if final or stop >= 0:
+                    end = stop if stop >= 0 else len(buf)
+                    malformed(out, self._opener + buf[:end])
+                    return end, True
+                return 0, False
+            recipient = buf[:nl].strip()
+            if not recipient or any(c.isspace() for c in recipient):
+                malformed(out, self._opener + buf[: nl + 1])
+                return nl + 1, True
+            self._recipient = recipient
+            return nl + 1, False
+        if self._recipient == "all":
+            at, _ = find_first(buf, (NEXT,))
+            if at >= 0:
+                if at:
+                    out.append(Text(buf[:at]))
+                return at, True
+            safe, _ = (buf, "") if final else split_safe(buf, (NEXT,))
+            if safe:
+                out.append(Text(safe))
+            return len(safe), final
+        stripped = buf.lstrip()
+        if not stripped and not final:
+            return 0, False
+        if stripped.startswith("{") or self._recipient != "python":
+            self._inner = TaggedJsonCall(self._opener + self._recipient + "\n", V32_ARGS,
+                                         name=self._recipient)
+            return self._inner.step(buf, final, out)
+        at, _ = find_first(buf, (NEXT,))  # python with raw code
+        if at < 0 and not final:
+            return 0, False
+        code = buf if at < 0 else buf[:at]
+        args = json.dumps({"code": code}, ensure_ascii=False)
+        out += [CallStart("python"), ArgsDelta(args), CallEnd()]
+        return len(code), True
+
+
+@register_tool_format("functionary_v3_2")
+class FunctionaryV32ToolParser(RegionParser):
+    """``>>>recipient`` messages."""
+
+    openers = (NEXT,)
+    markers = (NEXT,)
+
+    def initial_region(self) -> Region | None:
+        return _V32Message("")
+
+    def open_region(self, marker: str) -> Region:
+        return _V32Message(marker)
