@@ -5,7 +5,7 @@ close, fetch trajectories as numpy arrays, delete.
     ts = turnstile.Client("http://127.0.0.1:8400")
     s = ts.session(group_id="task-7", sample_index=0, metadata={"split": "train"})
     run_harness(base_url=s.base_url)               # any OpenAI-compatible harness
-    s.reward(1.0, rewards={"format": 0.5})
+    s.set_reward(1.0, rewards={"format": 0.5})
     s.close()
     for t in s.trajectories():                       # Trajectory: int32 ids, int8 mask, ...
         t.token_ids, t.loss_mask, t.logprobs, t.versions
@@ -112,13 +112,15 @@ def _ordered(trajs: list[Trajectory]) -> list[Trajectory]:
 
 
 class Session(SessionInfo):
-    """A session bound to a :class:`Client`: ``s.reward(...)``, ``s.close()``, ..."""
+    """A session bound to a :class:`Client`: ``s.set_reward(...)``, ``s.close()``, ...
+    (``s.reward``/``s.rewards`` are the values as last fetched; ``s.refresh()`` updates)."""
 
     _client: Client
 
-    def reward(self, reward: float | None = None, *, rewards: dict[str, float] | None = None,
-               call_id: str | None = None) -> Session:
-        return self._client.reward(self.id, reward, rewards=rewards, call_id=call_id)
+    def set_reward(self, reward: float | None = None, *,
+                   rewards: dict[str, float] | None = None,
+                   call_id: str | None = None) -> Session:
+        return self._client.set_reward(self.id, reward, rewards=rewards, call_id=call_id)
 
     def close(self, termination_reason: str | None = None) -> Session:
         return self._client.close(self.id, termination_reason)
@@ -141,10 +143,10 @@ class AsyncSession(SessionInfo):
 
     _client: AsyncClient
 
-    async def reward(self, reward: float | None = None, *,
-                     rewards: dict[str, float] | None = None,
-                     call_id: str | None = None) -> AsyncSession:
-        return await self._client.reward(self.id, reward, rewards=rewards, call_id=call_id)
+    async def set_reward(self, reward: float | None = None, *,
+                         rewards: dict[str, float] | None = None,
+                         call_id: str | None = None) -> AsyncSession:
+        return await self._client.set_reward(self.id, reward, rewards=rewards, call_id=call_id)
 
     async def close(self, termination_reason: str | None = None) -> AsyncSession:
         return await self._client.close(self.id, termination_reason)
@@ -213,8 +215,9 @@ class Client:
                 return out
             after = page["last_id"]
 
-    def reward(self, session_id: str, reward: float | None = None, *,
-               rewards: dict[str, float] | None = None, call_id: str | None = None) -> Session:
+    def set_reward(self, session_id: str, reward: float | None = None, *,
+                   rewards: dict[str, float] | None = None, call_id: str | None = None
+                   ) -> Session:
         """Attach a scalar and/or named rewards to the session, or to one of its calls."""
         body = _reward_body(reward, rewards, call_id)
         return self._session(self._req("POST", f"/v1/sessions/{session_id}/rewards", json=body))
@@ -294,9 +297,9 @@ class AsyncClient:
                 return out
             after = page["last_id"]
 
-    async def reward(self, session_id: str, reward: float | None = None, *,
-                     rewards: dict[str, float] | None = None,
-                     call_id: str | None = None) -> AsyncSession:
+    async def set_reward(self, session_id: str, reward: float | None = None, *,
+                         rewards: dict[str, float] | None = None,
+                         call_id: str | None = None) -> AsyncSession:
         body = _reward_body(reward, rewards, call_id)
         return self._session(await self._req("POST", f"/v1/sessions/{session_id}/rewards",
                                              json=body))
