@@ -482,11 +482,11 @@ def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
         result.sessions = len(sessions)
         result.session_ids = [s["id"] for s in sessions]
         result.seconds = time.perf_counter() - started
-        _write_manifest(out, result, mode, partition, tables)
         if mark_exported:
             st.mark_exported(result.session_ids)
-        if delete:
+        if delete:  # only now: every file is complete and renamed into place
             result.deleted = st.delete_sessions(result.session_ids)
+        _write_manifest(out, result, mode, partition, tables)
     finally:
         if own:
             st.close()
