@@ -178,7 +178,8 @@ class SGLangFake(FakeServer):
                         started=started)
         raw = orjson.dumps(out)
         self.rec.raw[rid] = [raw]
-        self.rec.finished.append(rid)
+        if done.reason != "abort":
+            self.rec.finished.append(rid)
         return Response(raw, media_type="application/json")
 
     async def _wait(self, rid: str, gen: Generation) -> Generation:

@@ -305,7 +305,8 @@ class VLLMFake(FakeServer):
                     "ec_transfer_params": None}
         raw = _dumps_python(resp)
         self.rec.raw[rid] = [raw]
-        self.rec.finished.append(rid)
+        if finish != "abort":
+            self.rec.finished.append(rid)
         return Response(raw, media_type="application/json")
 
     def _failure(self, status: int) -> Response:
@@ -453,21 +454,28 @@ class VLLMFake(FakeServer):
 
         if body.get("stream"):
             async def events():
-                for i, s in enumerate(gen.steps):
-                    await self.pace(rid)
-                    last = i == len(gen.steps) - 1
-                    obj = {"id": rid, "object": "text_completion", "created": created,
-                           "model": MODEL,
-                           "choices": [choice([s], gen.reason if last else None, i == 0, last)],
-                           "kv_transfer_params": None}
-                    yield b"data: " + _dumps_pydantic(obj) + b"\n\n"
-                usage = self._usage(len(ids), len(gen.steps), False)
-                yield b"data: " + _dumps_pydantic({"id": rid, "object": "text_completion",
-                                                   "created": created, "model": MODEL,
-                                                   "choices": [], "usage": usage}) + b"\n\n"
-                yield b"data: [DONE]\n\n"
-                self.rec.finished.append(rid)
+                ok = False
+                try:
+                    for i, s in enumerate(gen.steps):
+                        await self.pace(rid)
+                        last = i == len(gen.steps) - 1
+                        c = choice([s], gen.reason if last else None, i == 0, last)
+                        obj = {"id": rid, "object": "text_completion", "created": created,
+                               "model": MODEL, "choices": [c], "kv_transfer_params": None}
+                        yield b"data: " + _dumps_pydantic(obj) + b"\n\n"
+                    usage = self._usage(len(ids), len(gen.steps), False)
+                    yield b"data: " + _dumps_pydantic({"id": rid, "object": "text_completion",
+                                                       "created": created, "model": MODEL,
+                                                       "choices": [], "usage": usage}) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    ok = True
+                    self.rec.finished.append(rid)
+                finally:
+                    if not ok:
+                        self.rec.disconnects.append(rid)
             return StreamingResponse(events(), media_type="text/event-stream")
+        if await self.until_disconnect_or(request, rid, self._wait(rid, gen)) is None:
+            return Response(status_code=499)
         c = choice(gen.steps, gen.reason, True, True)
         c["text"] = text
         c.update(token_ids=gen.ids if with_ids else None, prompt_logprobs=None,

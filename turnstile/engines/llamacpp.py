@@ -97,7 +97,7 @@ class LlamaCppEngine(HTTPEngine):
                     raise EngineError(f"llama-server answered {resp.status}: {text}", status)
                 data = orjson.loads(await resp.read())
                 ended = True
-            events = _events(data)
+            events = _events(data, params.top_logprobs)
             for ev in events:
                 yield ev
             yield _finish(data, events)
@@ -109,7 +109,7 @@ class LlamaCppEngine(HTTPEngine):
                 self._give_up(resp, None)
 
 
-def _events(data: dict) -> list[TokenEvent]:
+def _events(data: dict, k: int = 0) -> list[TokenEvent]:
     """Sampled tokens with their logprobs.
 
     ``tokens`` lists every sampled ID, but ``completion_probabilities`` skips a token whose text
@@ -124,7 +124,7 @@ def _events(data: dict) -> list[TokenEvent]:
         if j < len(probs) and probs[j].get("id") == tid:
             p = probs[j]
             j += 1
-            top = [(t["id"], t["logprob"]) for t in p.get("top_logprobs") or ()]
+            top = [(t["id"], t["logprob"]) for t in p.get("top_logprobs") or ()][:k]
             out.append(TokenEvent(tid, float(p["logprob"]), top or None))
         else:
             out.append(TokenEvent(tid, float("nan")))
