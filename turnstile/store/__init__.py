@@ -1,0 +1,1 @@
+"""Durable records (SQLite), stitching into trajectories, export to Parquet/JSONL."""
