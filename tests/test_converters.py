@@ -287,3 +287,18 @@ def _check_tinker(trajs, truths) -> None:
                     np.concatenate([[0.0], f["logprobs"]]))
         assert (f["advantages"][f["mask"] == 0] == 0).all()
         assert np.allclose(f["advantages"][f["mask"] == 1], a)
+
+
+def test_converters_import_no_trainer_package():
+    import subprocess
+    import sys
+
+    code = ("import sys; import turnstile.converters.verl, turnstile.converters.trl, "
+            "turnstile.converters.skyrl, turnstile.converters.slime, turnstile.converters.areal,"
+            " turnstile.converters.openrlhf, turnstile.converters.prime_rl, "
+            "turnstile.converters.tinker; print([m for m in ('torch', 'verl', 'trl', 'skyrl', "
+            "'slime', 'areal', 'openrlhf', 'prime_rl', 'tinker', 'transformers', 'pyarrow') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
