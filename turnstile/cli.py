@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .chat.audit import Policy, audit
+from .chat.patches import apply_patches
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
@@ -30,14 +32,73 @@ def detect_parser(template: ChatTemplate) -> ParserConfig:
                         reasoning_started=started)
 
 
-def build_gateway(engine_url: str, model: str, data: str | Path, chat_template: str | None = None,
-                  model_name: str | None = None) -> Gateway:
+def build_renderer(model: str, chat_template: str | None = None, patches: bool = True
+                   ) -> tuple[Renderer, list[str]]:
+    """Tokenizer + template (with declared repairs applied) for a model."""
     tok = load_tokenizer(model, chat_template)
-    template = ChatTemplate.for_tokenizer(tok)
-    renderer = Renderer(tok, template)
+    if not tok.chat_template:
+        raise SystemExit(f"{model} has no chat template; pass --chat-template FILE")
+    source, applied = apply_patches(tok.chat_template, patches)
+    template = ChatTemplate(source, tok.special_tokens)
+    return Renderer(tok, template), applied
+
+
+def build_gateway(engine_url: str, model: str, data: str | Path, chat_template: str | None = None,
+                  model_name: str | None = None, patches: bool = True, audit_template: bool = True
+                  ) -> Gateway:
+    renderer, applied = build_renderer(model, chat_template, patches)
+    if applied:
+        renderer.fingerprint += "+" + "+".join(applied)
+    policy = Policy.from_report(audit(renderer)) if audit_template else Policy.permissive()
     engine = LlamaCppEngine(engine_url)
     name = model_name or Path(model).name
-    return Gateway(renderer, engine, Store(data), name, detect_parser(template))
+    return Gateway(renderer, engine, Store(data), name, detect_parser(renderer.template), policy)
+
+
+def audit_command(args: argparse.Namespace) -> None:
+    import orjson
+
+    from .chat.audit import behaviour, corpus_table, stand_in
+
+    if args.corpus:
+        from . import testbed
+
+        print(corpus_table(str(testbed.templates_dir()), str(testbed.models_dir())))
+        return
+    if not args.model:
+        raise SystemExit("audit-template: give a model or template, or --corpus")
+    if args.model.endswith(".jinja"):
+        source = Path(args.model).read_text()
+        if args.tokenizer:
+            renderer, applied = build_renderer(args.tokenizer, args.model,
+                                               not args.no_template_patches)
+            added: list[str] = []
+        else:
+            from . import testbed
+
+            base = load_tokenizer(str(testbed.models_dir() / "ggml-vocab-qwen2.gguf"))
+            source, applied = apply_patches(source, not args.no_template_patches)
+            tok, added = stand_in(base, source)
+            renderer = Renderer(tok, ChatTemplate(source, tok.special_tokens))
+    else:
+        renderer, applied = build_renderer(args.model, None, not args.no_template_patches)
+        added = []
+    report = audit(renderer, args.model, added)
+    if args.json:
+        print(orjson.dumps({**report.to_json(), "patches": applied},
+                           option=orjson.OPT_INDENT_2).decode())
+        return
+    print(f"template {args.model}  tokenizer {report.tokenizer}"
+          + (f"  stand-in markers {added}" if added else "")
+          + (f"  patches {applied}" if applied else ""))
+    print(f"{'conversation':<18} {'variant':<6} {'append':<18} {'result':<9} detail")
+    for s in report.steps:
+        print(f"{s.conversation:<18} {s.variant:<6} {s.kind:<18} {s.status:<9} {s.detail[:90]}")
+    print(f"tool results one by one: {report.tool_incremental}")
+    for kind, what in behaviour(report).items():
+        print(f"{kind}: {what}")
+    for line in Policy.from_report(report).describe():
+        print(f"gateway: {line}")
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -46,13 +107,15 @@ def serve(args: argparse.Namespace) -> None:
     from .server.app import create_app
 
     gateway = build_gateway(args.engine_url, args.model, args.data, args.chat_template,
-                            args.served_model_name)
+                            args.served_model_name, patches=not args.no_template_patches)
     public = args.public_url or f"http://{args.host}:{args.port}"
     app = create_app(gateway, public, max_body=args.max_body_mb << 20)
     p = gateway.parser
     print(f"turnstile: model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
           f"engine {args.engine} at {args.engine_url}, records in {args.data}\n"
           f"turnstile: parsing reasoning={p.reasoning} tools={p.tool_format}", file=sys.stderr)
+    for line in gateway.policy.describe():
+        print(f"turnstile: {line}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 loop="uvloop", http="httptools", access_log=False)
 
@@ -74,7 +137,22 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--data", default="turnstile-data", help="directory for the record store")
     s.add_argument("--max-body-mb", type=int, default=32)
     s.add_argument("--log-level", default="warning")
+    s.add_argument("--no-template-patches", action="store_true",
+                   help="use the template exactly as shipped (see turnstile/chat/patches.py)")
     s.set_defaults(func=serve)
+
+    a = sub.add_parser("audit-template", help="is this template prefix-preserving, token by "
+                                              "token? (tool and user appends, with/without "
+                                              "reasoning, parallel calls, truncation)")
+    a.add_argument("model", nargs="?",
+                   help="GGUF / HF dir / hub id, or a .jinja file with --tokenizer")
+    a.add_argument("--corpus", action="store_true",
+                   help="audit every template of the test-bed corpus; print a Markdown table")
+    a.add_argument("--tokenizer", help="model to take the tokenizer from when auditing a "
+                                       ".jinja file (default: a Qwen2 stand-in)")
+    a.add_argument("--no-template-patches", action="store_true")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=audit_command)
 
     d = sub.add_parser("demo", help="SmolLM2 on llama-server, a few sessions, what was recorded")
     d.add_argument("--data", help="record store directory (default: a temporary one)")

@@ -85,6 +85,11 @@ def battery(reasoning: bool) -> list[Conversation]:
         Conversation("tool-then-user", "tool,user", [
             SYSTEM, USER1, a_call, _tool("call00001", '{"temp_c": 18}', "get_weather"),
             a_final, USER2, a_final2]),
+        Conversation("tool-chain", "tool,tool", [
+            SYSTEM, USER1, a_call, _tool("call00001", '{"temp_c": 18}', "get_weather"),
+            _assistant(None, [_call("call00003", "get_time", '{"city": "Paris"}')],
+                       r("Now the time.")),  # null content, as parsed replies carry it
+            _tool("call00003", '{"time": "14:05"}', "get_time"), a_final]),
         Conversation("parallel-batch", "tool_batch", [
             SYSTEM, USER1, a_par, _tool("call00001", '{"temp_c": 18}', "get_weather"),
             _tool("call00002", '{"time": "14:05"}', "get_time"), a_final]),
@@ -221,6 +226,44 @@ def _tool_incremental(renderer: Renderer) -> str:
     return "yes" if two.startswith(one) else "batch only"
 
 
+# Which audit kinds a runtime append belongs to.
+KIND_GROUPS = {"tool": ("tool", "tool_batch"), "user": ("user", "user_after_length")}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Per appended-message kind ('tool' or 'user') and variant ('plain' or 'think': whether
+    the conversation carries reasoning): extend the recorded tokens, or start a new segment."""
+
+    extend: dict[tuple[str, str], bool]
+    reasons: dict[tuple[str, str], str]
+
+    @classmethod
+    def from_report(cls, report: AuditReport) -> Policy:
+        extend, reasons = {}, {}
+        for group, kinds in KIND_GROUPS.items():
+            for variant in ("plain", "think"):
+                bad = [s for s in report.steps if s.kind in kinds and s.variant == variant
+                       and s.status in ("MISMATCH", "fallback")]
+                extend[(group, variant)] = not bad
+                if bad:
+                    reasons[(group, variant)] = f"{bad[0].kind}: {bad[0].status}: {bad[0].detail}"
+        return cls(extend, reasons)
+
+    @classmethod
+    def permissive(cls) -> Policy:
+        return cls({(g, v): True for g in KIND_GROUPS for v in ("plain", "think")}, {})
+
+    def allows(self, kind: str, variant: str) -> bool:
+        return self.extend.get((kind, variant), True)
+
+    def describe(self) -> list[str]:
+        return [f"{kind} messages ({variant}): "
+                + ("extend recorded tokens" if ok else
+                   f"new segment (audit: {self.reasons[(kind, variant)][:100]})")
+                for (kind, variant), ok in sorted(self.extend.items())]
+
+
 def behaviour(report: AuditReport) -> dict[str, str]:
     """What the gateway will do per kind of appended message, in words."""
     words = {"exact": "extends recorded tokens", "fallback": "new segment (re-render)",
@@ -345,3 +388,31 @@ def corpus_renderer(template_path: str, models_dir: str,
     else:
         tok, added = stand_in(base, source)
     return Renderer(tok, ChatTemplate(source, tok.special_tokens)), added
+
+
+def corpus_table(templates_dir: str, models_dir: str) -> str:
+    """Markdown table of the audit over every template in a corpus directory."""
+    from pathlib import Path
+
+    from .patches import apply_patches
+
+    cache: dict[str, LoadedTokenizer] = {}
+    kinds = ["tool", "tool_batch", "user", "user_after_length"]
+    rows = ["| template | tokenizer | patches | " + " | ".join(
+        f"{k} (plain/think)" for k in kinds) + " | one-by-one tool results | gateway policy |",
+        "|" + "---|" * (len(kinds) + 5)]
+    for path in sorted(Path(templates_dir).glob("*.jinja")):
+        renderer, added = corpus_renderer(str(path), models_dir, cache)
+        source, applied = apply_patches(renderer.template.source)
+        if applied:
+            renderer = Renderer(renderer.tok, ChatTemplate(source, renderer.tok.special_tokens))
+        report = audit(renderer, path.stem, added)
+        summary = report.summary()
+        policy = Policy.from_report(report)
+        segs = [f"{k}/{v}" for (k, v), ok in sorted(policy.extend.items()) if not ok]
+        tok = report.tokenizer + (f" + {', '.join(added)}" if added else "")
+        rows.append(f"| {path.stem} | {tok.replace('|', '&#124;')} | {', '.join(applied)} | "
+                    + " | ".join(summary.get(k, "-") for k in kinds)
+                    + f" | {report.tool_incremental} | "
+                    + ("new segment on " + ", ".join(segs) if segs else "extend") + " |")
+    return "\n".join(rows)

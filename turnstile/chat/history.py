@@ -83,6 +83,15 @@ class Node:
     message: dict | None
     stop_token_id: int | None
 
+    def has_reasoning(self) -> bool:
+        """Whether any reply on this path carried reasoning (templates treat it specially)."""
+        node: Node | None = self
+        while node is not None:
+            if node.message and node.message.get("reasoning_content"):
+                return True
+            node = node.parent
+        return False
+
     def context_ids(self) -> array:
         """Prompt + completion of this call: the prefix a child call reuses."""
         parts = []

@@ -51,13 +51,14 @@ class ChatTemplate:
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as templates expect them: tool-call ``arguments`` as objects, not JSON text.
-
-    The OpenAI wire format carries arguments as a JSON string; templates iterate or ``tojson``
-    them as mappings (vLLM converts them the same way before rendering).
+    """Messages as vLLM hands them to templates: ``content`` ``null`` as ``""`` and tool-call
+    ``arguments`` as objects, not JSON text (templates ``tojson`` or iterate them, and many
+    test ``'x' in content``, which fails on ``None``).
     """
     out = []
     for m in messages:
+        if m.get("content", "") is None:
+            m = {**m, "content": ""}
         calls = m.get("tool_calls")
         if calls:
             m = dict(m)

@@ -12,6 +12,7 @@ from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ..chat.audit import Policy
 from ..chat.detokenize import IncrementalDetokenizer
 from ..chat.history import Node, SessionTree, prefix_hashes, root_hash
 from ..chat.render import NotPrefixPreserving, Renderer
@@ -55,8 +56,9 @@ class ParserConfig:
 
 class Gateway:
     def __init__(self, renderer: Renderer, engine: Engine, store: Store, model_name: str,
-                 parser: ParserConfig):
+                 parser: ParserConfig, policy: Policy | None = None):
         self.renderer = renderer
+        self.policy = policy or Policy.permissive()
         self.tok = renderer.tok
         self.engine = engine
         self.store = store
@@ -92,9 +94,16 @@ class Gateway:
         reason = detail = None
         if parent is not None:
             new = match.new_messages
+            kind = "tool" if all(m.get("role") == "tool" for m in new) else "user"
+            variant = "think" if parent.has_reasoning() else "plain"
             if any(m.get("role") == "assistant" for m in new):
                 reason = "unsampled_assistant_message"
                 detail = "the new messages include an assistant turn the model did not sample"
+            elif not self.policy.allows(kind, variant):
+                reason = "template_policy"
+                detail = (f"the startup audit found this template does not extend exactly when "
+                          f"{kind} messages are appended ({variant}): "
+                          f"{self.policy.reasons.get((kind, variant), '')[:200]}")
             else:
                 try:
                     first = req.messages[0]
