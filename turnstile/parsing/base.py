@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
@@ -54,8 +55,37 @@ class Region(ABC):
         """Consume a prefix of ``buf``; return (characters consumed, region finished).
 
         Must make progress or report finished when ``final`` (the completion has ended).
-        Returning (0, False) means "wait for more text".
+        (0, False) means either "wait for more text" (then calling again changes nothing) or
+        "moved to another state without consuming" (then the next call goes on): ``drive``
+        tells the two apart by calling again.
         """
+
+    def drive(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
+        """``step`` until it consumes text, finishes, or waits.
+
+        A step that consumes nothing but changes state (announces a call, picks a form) is
+        followed by another; one that changes nothing and emits nothing is waiting.
+        """
+        while True:
+            before, snapshot = len(out), _snapshot(self)
+            n, done = self.step(buf, final, out)
+            if n or done:
+                return n, done
+            if len(out) == before and _snapshot(self) == snapshot:
+                return 0, False
+
+
+def _snapshot(obj: object) -> dict[str, object]:
+    """The attributes of a region, nested regions included (to see whether a step moved)."""
+    state: dict[str, object] = {}
+    for key, value in vars(obj).items():
+        if isinstance(value, Region):
+            state[key] = (id(value), _snapshot(value))
+        elif isinstance(value, list):
+            state[key] = list(value)
+        else:
+            state[key] = value
+    return state
 
 
 class RegionParser(ToolCallParser):
@@ -92,7 +122,7 @@ class RegionParser(ToolCallParser):
         out: list[Event] = []
         while True:
             if self._region is not None:
-                n, done = self._region.step(self._buf, final, out)
+                n, done = self._region.drive(self._buf, final, out)
                 self._buf = self._buf[n:]
                 if done:
                     self._region = None
@@ -160,11 +190,21 @@ def python_literal(text: str) -> Any:
     Why: templates that render non-string arguments with Jinja's ``{{ value }}`` write Python
     reprs (Seed-OSS, MiniCPM5); Python-call formats (LFM2) mix both spellings.
     """
-    try:
-        node = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise _LiteralError(text) from None
+    node = parse_expression(text)
+    if node is None:
+        raise _LiteralError(text)
     return literal_node(node)
+
+
+def parse_expression(text: str) -> ast.expr | None:
+    """Python's parse of one expression, or None; quiet about odd escapes like ``"\\ "``
+    (templates write strings raw between quotes, so a backslash may start no real escape)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return ast.parse(text.strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
 
 
 def literal_node(node: ast.AST) -> Any:

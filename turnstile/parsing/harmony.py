@@ -63,7 +63,7 @@ class ChannelParser(ToolCallParser):
     def _step(self, out: list[Event], final: bool) -> bool:
         if self._state == _TOOL:
             assert self._region is not None
-            n, done = self._region.step(self._buf, final, out)
+            n, done = self._region.drive(self._buf, final, out)
             self._buf = self._buf[n:]
             if done:
                 self._state = _HEADER

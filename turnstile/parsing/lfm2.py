@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import json
 
-from .base import Region, RegionParser, find_first, literal_node, malformed
+from .base import Region, RegionParser, find_first, literal_node, malformed, parse_expression
 from .markers import split_safe
 from .registry import register_tool_format
 from .types import STATUS_MALFORMED_TOOL_CALL, ArgsDelta, CallEnd, CallStart, Event, Issue
@@ -50,10 +50,7 @@ class PyScanner:
 
 def python_call(text: str) -> tuple[str, str] | None:
     """(name, arguments JSON) for ``name(k=v, …)`` with literal values, or None."""
-    try:
-        node = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    node = parse_expression(text)
     if not isinstance(node, ast.Call) or node.args:
         return None
     parts = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import json
 
-from .base import Region, RegionParser, find_first, literal_node, malformed
+from .base import Region, RegionParser, find_first, literal_node, malformed, parse_expression
 from .jsonlist import JsonCallList, ListSpec
 from .registry import register_tool_format
 from .types import ArgsDelta, CallEnd, CallStart, Event
@@ -44,10 +44,7 @@ class LeadingJson(Region):
 
 def builtin_call(code: str) -> tuple[str, dict] | None:
     """(name, arguments) of ``NAME.call(k=v, …)``, the built-in tool syntax, or None."""
-    try:
-        node = ast.parse(code.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    node = parse_expression(code)
     if not (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)

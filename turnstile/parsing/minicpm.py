@@ -1,7 +1,8 @@
 """MiniCPM5 tool calls: ``<function name="NAME"><param name="KEY">VALUE</param></function>``.
 
-No wrapper around the calls; several in a row are parallel calls. Non-string values are
-written as Python reprs by the template (``{'a': 1}``), read back by ``base.convert_value``.
+No wrapper around the calls; several in a row are parallel calls. Text holding ``<``, ``&`` or a
+newline is wrapped in ``<![CDATA[…]]>``. Non-string values are written as Python reprs by the
+template (``{'a': 1}``), read back by ``base.convert_value``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ SPEC = XmlSpec(
     param_head_end='">',
     param_close="</param>",
     call_close="</function>",
+    cdata=True,
 )
 
 

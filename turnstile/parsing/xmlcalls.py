@@ -46,7 +46,9 @@ class XmlSpec:
     (``true``/``false``) or ``type`` (a type name). ``value_open``: marker that follows the
     parameter header before the value (GLM ``<arg_value>``). ``region_close``: marker ending
     the region when it holds several calls. ``trim_newline``: drop one newline at each end of a
-    value (Qwen3-Coder writes ``<parameter=k>\\nvalue\\n</parameter>``).
+    value (Qwen3-Coder writes ``<parameter=k>\\nvalue\\n</parameter>``). ``cdata``: a value may be
+    wrapped in ``<![CDATA[…]]>`` (MiniCPM5 does so for text with ``<``, ``&`` or newlines), inside
+    which close tags do not count.
     """
 
     call_open: str | None
@@ -60,6 +62,7 @@ class XmlSpec:
     name_re: re.Pattern[str] = re.compile(r"\s*(?P<name>[^\s<>\"]+)\s*")
     param_re: re.Pattern[str] = re.compile(r"\s*(?P<key>[^<>\"]+?)\s*")
     trim_newline: bool = False
+    cdata: bool = False
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -76,6 +79,7 @@ class XmlSpec:
         return tuple(m for m in found if m and m.strip())
 
 
+CDATA, CDATA_END = "<![CDATA[", "]]>"
 _BETWEEN, _HEAD, _PARAMS, _PHEAD, _VOPEN, _VALUE = (
     "between",
     "head",
@@ -249,6 +253,19 @@ class XmlCalls(Region):
 
     def _value(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         spec = self._spec
+        if spec.cdata and (buf.startswith(CDATA) or (CDATA.startswith(buf) and not final)):
+            end = buf.find(CDATA_END, len(CDATA))
+            if end < 0 and not final:
+                return 0, False
+            if end >= 0:
+                rest = buf[end + len(CDATA_END) :]
+                i = self._skip_ws(rest)
+                if rest.startswith(spec.param_close, i):
+                    self._member(buf[len(CDATA) : end], out, cdata=True)
+                    self._state = _PARAMS
+                    return end + len(CDATA_END) + i + len(spec.param_close), False
+                if not final and spec.param_close.startswith(rest[i:]):
+                    return 0, False
         closers = [spec.param_close, spec.call_close]
         if spec.region_close:
             closers.append(spec.region_close)
@@ -264,8 +281,8 @@ class XmlCalls(Region):
         self._state = _PARAMS
         return len(raw), False
 
-    def _member(self, raw: str, out: list[Event]) -> None:
-        if self._spec.trim_newline:
+    def _member(self, raw: str, out: list[Event], cdata: bool = False) -> None:
+        if self._spec.trim_newline and not cdata:
             raw = raw.removeprefix("\n").removesuffix("\n")
         types = self._tools.types(self._name, self._key) if self._tools else None
         value = convert_value(raw, types, self._hint)
