@@ -35,6 +35,8 @@ class SamplingParams:
     # ``Finish.stop_token_id``. llama-server has no such option: it stops on its vocabulary's
     # end-of-generation tokens only.
     stop_token_ids: list[int] = field(default_factory=list)
+    # GBNF the sample must match (tool_choice "required" / a named function), or None.
+    grammar: str | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready, for the call record."""

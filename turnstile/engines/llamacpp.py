@@ -79,6 +79,8 @@ class LlamaCppEngine(HTTPEngine):
             body["stop"] = params.stop
         if params.logit_bias:
             body["logit_bias"] = [[int(k), float(v)] for k, v in params.logit_bias.items()]
+        if params.grammar:
+            body["grammar"] = params.grammar
         return body
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True

@@ -18,7 +18,7 @@ from ..chat.history import Node, SessionTree, prefix_hashes, root_hash
 from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
-from ..parsing import Parser
+from ..parsing import Parser, grammar
 from ..store.sqlite import CallRecord, Store, new_id
 from .errors import APIError
 from .requests import ChatRequest
@@ -147,7 +147,21 @@ class Gateway:
         return SamplingParams(
             max_tokens=min(req.max_tokens or room, room),
             temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
-            top_logprobs=req.top_logprobs, logit_bias=req.logit_bias)
+            top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
+            grammar=self.tool_grammar(req))
+
+    def tool_grammar(self, req: ChatRequest) -> str | None:
+        """For ``tool_choice`` "required" or a named function: a grammar that admits only a
+        call in the template's own syntax. The call record keeps it (``sampling.grammar``):
+        the sample came from a masked distribution."""
+        if req.tool_choice not in ("required", "function"):
+            return None
+        fmt = self.parser.tool_format
+        if not grammar.supports(fmt):
+            raise APIError(400, f"tool_choice={req.tool_choice!r} needs constrained decoding in "
+                                f"this template's tool-call syntax ({fmt or 'none detected'}), "
+                                "which Turnstile cannot build yet; use 'auto'.", "tool_choice")
+        return grammar.tool_call_grammar(fmt, req.tools or [], req.forced_function)
 
     # record
 
@@ -208,9 +222,10 @@ class Gateway:
                 gen.top.append(ev.top or [])
             yield ev
 
-    def _parser(self) -> Parser:
+    def _parser(self, req: ChatRequest) -> Parser:
         p = self.parser
-        return Parser(reasoning=p.reasoning, tool_format=p.tool_format,
+        return Parser(reasoning=p.reasoning,
+                      tool_format=p.tool_format if req.tools else None,
                       reasoning_started=p.reasoning_started)
 
     def _text_ids(self, gen: Generation) -> list[int]:
@@ -233,7 +248,7 @@ class Gateway:
             self.record(session_id, tree, prompt, params, gen, "error", None, str(exc), started)
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
         text = self.tok.decode(self._text_ids(gen))
-        parser = self._parser()
+        parser = self._parser(req)
         parser.feed(text)
         parser.finish()
         parsed = parser.result()
@@ -265,7 +280,7 @@ class Gateway:
                       prompt: Prompt, params: SamplingParams, started: float
                       ) -> AsyncIterator[dict]:
         gen = Generation()
-        parser = self._parser()
+        parser = self._parser(req)
         detok = IncrementalDetokenizer(self.tok)
         chunk_id = "chatcmpl-" + new_id("")
         model = req.model or self.model_name

@@ -31,6 +31,9 @@ class ChatRequest:
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # "auto" | "none" | "required" | the name of the one function that must be called
+    tool_choice: str = "auto"
+    forced_function: str | None = None
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -170,6 +173,24 @@ def _logit_bias(body: dict) -> dict[int, float]:
     return out
 
 
+def _tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None]:
+    tc = body.get("tool_choice")
+    if tc is None:
+        return "auto", None
+    if tc in ("auto", "none", "required"):
+        if tc == "required" and not tools:
+            raise _bad("tool_choice", "'required' needs a non-empty 'tools' list.")
+        return tc, None
+    if isinstance(tc, dict) and tc.get("type") == "function" and \
+            isinstance((tc.get("function") or {}).get("name"), str):
+        name = tc["function"]["name"]
+        if name not in {t["function"]["name"] for t in tools or ()}:
+            raise _bad("tool_choice", f"function {name!r} is not among 'tools'.")
+        return "function", name
+    raise _bad("tool_choice", "expected 'auto', 'none', 'required' or "
+                              "{'type': 'function', 'function': {'name': ...}}.")
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", None,
@@ -190,10 +211,16 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(kwargs, dict):
         raise _bad("chat_template_kwargs", "expected an object.")
     seed = _int(body, "seed", -(2**63))
+    tools = _tools(body)
+    tool_choice, forced = _tool_choice(body, tools)
+    if tool_choice == "none":
+        tools = None  # as vLLM: the template does not see tools the model may not call
     return ChatRequest(
         messages=_messages(body),
         model=model,
-        tools=_tools(body),
+        tools=tools,
+        tool_choice=tool_choice,
+        forced_function=forced,
         stream=_bool(body, "stream"),
         include_usage=bool(opts and opts.get("include_usage")),
         max_tokens=max_tokens,
