@@ -24,7 +24,8 @@ value ::= object | array | string | number | "true" | "false" | "null"
 object ::= "{" ( string ": " value ( ", " string ": " value )* )? "}"
 array ::= "[" ( value ( ", " value )* )? "]"
 string ::= "\"" char* "\""
-char ::= [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] )
+char ::= [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex )
+hex ::= [0-9a-fA-F]
 number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
 integer ::= "-"? ( "0" | [1-9] [0-9]* )
 """
