@@ -302,9 +302,13 @@ class ArgsWriter:
         self.count = 0
 
     def member(self, key: str, value: Any) -> str:
+        return self.open(key) + _dumps(value)
+
+    def open(self, key: str) -> str:
+        """The text before a member's value: ``{"key": `` or ``, "key": ``."""
         sep = "{" if self.count == 0 else ", "
         self.count += 1
-        return f"{sep}{_dumps(key)}: {_dumps(value)}"
+        return f"{sep}{_dumps(key)}: "
 
     def close(self) -> str:
         return "}" if self.count else "{}"

@@ -13,16 +13,19 @@ One configurable region covers the XML-style families:
 
 Values are text; ``base.convert_value`` types them from the format's own hint (``string=``,
 ``type=``), the request's tool schema, or a JSON/Python-literal guess. Streaming: the call is
-announced once its name is complete, and each parameter becomes one arguments fragment when its
-close tag arrives (``{"city": "Paris"``, ``, "days": 3``, ``}``).
+announced once its name is complete; a value known to be a string (by the format's hint or the
+schema) streams as it arrives (``{"code": "`` then escaped text, then ``"``), any other value
+becomes one arguments fragment when its close tag arrives (``, "days": 3``), and ``}`` ends.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
 from .base import ArgsWriter, Region, convert_value, find_first, malformed
+from .markers import split_safe
 from .types import (
     STATUS_MALFORMED_TOOL_CALL,
     ArgsDelta,
@@ -103,6 +106,7 @@ class XmlCalls(Region):
         self._key = ""
         self._hint: str | None = None
         self._writer = ArgsWriter()
+        self._opened = False  # a streamed string value has been opened
         self._calls = 0
 
     def step(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
@@ -269,6 +273,8 @@ class XmlCalls(Region):
         closers = [spec.param_close, spec.call_close]
         if spec.region_close:
             closers.append(spec.region_close)
+        if self._streams_string():
+            return self._string_value(buf, final, out, tuple(closers))
         at, marker = find_first(buf, closers)
         if at < 0 and not final:
             return 0, False
@@ -280,6 +286,58 @@ class XmlCalls(Region):
         out.append(Issue(STATUS_MALFORMED_TOOL_CALL))  # value not closed
         self._state = _PARAMS
         return len(raw), False
+
+    def _streams_string(self) -> bool:
+        """Whether the current value is known to be a string, so it can stream as it comes."""
+        if self._spec.cdata:  # the value may turn out to be a CDATA block
+            return False
+        if self._hint is not None:
+            return self._hint == "string"
+        types = self._tools.types(self._name, self._key) if self._tools else None
+        return types is not None and types <= {"string"}
+
+    def _string_value(
+        self, buf: str, final: bool, out: list[Event], closers: tuple[str, ...]
+    ) -> tuple[int, bool]:
+        """Stream a string value: ``"key": "`` first, then escaped text as it arrives."""
+        trim = self._spec.trim_newline
+        used = 0
+        if not self._opened:
+            if trim and not buf and not final:
+                return 0, False  # the first character decides whether a newline is dropped
+            if trim and buf.startswith("\n"):
+                used = 1
+            out.append(ArgsDelta(self._writer.open(self._key) + '"'))
+            self._opened = True
+        at, marker = find_first(buf, closers, used)
+        if at >= 0:
+            text = buf[used:at]
+            if trim:
+                text = text.removesuffix("\n")
+            self._string_piece(text + '"', out, escape_upto=len(text))
+            self._opened = False
+            self._state = _PARAMS
+            if marker == self._spec.param_close:
+                return at + len(marker), False
+            out.append(Issue(STATUS_MALFORMED_TOOL_CALL))  # value not closed
+            return at, False
+        if final:
+            self._string_piece(buf[used:] + '"', out, escape_upto=len(buf) - used)
+            self._opened = False
+            self._state = _PARAMS
+            out.append(Issue(STATUS_MALFORMED_TOOL_CALL))
+            return len(buf), False
+        safe, _ = split_safe(buf[used:], closers)
+        if trim and safe.endswith("\n"):
+            safe = safe[:-1]  # may be the newline before the close tag
+        self._string_piece(safe, out, escape_upto=len(safe))
+        return used + len(safe), False
+
+    @staticmethod
+    def _string_piece(text: str, out: list[Event], escape_upto: int) -> None:
+        piece = json.dumps(text[:escape_upto], ensure_ascii=False)[1:-1] + text[escape_upto:]
+        if piece:
+            out.append(ArgsDelta(piece))
 
     def _member(self, raw: str, out: list[Event], cdata: bool = False) -> None:
         if self._spec.trim_newline and not cdata:
