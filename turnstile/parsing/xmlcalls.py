@@ -183,7 +183,7 @@ class XmlCalls(Region):
             malformed(out, self._opener)
         else:
             out.append(Issue(STATUS_MALFORMED_TOOL_CALL))
-        return i, True
+        return 0, True
 
     def _head(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         spec = self._spec
