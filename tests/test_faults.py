@@ -177,3 +177,15 @@ def test_client_gone_mid_stream_is_recorded_as_aborted(turnstile):
             break
         time.sleep(0.2)
     assert statuses == ["aborted", "ok"]
+
+
+def test_closed_session_refuses_new_calls(turnstile):
+    session = turnstile.session()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="t", messages=msgs, max_tokens=2)
+    assert httpx.post(f"{turnstile.url}/v1/sessions/{session['id']}/close").status_code == 200
+    with pytest.raises(openai.ConflictError) as e:
+        client.chat.completions.create(model="t", messages=msgs, max_tokens=2)
+    assert e.value.body["code"] == "session_closed"
+    assert len(turnstile.get(f"/v1/sessions/{session['id']}/calls")["data"]) == 1

@@ -11,7 +11,7 @@ from .chat.patches import apply_patches
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
-from .engines.llamacpp import LlamaCppEngine
+from .engines import KINDS, make_engine
 from .server.gateway import Gateway, ParserConfig
 from .store.sqlite import Store
 
@@ -44,15 +44,17 @@ def build_renderer(model: str, chat_template: str | None = None, patches: bool =
 
 
 def build_gateway(engine_url: str, model: str, data: str | Path, chat_template: str | None = None,
-                  model_name: str | None = None, patches: bool = True, audit_template: bool = True
-                  ) -> Gateway:
+                  model_name: str | None = None, patches: bool = True, audit_template: bool = True,
+                  engine: str = "llama-cpp", engine_options: dict | None = None,
+                  keep_bodies: bool = False) -> Gateway:
     renderer, applied = build_renderer(model, chat_template, patches)
     if applied:
         renderer.fingerprint += "+" + "+".join(applied)
     policy = Policy.from_report(audit(renderer)) if audit_template else Policy.permissive()
-    engine = LlamaCppEngine(engine_url)
+    adapter = make_engine(engine, engine_url, **(engine_options or {}))
     name = model_name or Path(model).name
-    return Gateway(renderer, engine, Store(data), name, detect_parser(renderer.template), policy)
+    return Gateway(renderer, adapter, Store(data, keep_bodies=keep_bodies), name,
+                   detect_parser(renderer.template), policy)
 
 
 def audit_command(args: argparse.Namespace) -> None:
@@ -106,8 +108,17 @@ def serve(args: argparse.Namespace) -> None:
 
     from .server.app import create_app
 
+    options: dict = {}
+    if args.engine == "vllm":
+        options = {"api": args.vllm_api}
+        if args.engine_logprobs_mode:
+            options["logprobs_mode"] = args.engine_logprobs_mode
+    elif args.engine == "sglang" and args.sglang_original_logprobs:
+        options = {"original_logprobs": True}
     gateway = build_gateway(args.engine_url, args.model, args.data, args.chat_template,
-                            args.served_model_name, patches=not args.no_template_patches)
+                            args.served_model_name, patches=not args.no_template_patches,
+                            engine=args.engine, engine_options=options,
+                            keep_bodies=args.keep_bodies)
     public = args.public_url or f"http://{args.host}:{args.port}"
     app = create_app(gateway, public, max_body=args.max_body_mb << 20)
     p = gateway.parser
@@ -125,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway in front of an engine")
-    s.add_argument("--engine", choices=["llama-cpp"], default="llama-cpp")
+    s.add_argument("--engine", choices=KINDS, default="llama-cpp")
     s.add_argument("--engine-url", required=True)
     s.add_argument("--model", required=True,
                    help="GGUF file, Hugging Face model directory, or hub id in the local cache")
@@ -139,6 +150,15 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--log-level", default="warning")
     s.add_argument("--no-template-patches", action="store_true",
                    help="use the template exactly as shipped (see turnstile/chat/patches.py)")
+    s.add_argument("--keep-bodies", action=argparse.BooleanOptionalAction, default=False,
+                   help="also keep each call's raw request/response body (default: tokens only)")
+    s.add_argument("--vllm-api", choices=["auto", "generate", "completions"], default="auto",
+                   help="vLLM: /inference/v1/generate (needs --enable-scale-out from 0.31) or "
+                        "/v1/completions with token IDs")
+    s.add_argument("--engine-logprobs-mode",
+                   help="vLLM: the server's --logprobs-mode, if it cannot be read from it")
+    s.add_argument("--sglang-original-logprobs", action="store_true",
+                   help="SGLang: the server returns logprobs before temperature scaling")
     s.set_defaults(func=serve)
 
     a = sub.add_parser("audit-template", help="is this template prefix-preserving, token by "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -53,14 +54,24 @@ async def _read_json(request: Request, limit: int, required: bool = True) -> obj
 def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> Starlette:
     store = gateway.store
     known_sessions: set[str] = set()
+    closed_sessions: set[str] = set()
 
     def require_session(sid: str) -> str:
         if sid not in known_sessions:
-            if store.get_session(sid) is None:
+            s = store.get_session(sid)
+            if s is None:
                 raise APIError(404, f"No session {sid!r}. Create one with POST /v1/sessions.",
                                "session_id", code="session_not_found")
             known_sessions.add(sid)
+            if s.get("status") == "closed":
+                closed_sessions.add(sid)
         return sid
+
+    def require_open(sid: str) -> None:
+        if sid in closed_sessions:
+            raise APIError(409, f"Session {sid!r} is closed: its rollout has ended. Open a new "
+                                "session for new calls.", "session_id", code="session_closed",
+                           type_="invalid_request_error")
 
     def ensure_session(sid: str) -> str:
         if sid not in known_sessions:
@@ -74,6 +85,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
             require_session(sid)
         else:
             sid = ensure_session(request.headers.get("x-session-id") or DEFAULT_SESSION)
+        require_open(sid)
         req = parse_chat_request(await _read_json(request, max_body))
         if not req.stream:
             return _json(await gateway.complete(sid, req))
@@ -98,6 +110,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
             raise APIError(400, "Invalid 'id': expected a non-empty string without '/'.", "id")
         sid = store.create_session(meta, sid, **fields)
         known_sessions.add(sid)
+        closed_sessions.discard(sid)
         return _json(session_json(sid), 201)
 
     def session_json(sid: str, s: dict | None = None) -> dict:
@@ -110,8 +123,8 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         sid = require_session(request.path_params["sid"])
         if request.method == "DELETE":
             known_sessions.discard(sid)
-            # The gateway caches call trees per session; a reused id must start empty.
-            getattr(gateway, "_trees", {}).pop(sid, None)
+            closed_sessions.discard(sid)
+            gateway.forget(sid)
             if not store.delete_session(sid):
                 raise APIError(404, f"No session {sid!r}.", "session_id",
                                code="session_not_found")
@@ -192,6 +205,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
             raise APIError(400, "Invalid 'termination_reason': expected a string.",
                            "termination_reason")
         store.close_session(sid, reason)
+        closed_sessions.add(sid)
         return _json(session_json(sid))
 
     async def calls(request: Request) -> Response:
@@ -252,6 +266,9 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.engine.start()
+        warning = gateway.engine.logprob_warning()
+        if warning:
+            print(f"turnstile: WARNING: {warning}", file=sys.stderr)
         yield
         await gateway.engine.close()
 

@@ -68,6 +68,10 @@ class Gateway:
 
     # sessions
 
+    def forget(self, session_id: str) -> None:
+        """Drop a deleted session's cached tree (a reused id starts empty)."""
+        self._trees.pop(session_id, None)
+
     def tree(self, session_id: str) -> SessionTree:
         """The session's call tree, rebuilt from the store the first time after a restart."""
         tree = self._trees.get(session_id)
@@ -148,6 +152,8 @@ class Gateway:
             max_tokens=min(req.max_tokens or room, room),
             temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
             top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
+            # vLLM/SGLang stop on the template's end-of-turn even if the model config omits it
+            stop_token_ids=sorted(self.tok.eog_token_ids),
             grammar=self.tool_grammar(req))
 
     def tool_grammar(self, req: ChatRequest) -> str | None:
@@ -167,7 +173,8 @@ class Gateway:
 
     def record(self, session_id: str, tree: SessionTree, prompt: Prompt, params: SamplingParams,
                gen: Generation, status: str, message: dict | None, error: str | None,
-               started: float, extra: dict | None = None) -> CallRecord:
+               started: float, extra: dict | None = None, req: ChatRequest | None = None,
+               response: dict | None = None) -> CallRecord:
         finish = gen.finish
         stop_token = finish.stop_token_id if finish else None
         call_id = new_id("call_")
@@ -183,6 +190,12 @@ class Gateway:
             "segment_detail": prompt.segment_detail,
             "sampling": params.as_dict(),
             "logprob_kind": finish.logprob_kind if finish else None,
+            "logprob_warning": self.engine.logprob_warning(params),
+            "engine_request_id": finish.engine_request_id if finish else None,
+            # per sampled token when the engine reports version spans, else one version
+            "weight_version": ((finish.token_versions(len(gen.ids)) or finish.weight_version)
+                               if finish else None),
+            "weight_versions": finish.weight_versions if finish else None,
             "stop_string": finish.stop_string if finish else None,
             "usage": {"prompt_tokens": len(prompt.ids), "completion_tokens": len(gen.ids),
                       "cached_tokens": finish.cached_tokens if finish else 0},
@@ -199,7 +212,7 @@ class Gateway:
             finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
             seam=prompt.seam, status=status, error=error, message=message,
             history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
-        self.store.add_call(rec)
+        self.store.add_call(rec, request_body=req.raw if req else None, response_body=response)
         return rec
 
     # the call
@@ -245,7 +258,8 @@ class Gateway:
             async for _ in self._events(prompt, params, gen, stream=False):
                 pass
         except EngineError as exc:
-            self.record(session_id, tree, prompt, params, gen, "error", None, str(exc), started)
+            self.record(session_id, tree, prompt, params, gen, "error", None, str(exc), started,
+                        req=req)
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
         text = self.tok.decode(self._text_ids(gen))
         parser = self._parser(req)
@@ -253,11 +267,11 @@ class Gateway:
         parser.finish()
         parsed = parser.result()
         message = parsed.to_openai()
-        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
-                          {"parse_status": parsed.parse_status})
         finish_reason = "tool_calls" if parsed.tool_calls else gen.finish.reason
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
                   "logprobs": self._logprobs(gen) if req.logprobs else None}
+        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
+                          {"parse_status": parsed.parse_status}, req, {"choices": [choice]})
         return {
             "id": "chatcmpl-" + rec.id.removeprefix("call_"),
             "object": "chat.completion",
@@ -318,12 +332,14 @@ class Gateway:
         finally:
             if status != "ok":
                 # The harness did not get a whole response: keep the tokens, mark the call.
-                self.record(session_id, tree, prompt, params, gen, status, None, error, started)
+                self.record(session_id, tree, prompt, params, gen, status, None, error, started,
+                            req=req)
         parsed = parser.result()
         message = parsed.to_openai()
-        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
-                          {"parse_status": parsed.parse_status})
         finish_reason = "tool_calls" if parsed.tool_calls else gen.finish.reason
+        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
+                          {"parse_status": parsed.parse_status}, req,
+                          {"choices": [{"message": message, "finish_reason": finish_reason}]})
         yield chunk({}, finish_reason)
         if req.include_usage:
             last = chunk({})

@@ -34,6 +34,7 @@ class ChatRequest:
     # "auto" | "none" | "required" | the name of the one function that must be called
     tool_choice: str = "auto"
     forced_function: str | None = None
+    raw: dict = field(default_factory=dict, repr=False)  # the body as received (retention)
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -221,6 +222,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         tools=tools,
         tool_choice=tool_choice,
         forced_function=forced,
+        raw=body,
         stream=_bool(body, "stream"),
         include_usage=bool(opts and opts.get("include_usage")),
         max_tokens=max_tokens,
