@@ -56,36 +56,53 @@ class Region(ABC):
 
         Must make progress or report finished when ``final`` (the completion has ended).
         (0, False) means either "wait for more text" (then calling again changes nothing) or
-        "moved to another state without consuming" (then the next call goes on): ``drive``
-        tells the two apart by calling again.
+        "moved to another state without consuming" (then the next call goes on); ``drive``
+        repeats the call to cover both.
         """
 
     def drive(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
-        """``step`` until it consumes text, finishes, or waits.
+        """``advance`` until it consumes text or finishes, or a few steps did neither.
 
-        A step that consumes nothing but changes state (announces a call, picks a form) is
-        followed by another; one that changes nothing and emits nothing is waiting.
+        A step may change state without consuming (announce a call, pick a form); the next
+        step then goes on. A waiting step changes nothing, so repeating it is harmless; no
+        region chains more than ``MAX_MOVES`` such moves (at the end, regions must finish, so
+        the bound is only a guard).
         """
-        while True:
-            before, snapshot = len(out), _snapshot(self)
-            n, done = self.step(buf, final, out)
+        for _ in range(MAX_MOVES if not final else 16 * MAX_MOVES):
+            n, done = self.advance(buf, final, out)
             if n or done:
                 return n, done
-            if len(out) == before and _snapshot(self) == snapshot:
-                return 0, False
+        return 0, False
+
+    def advance(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
+        """One ``step``; forgets the search memos once text is consumed (see ``find``).
+
+        Regions that delegate to an inner region call this, not ``drive``, so that waiting
+        costs one inner step per outer step.
+        """
+        n, done = self.step(buf, final, out)
+        if n or done:
+            self.__dict__.pop("_memos", None)
+        return n, done
+
+    def find(self, buf: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, str]:
+        """``find_first`` for a region waiting on a buffer that only grows between calls.
+
+        Remembers how far a fruitless search got, so waiting for the close tag of a long value
+        (a file written as an argument) stays linear instead of quadratic. Valid because the
+        buffer keeps its start until a step consumes, and ``advance`` then forgets the memos.
+        """
+        memos: dict[tuple[tuple[str, ...], int], int] = self.__dict__.setdefault("_memos", {})
+        key = (markers, start)
+        at, marker = find_first(buf, markers, memos.get(key, start))
+        if at < 0:
+            span = max((len(m) for m in markers), default=1)
+            memos[key] = max(start, len(buf) - span + 1)
+        return at, marker
 
 
-def _snapshot(obj: object) -> dict[str, object]:
-    """The attributes of a region, nested regions included (to see whether a step moved)."""
-    state: dict[str, object] = {}
-    for key, value in vars(obj).items():
-        if isinstance(value, Region):
-            state[key] = (id(value), _snapshot(value))
-        elif isinstance(value, list):
-            state[key] = list(value)
-        else:
-            state[key] = value
-    return state
+#: Upper bound on consecutive steps that consume nothing (see ``Region.drive``).
+MAX_MOVES = 4
 
 
 class RegionParser(ToolCallParser):

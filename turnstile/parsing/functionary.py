@@ -55,10 +55,10 @@ class _V32Message(Region):
 
     def step(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         if self._inner is not None:
-            return self._inner.step(buf, final, out)
+            return self._inner.advance(buf, final, out)
         if self._recipient is None:
-            nl = buf.find("\n")
-            stop, _ = find_first(buf, (NEXT,))
+            nl, _ = self.find(buf, ("\n",))
+            stop, _ = self.find(buf, (NEXT,))
             if nl < 0 or (0 <= stop < nl):
                 if final or stop >= 0:
                     end = stop if stop >= 0 else len(buf)
@@ -87,8 +87,8 @@ class _V32Message(Region):
         if stripped.startswith("{") or self._recipient != "python":
             self._inner = TaggedJsonCall(self._opener + self._recipient + "\n", V32_ARGS,
                                          name=self._recipient)
-            return self._inner.step(buf, final, out)
-        at, _ = find_first(buf, (NEXT,))  # python with raw code
+            return self._inner.advance(buf, final, out)
+        at, _ = self.find(buf, (NEXT,))  # python with raw code
         if at < 0 and not final:
             return 0, False
         code = buf if at < 0 else buf[:at]

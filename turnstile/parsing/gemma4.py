@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from .base import Region, RegionParser, find_first, malformed
+from .base import Region, RegionParser, malformed
 from .registry import register_tool_format
 from .types import STATUS_MALFORMED_TOOL_CALL, ArgsDelta, CallEnd, CallStart, Event, Issue
 
@@ -151,8 +151,8 @@ class _GemmaCall(Region):
 
     def step(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         if self._name is None:
-            brace = buf.find("{")
-            stop, _ = find_first(buf, (CLOSE, OPEN))
+            brace, _ = self.find(buf, ("{",))
+            stop, _ = self.find(buf, (CLOSE, OPEN))
             if brace < 0 or (0 <= stop < brace):
                 if final or stop >= 0:
                     end = stop if stop >= 0 else len(buf)
@@ -166,7 +166,7 @@ class _GemmaCall(Region):
             self._name = m.group("name")
             out.append(CallStart(self._name))
             return brace, False
-        at, marker = find_first(buf, (CLOSE, OPEN))
+        at, marker = self.find(buf, (CLOSE, OPEN))
         if at < 0 and not final:
             return 0, False
         body = buf if at < 0 else buf[:at]

@@ -56,7 +56,7 @@ class _AtemBody(Region):
                 return 0, False
             malformed(out, "")
             return i, True
-        n, done = self._inner.step(buf, final, out)
+        n, done = self._inner.advance(buf, final, out)
         if done:
             self._done_calls = True
             return n, final

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import json
 
-from .base import Region, RegionParser, find_first, literal_node, malformed, parse_expression
+from .base import Region, RegionParser, literal_node, malformed, parse_expression
 from .jsonlist import JsonCallList, ListSpec
 from .registry import register_tool_format
 from .types import ArgsDelta, CallEnd, CallStart, Event
@@ -39,7 +39,7 @@ class LeadingJson(Region):
             if stripped[0] != "{":
                 return 0, True
             self._inner = JsonCallList("", JSON_SPEC)
-        return self._inner.step(buf, final, out)
+        return self._inner.advance(buf, final, out)
 
 
 def builtin_call(code: str) -> tuple[str, dict] | None:
@@ -69,12 +69,12 @@ class PythonTag(Region):
 
     def step(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         if self._inner is not None:
-            return self._inner.step(buf, final, out)
+            return self._inner.advance(buf, final, out)
         stripped = buf.lstrip()
         if stripped.startswith("{"):
             self._inner = JsonCallList("", JSON_SPEC)
-            return self._inner.step(buf, final, out)
-        at, marker = find_first(buf, ENDS)
+            return self._inner.advance(buf, final, out)
+        at, marker = self.find(buf, ENDS)
         if at < 0 and not final:
             return 0, False
         body = buf if at < 0 else buf[:at]

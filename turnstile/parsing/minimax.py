@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import ArgsWriter, Region, RegionParser, convert_value, find_first, malformed
+from .base import ArgsWriter, Region, RegionParser, convert_value, malformed
 from .jsonlist import JsonCallList, ListSpec
 from .registry import register_tool_format
 from .types import (
@@ -110,7 +110,7 @@ class _M3Calls(Region):
             self._name = rest[len(marker) : end]
             out.append(CallStart(self._name))
             return i + end + 2, False
-        at, marker = find_first(buf, (M3_INVOKE_END, M3_CLOSE))
+        at, marker = self.find(buf, (M3_INVOKE_END, M3_CLOSE))
         if at < 0 and not final:
             return 0, False
         body = buf if at < 0 else buf[:at]

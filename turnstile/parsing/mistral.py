@@ -46,7 +46,7 @@ class _MistralCall(Region):
                 self._inner = JsonCallList(self._opener, LIST_SPEC)
             else:
                 self._inner = TaggedJsonCall(self._opener, NEW_SPEC)
-        return self._inner.step(buf, final, out)
+        return self._inner.advance(buf, final, out)
 
 
 @register_tool_format("mistral")

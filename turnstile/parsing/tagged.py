@@ -68,8 +68,8 @@ class TaggedJsonCall(Region):
         return self._step_tail(buf, final, out)
 
     def _step_header(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
-        brace = buf.find("{")
-        stop, marker = find_first(buf, self._spec.closes + self._spec.aborts)
+        brace, _ = self.find(buf, ("{",))
+        stop, marker = self.find(buf, self._spec.closes + self._spec.aborts)
         if brace >= 0 and (stop < 0 or brace < stop):
             header = buf[:brace]
             name = self._name(header)
@@ -126,7 +126,7 @@ class TaggedJsonCall(Region):
         return len(piece), False
 
     def _step_tail(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
-        stop, marker = find_first(buf, self._spec.closes + self._spec.aborts)
+        stop, marker = self.find(buf, self._spec.closes + self._spec.aborts)
         if stop >= 0:
             tail = buf[:stop]
             ok = self._spec.tail.fullmatch(tail) is not None

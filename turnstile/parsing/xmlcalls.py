@@ -188,7 +188,7 @@ class XmlCalls(Region):
     def _head(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         spec = self._spec
         ends = spec.name_ends + (spec.param_open, spec.call_close)
-        at, marker = find_first(buf, ends)
+        at, marker = self.find(buf, ends)
         if at < 0:
             if final:
                 malformed(out, self._raw + buf)
@@ -224,7 +224,7 @@ class XmlCalls(Region):
 
     def _param_head(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         spec = self._spec
-        at, marker = find_first(buf, (spec.param_head_end, spec.param_close, spec.call_close))
+        at, marker = self.find(buf, (spec.param_head_end, spec.param_close, spec.call_close))
         if at < 0:
             if final:
                 self._end_call(out, ok=False)
@@ -258,7 +258,7 @@ class XmlCalls(Region):
     def _value(self, buf: str, final: bool, out: list[Event]) -> tuple[int, bool]:
         spec = self._spec
         if spec.cdata and (buf.startswith(CDATA) or (CDATA.startswith(buf) and not final)):
-            end = buf.find(CDATA_END, len(CDATA))
+            end, _ = self.find(buf, (CDATA_END,), len(CDATA))
             if end < 0 and not final:
                 return 0, False
             if end >= 0:
@@ -275,7 +275,7 @@ class XmlCalls(Region):
             closers.append(spec.region_close)
         if self._streams_string():
             return self._string_value(buf, final, out, tuple(closers))
-        at, marker = find_first(buf, closers)
+        at, marker = self.find(buf, tuple(closers))
         if at < 0 and not final:
             return 0, False
         raw = buf if at < 0 else buf[:at]
