@@ -33,7 +33,8 @@ class FunctionaryV31ToolParser(RegionParser):
     """``<function=name>{…}</function>`` and ``<|python_tag|>``."""
 
     openers = (FUNCTION, PYTHON_TAG)
-    markers = (FUNCTION, "</function>", PYTHON_TAG, "<|eom_id|>")
+    drops = ("<|eom_id|>", "<|eot_id|>")  # end-of-turn tokens, should the stop token remain
+    markers = (FUNCTION, "</function>", PYTHON_TAG, *drops)
 
     def open_region(self, marker: str) -> Region:
         if marker == PYTHON_TAG:

@@ -53,6 +53,8 @@ HEAD_LIMIT = 1024
 class HermesToolParser(ToolCallParser):
     """Incremental Hermes tool-call parser (see the module docstring for the policy)."""
 
+    markers = (OPEN, CLOSE)
+
     def __init__(self) -> None:
         self._state = _TEXT
         self._pending = ""  # received, not yet consumed

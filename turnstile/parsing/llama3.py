@@ -93,6 +93,7 @@ class Llama3ToolParser(RegionParser):
     """Llama 3.x JSON tool calls and ``<|python_tag|>``."""
 
     openers = (PYTHON_TAG,)
+    drops = ENDS  # end-of-turn tokens, should the stop token reach the parser
     markers = (PYTHON_TAG, *ENDS)
 
     def initial_region(self) -> Region | None:
