@@ -125,7 +125,9 @@ EXPECTED: dict[str, Expect] = {
     "Reka-Edge": Expect("hermes", True, eot="\n\n<sep>"),
     "Spark2.5": Expect("glm45", True, eot=DS_EOS),
     "StepFun3.5-Flash": Expect("qwen3_coder", True, eot=IM_END),
-    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": Expect("deepseek_v3", True, no_tools=DROPS),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": Expect(
+        "deepseek_v3", True, "llama-bpe", no_tools=DROPS
+    ),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": Expect(
         "deepseek_v3", True, "qwen2", eot=DS_EOS + "<｜Assistant｜>" + DS_EOS
     ),
