@@ -475,6 +475,7 @@ def check_round_trip(name: str, started: bool, text: str, expected: list[str]) -
     tok = tokenizer_for(name)
     token_ids = tok.encode(text)
     decoded = tok.decode(token_ids)
+    assert decoded == text, name  # the vocabulary round-trips the turn's text
     whole = parse_whole(choice, started, decoded)
     assert whole.parse_status == "ok", (name, decoded, whole)
     assert call_objects(whole) == [(n, CALLS[n]) for n in expected], (name, decoded, whole)
