@@ -370,6 +370,18 @@ def test_reasoning_started_follows_the_prompt() -> None:
     assert (parser.result().reasoning_content, parser.result().content) == ("plan", "answer")
 
 
+def test_tool_calls_off_keeps_channel_formats() -> None:
+    hermes = FormatChoice("hermes", False, None).parser("", tool_calls=False)
+    hermes.feed('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    hermes.finish()
+    assert hermes.result().tool_calls == [] and hermes.result().content.startswith("<tool_call>")
+    harmony = FormatChoice("harmony", True, None).parser("", tool_calls=False)
+    harmony.feed("<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>final"
+                 "<|message|>a")
+    harmony.finish()
+    assert (harmony.result().reasoning_content, harmony.result().content) == ("r", "a")
+
+
 def test_detect_override_and_unknown() -> None:
     choice = detect_format("{{ messages }}")
     assert (choice.tool_format, choice.reasoning) == (None, False)

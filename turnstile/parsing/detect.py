@@ -9,7 +9,7 @@ llama.cpp corpus is pinned in ``tests/test_parsing_roundtrip.py``.
 Usage (once per template, then once per request)::
 
     choice = detect_format(template.source)
-    parser = choice.parser(prompt_text, tools=request_tools)
+    parser = choice.parser(prompt_text, tools=request_tools, tool_calls=bool(request_tools))
 
 ``prompt_text`` is the rendered prompt (its tail is enough): whether it ends inside an opened
 reasoning block (``<think>\\n`` from ``enable_thinking``) is a per-request fact.
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .parser import Parser
+from .registry import format_class
 
 THINK = ("<think>", "</think>")
 
@@ -57,12 +58,22 @@ class FormatChoice:
         self,
         prompt: str = "",
         tools: list[dict[str, Any]] | None = None,
+        tool_calls: bool = True,
         **kwargs: Any,
     ) -> Parser:
-        """A Parser for one completion of ``prompt`` (extra kwargs go to ``Parser``)."""
+        """A Parser for one completion of ``prompt`` (extra kwargs go to ``Parser``).
+
+        ``prompt``: the rendered prompt, or its decoded tail. ``tools``: the request's tools
+        (typing for XML-style arguments). ``tool_calls=False`` (no tools offered, or
+        ``tool_choice: "none"``) leaves tool-call markup as content, except for formats whose
+        syntax also carries reasoning and answer (Harmony, Glimmer), which are always parsed.
+        """
+        fmt = self.tool_format
+        if not tool_calls and fmt is not None and not format_class(fmt).owns_reasoning:
+            fmt = None
         return Parser(
             self.reasoning,
-            self.tool_format,
+            fmt,
             self.reasoning_started(prompt),
             reasoning_tags=self.reasoning_tags,
             tools=tools,
