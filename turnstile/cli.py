@@ -12,6 +12,7 @@ from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
 from .engines import KINDS, make_engine
+from .engines.pool import ReplicaPool
 from .server.gateway import Gateway, ParserConfig
 from .store.sqlite import Store
 
@@ -43,15 +44,18 @@ def build_renderer(model: str, chat_template: str | None = None, patches: bool =
     return Renderer(tok, template), applied
 
 
-def build_gateway(engine_url: str, model: str, data: str | Path, chat_template: str | None = None,
-                  model_name: str | None = None, patches: bool = True, audit_template: bool = True,
+def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
+                  chat_template: str | None = None, model_name: str | None = None,
+                  patches: bool = True, audit_template: bool = True,
                   engine: str = "llama-cpp", engine_options: dict | None = None,
                   keep_bodies: bool = False) -> Gateway:
     renderer, applied = build_renderer(model, chat_template, patches)
     if applied:
         renderer.fingerprint += "+" + "+".join(applied)
     policy = Policy.from_report(audit(renderer)) if audit_template else Policy.permissive()
-    adapter = make_engine(engine, engine_url, **(engine_options or {}))
+    urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
+    replicas = [make_engine(engine, u, **(engine_options or {})) for u in urls]
+    adapter = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
     name = model_name or Path(model).name
     return Gateway(renderer, adapter, Store(data, keep_bodies=keep_bodies), name,
                    detect_parser(renderer.template), policy)
@@ -115,7 +119,9 @@ def serve(args: argparse.Namespace) -> None:
             options["logprobs_mode"] = args.engine_logprobs_mode
     elif args.engine == "sglang" and args.sglang_original_logprobs:
         options = {"original_logprobs": True}
-    gateway = build_gateway(args.engine_url, args.model, args.data, args.chat_template,
+    urls = [u for arg in args.engine_url for u in (
+        Path(arg[1:]).read_text().split() if arg.startswith("@") else [arg])]
+    gateway = build_gateway(urls, args.model, args.data, args.chat_template,
                             args.served_model_name, patches=not args.no_template_patches,
                             engine=args.engine, engine_options=options,
                             keep_bodies=args.keep_bodies)
@@ -123,7 +129,7 @@ def serve(args: argparse.Namespace) -> None:
     app = create_app(gateway, public, max_body=args.max_body_mb << 20)
     p = gateway.parser
     print(f"turnstile: model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
-          f"engine {args.engine} at {args.engine_url}, records in {args.data}\n"
+          f"engine {args.engine} at {', '.join(urls)}, records in {args.data}\n"
           f"turnstile: parsing reasoning={p.reasoning} tools={p.tool_format}", file=sys.stderr)
     for line in gateway.policy.describe():
         print(f"turnstile: {line}", file=sys.stderr)
@@ -137,7 +143,9 @@ def main(argv: list[str] | None = None) -> None:
 
     s = sub.add_parser("serve", help="run the gateway in front of an engine")
     s.add_argument("--engine", choices=KINDS, default="llama-cpp")
-    s.add_argument("--engine-url", required=True)
+    s.add_argument("--engine-url", required=True, action="append",
+                   help="engine base URL; repeat it (or give @FILE, one URL a line) for "
+                        "replicas: sessions stick to one, dead replicas are avoided")
     s.add_argument("--model", required=True,
                    help="GGUF file, Hugging Face model directory, or hub id in the local cache")
     s.add_argument("--chat-template", help="Jinja file overriding the model's template")

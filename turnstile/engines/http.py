@@ -133,6 +133,21 @@ class HTTPEngine:
             await self._session.close()
             self._session = None
 
+    def pick(self, session_id: str) -> HTTPEngine:
+        """The engine that serves this session: itself (a replica pool chooses one)."""
+        return self
+
+    async def pause(self, mode: str) -> str:
+        """Forward a pause for a weight update; engines without such a route say so."""
+        return "no pause route on this engine; Turnstile holds new calls itself"
+
+    async def resume(self) -> str:
+        return "no resume route on this engine"
+
+    async def _post_admin(self, path: str, body: object = None) -> str:
+        status, raw = await self._request("POST", path, body, timeout=30)
+        return f"{path}: {status} {error_message(raw) if status != 200 else 'ok'}"
+
     async def health(self) -> bool:
         try:
             status, _ = await self._request("GET", "/health", timeout=5)

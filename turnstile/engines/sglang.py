@@ -51,6 +51,14 @@ class SGLangEngine(HTTPEngine):
         self.weight_version: str | None = None
         self.incremental_streaming: bool | None = None
 
+    async def pause(self, mode: str) -> str:
+        """``POST /pause_generation``: abort in-flight requests, or let them finish in place."""
+        body = {"mode": "abort" if mode == "abort" else "in_place"}
+        return await self._post_admin("/pause_generation", body)
+
+    async def resume(self) -> str:
+        return await self._post_admin("/continue_generation", {})
+
     async def refresh(self) -> None:
         """Context length (``/v1/models``); version, streaming mode and weight version when the
         server shows them (``/server_info``, ``/model_info``)."""

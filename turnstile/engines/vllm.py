@@ -82,6 +82,13 @@ class VLLMEngine(HTTPEngine):
     def _v(self) -> tuple[int, ...] | None:
         return version_tuple(self.version)
 
+    async def pause(self, mode: str) -> str:
+        """``POST /pause`` (registered only with ``VLLM_SERVER_DEV_MODE=1``)."""
+        return await self._post_admin(f"/pause?mode={'abort' if mode == 'abort' else 'wait'}")
+
+    async def resume(self) -> str:
+        return await self._post_admin("/resume")
+
     async def refresh(self) -> None:
         """Version, context length, ``--logprobs-mode`` (dev mode only) and the route."""
         ver = await self._get_json("/version")

@@ -243,6 +243,41 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
             "id": gateway.model_name, "object": "model", "created": int(time.time()),
             "owned_by": "turnstile", "max_model_len": gateway.engine.context_length}]})
 
+    async def admin_pause(request: Request) -> Response:
+        body = await _read_json(request, max_body, required=False) or {}
+        if not isinstance(body, dict):
+            raise APIError(400, "The body must be a JSON object: {\"mode\": \"drain\"}.", None)
+        mode = body.get("mode", "drain")
+        if mode not in ("drain", "abort"):
+            raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'drain' or 'abort'.", "mode")
+        timeout = body.get("timeout", 600)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise APIError(400, "Invalid 'timeout': expected seconds (a number >= 0).",
+                           "timeout")
+        engines = await gateway.engine.pause(mode)
+        left = await gateway.control.pause(mode, float(timeout))
+        return _json({"paused": True, "mode": mode, "in_flight": left, "engines": engines})
+
+    async def admin_resume(request: Request) -> Response:
+        body = await _read_json(request, max_body, required=False) or {}
+        version = body.get("weight_version") if isinstance(body, dict) else None
+        if version is not None and not isinstance(version, (str, int)):
+            raise APIError(400, "Invalid 'weight_version': expected a string or an integer.",
+                           "weight_version")
+        engines = await gateway.engine.resume()
+        gateway.control.resume(None if version is None else str(version))
+        return _json({"paused": False, "weight_version": gateway.control.version,
+                      "engines": engines})
+
+    async def admin_status(request: Request) -> Response:
+        c = gateway.control
+        pool = getattr(gateway.engine, "replicas", None)
+        return _json({"paused": c.paused, "in_flight": c.in_flight,
+                      "weight_version": c.version,
+                      "replicas": [{"url": r.url, "healthy": ok} for r, ok in
+                                   zip(pool, gateway.engine.healthy, strict=True)]
+                      if pool else None})
+
     async def health(request: Request) -> Response:
         ok = await gateway.engine.health()
         return _json({"status": "ok" if ok else "engine_unavailable", "engine": ok},
@@ -286,6 +321,9 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         Route("/v1/sessions/{sid}/calls/{cid}/body", call_body, methods=["GET"]),
         Route("/v1/sessions/{sid}/trajectories", trajs, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/admin/pause", admin_pause, methods=["POST"]),
+        Route("/admin/resume", admin_resume, methods=["POST"]),
+        Route("/admin/status", admin_status, methods=["GET"]),
     ]
     from starlette.exceptions import HTTPException
 

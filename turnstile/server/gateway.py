@@ -7,6 +7,7 @@ It knows nothing about HTTP; ``server.app`` does.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from array import array
 from collections.abc import AsyncIterator
@@ -20,8 +21,15 @@ from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
 from ..parsing import Parser, grammar
 from ..store.sqlite import CallRecord, Store, new_id
+from .control import PolicyControl
 from .errors import APIError
 from .requests import ChatRequest
+
+POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
+
+
+def _policy_abort() -> APIError:
+    return APIError(503, POLICY_ABORT, code="policy_update", type_="engine_unavailable")
 
 
 @dataclass
@@ -45,6 +53,7 @@ class Generation:
     logprobs: array = field(default_factory=lambda: array("f"))
     top: list = field(default_factory=list)
     finish: Finish | None = None
+    engine_url: str | None = None  # the replica that served the call
 
 
 @dataclass
@@ -59,6 +68,7 @@ class Gateway:
                  parser: ParserConfig, policy: Policy | None = None):
         self.renderer = renderer
         self.policy = policy or Policy.permissive()
+        self.control = PolicyControl()
         self.tok = renderer.tok
         self.engine = engine
         self.store = store
@@ -71,6 +81,9 @@ class Gateway:
     def forget(self, session_id: str) -> None:
         """Drop a deleted session's cached tree (a reused id starts empty)."""
         self._trees.pop(session_id, None)
+        forget = getattr(self.engine, "forget", None)
+        if forget is not None:
+            forget(session_id)
 
     def tree(self, session_id: str) -> SessionTree:
         """The session's call tree, rebuilt from the store the first time after a restart."""
@@ -194,7 +207,9 @@ class Gateway:
             "engine_request_id": finish.engine_request_id if finish else None,
             # per sampled token when the engine reports version spans, else one version
             "weight_version": ((finish.token_versions(len(gen.ids)) or finish.weight_version)
-                               if finish else None),
+                               if finish else None) or self.control.version,
+            "policy_version": self.control.version,
+            "engine_url": gen.engine_url,
             "weight_versions": finish.weight_versions if finish else None,
             "stop_string": finish.stop_string if finish else None,
             "usage": {"prompt_tokens": len(prompt.ids), "completion_tokens": len(gen.ids),
@@ -217,11 +232,13 @@ class Gateway:
 
     # the call
 
-    async def _events(self, prompt: Prompt, params: SamplingParams, gen: Generation,
-                      stream: bool) -> AsyncIterator[TokenEvent]:
+    async def _events(self, session_id: str, prompt: Prompt, params: SamplingParams,
+                      gen: Generation, stream: bool) -> AsyncIterator[TokenEvent]:
         """Engine events, accumulated into ``gen``; sets ``gen.finish``."""
         eog = self.tok.eog_token_ids
-        async for ev in self.engine.generate(prompt.ids.tolist(), params, stream=stream):
+        engine = self.engine.pick(session_id)  # the session's replica
+        gen.engine_url = getattr(engine, "url", None)
+        async for ev in engine.generate(prompt.ids.tolist(), params, stream=stream):
             if isinstance(ev, Finish):
                 if ev.reason == "stop" and ev.stop_string is None and len(gen.ids):
                     last = gen.ids[-1]
@@ -249,18 +266,31 @@ class Gateway:
         return ids
 
     async def complete(self, session_id: str, req: ChatRequest) -> dict:
+        await self.control.admit()  # waits while a weight update has generation paused
+        try:
+            return await self._complete(session_id, req)
+        finally:
+            self.control.leave()
+
+    async def _complete(self, session_id: str, req: ChatRequest) -> dict:
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
         params = await self.sampling(req, len(prompt.ids))
         gen = Generation()
         try:
-            async for _ in self._events(prompt, params, gen, stream=False):
+            async for _ in self._events(session_id, prompt, params, gen, stream=False):
                 pass
         except EngineError as exc:
             self.record(session_id, tree, prompt, params, gen, "error", None, str(exc), started,
                         req=req)
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
+        except asyncio.CancelledError:
+            if not self.control.aborted():
+                raise
+            self.record(session_id, tree, prompt, params, gen, "aborted", None,
+                        POLICY_ABORT, started, req=req)
+            raise _policy_abort() from None
         text = self.tok.decode(self._text_ids(gen))
         parser = self._parser(req)
         parser.feed(text)
@@ -284,15 +314,25 @@ class Gateway:
     async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
         """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
         the first chunk; the call is recorded before the final chunk is sent."""
+        await self.control.admit()
+        self.control.leave()  # the stream itself runs in the response's task: it enters there
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
         params = await self.sampling(req, len(prompt.ids))
         return self._stream(session_id, req, tree, prompt, params, started)
 
-    async def _stream(self, session_id: str, req: ChatRequest, tree: SessionTree,
-                      prompt: Prompt, params: SamplingParams, started: float
-                      ) -> AsyncIterator[dict]:
+    async def _stream(self, *args: object) -> AsyncIterator[dict]:
+        self.control.enter()
+        try:
+            async for c in self._stream_chunks(*args):  # type: ignore[arg-type]
+                yield c
+        finally:
+            self.control.leave()
+
+    async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: SessionTree,
+                             prompt: Prompt, params: SamplingParams, started: float
+                             ) -> AsyncIterator[dict]:
         gen = Generation()
         parser = self._parser(req)
         detok = IncrementalDetokenizer(self.tok)
@@ -313,7 +353,7 @@ class Gateway:
         eog = self.tok.eog_token_ids
         status, error = "aborted", "the client disconnected"
         try:
-            async for ev in self._events(prompt, params, gen, stream=True):
+            async for ev in self._events(session_id, prompt, params, gen, stream=True):
                 if ev.token_id in eog:
                     continue
                 lp = [self._logprob_entry(ev.token_id, ev.logprob, ev.top or [])] \
@@ -329,6 +369,11 @@ class Gateway:
         except EngineError as exc:
             status, error = "error", str(exc)
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
+        except asyncio.CancelledError:
+            if not self.control.aborted():
+                raise
+            error = POLICY_ABORT
+            raise _policy_abort() from None
         finally:
             if status != "ok":
                 # The harness did not get a whole response: keep the tokens, mark the call.
