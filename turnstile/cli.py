@@ -13,24 +13,19 @@ from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
 from .engines import KINDS, make_engine
 from .engines.pool import ReplicaPool
-from .server.gateway import Gateway, ParserConfig
+from .parsing import tool_formats
+from .parsing.detect import FormatChoice, detect_format
+from .server.gateway import Gateway
 from .store.sqlite import Store
 
 
-def detect_parser(template: ChatTemplate) -> ParserConfig:
-    """Pick reasoning/tool-call parsing from what the template itself writes."""
-    src = template.source
-    reasoning = "<think>" in src
-    started = False
-    if reasoning:
-        try:
-            gen = template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
-            started = gen.rstrip().endswith("<think>")
-        except ValueError:
-            pass
-    return ParserConfig(reasoning=reasoning,
-                        tool_format="hermes" if "<tool_call>" in src else None,
-                        reasoning_started=started)
+def detect_parser(template: ChatTemplate, tool_parser: str | None = None) -> FormatChoice:
+    """Reasoning and tool-call parsing picked from what the template itself writes;
+    ``tool_parser`` overrides the tool-call format ("none" turns it off)."""
+    choice = detect_format(template.source)
+    if tool_parser:
+        choice = choice.with_tool_format(None if tool_parser == "none" else tool_parser)
+    return choice
 
 
 def build_renderer(model: str, chat_template: str | None = None, patches: bool = True
@@ -48,7 +43,7 @@ def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
                   chat_template: str | None = None, model_name: str | None = None,
                   patches: bool = True, audit_template: bool = True,
                   engine: str = "llama-cpp", engine_options: dict | None = None,
-                  keep_bodies: bool = False) -> Gateway:
+                  keep_bodies: bool = False, tool_parser: str | None = None) -> Gateway:
     renderer, applied = build_renderer(model, chat_template, patches)
     if applied:
         renderer.fingerprint += "+" + "+".join(applied)
@@ -58,7 +53,7 @@ def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
     adapter = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
     name = model_name or Path(model).name
     return Gateway(renderer, adapter, Store(data, keep_bodies=keep_bodies), name,
-                   detect_parser(renderer.template), policy)
+                   detect_parser(renderer.template, tool_parser), policy)
 
 
 def audit_command(args: argparse.Namespace) -> None:
@@ -124,13 +119,14 @@ def serve(args: argparse.Namespace) -> None:
     gateway = build_gateway(urls, args.model, args.data, args.chat_template,
                             args.served_model_name, patches=not args.no_template_patches,
                             engine=args.engine, engine_options=options,
-                            keep_bodies=args.keep_bodies)
+                            keep_bodies=args.keep_bodies, tool_parser=args.tool_parser)
     public = args.public_url or f"http://{args.host}:{args.port}"
     app = create_app(gateway, public, max_body=args.max_body_mb << 20)
     p = gateway.parser
     print(f"turnstile: model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
           f"engine {args.engine} at {', '.join(urls)}, records in {args.data}\n"
-          f"turnstile: parsing reasoning={p.reasoning} tools={p.tool_format}", file=sys.stderr)
+          f"turnstile: parsing {p.family or 'plain text'}: tool calls {p.tool_format}, "
+          f"reasoning {p.reasoning_tags if p.reasoning else 'off'}", file=sys.stderr)
     for line in gateway.policy.describe():
         print(f"turnstile: {line}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -158,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--log-level", default="warning")
     s.add_argument("--no-template-patches", action="store_true",
                    help="use the template exactly as shipped (see turnstile/chat/patches.py)")
+    s.add_argument("--tool-parser", choices=[*tool_formats(), "none"],
+                   help="override the tool-call format detected from the template")
     s.add_argument("--keep-bodies", action=argparse.BooleanOptionalAction, default=False,
                    help="also keep each call's raw request/response body (default: tokens only)")
     s.add_argument("--vllm-api", choices=["auto", "generate", "completions"], default="auto",

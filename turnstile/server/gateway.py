@@ -20,6 +20,7 @@ from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
 from ..parsing import Parser, grammar
+from ..parsing.detect import FormatChoice
 from ..store.sqlite import CallRecord, Store, new_id
 from .control import PolicyControl
 from .errors import APIError
@@ -56,16 +57,9 @@ class Generation:
     engine_url: str | None = None  # the replica that served the call
 
 
-@dataclass
-class ParserConfig:
-    reasoning: bool
-    tool_format: str | None
-    reasoning_started: bool
-
-
 class Gateway:
     def __init__(self, renderer: Renderer, engine: Engine, store: Store, model_name: str,
-                 parser: ParserConfig, policy: Policy | None = None):
+                 parser: FormatChoice, policy: Policy | None = None):
         self.renderer = renderer
         self.policy = policy or Policy.permissive()
         self.control = PolicyControl()
@@ -252,11 +246,11 @@ class Gateway:
                 gen.top.append(ev.top or [])
             yield ev
 
-    def _parser(self, req: ChatRequest) -> Parser:
-        p = self.parser
-        return Parser(reasoning=p.reasoning,
-                      tool_format=p.tool_format if req.tools else None,
-                      reasoning_started=p.reasoning_started)
+    def _parser(self, req: ChatRequest, prompt: Prompt) -> Parser:
+        """The parser for this completion; the prompt's tail says whether the generation
+        prompt already opened a reasoning block (``enable_thinking`` varies per request)."""
+        tail = self.tok.decode(prompt.ids[-16:].tolist())
+        return self.parser.parser(tail, tools=req.tools, tool_calls=bool(req.tools))
 
     def _text_ids(self, gen: Generation) -> list[int]:
         ids = gen.ids.tolist()
@@ -292,7 +286,7 @@ class Gateway:
                         POLICY_ABORT, started, req=req)
             raise _policy_abort() from None
         text = self.tok.decode(self._text_ids(gen))
-        parser = self._parser(req)
+        parser = self._parser(req, prompt)
         parser.feed(text)
         parser.finish()
         parsed = parser.result()
@@ -334,7 +328,7 @@ class Gateway:
                              prompt: Prompt, params: SamplingParams, started: float
                              ) -> AsyncIterator[dict]:
         gen = Generation()
-        parser = self._parser(req)
+        parser = self._parser(req, prompt)
         detok = IncrementalDetokenizer(self.tok)
         chunk_id = "chatcmpl-" + new_id("")
         model = req.model or self.model_name
