@@ -120,7 +120,7 @@ def relay(llama_tiny: str) -> Iterator[Relay]:
 class Turnstile:
     """``turnstile serve`` as a real process (so it can be SIGKILLed and restarted)."""
 
-    def __init__(self, engine_url: str, model: Path, data: Path, log: Path):
+    def __init__(self, engine_url: str | list[str], model: Path, data: Path, log: Path):
         self.engine_url, self.model, self.data, self.log = engine_url, model, data, log
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -128,7 +128,9 @@ class Turnstile:
     def start(self) -> Turnstile:
         port = testbed.free_port()
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--engine-url", self.engine_url,
+        urls = [self.engine_url] if isinstance(self.engine_url, str) else self.engine_url
+        cmd = [sys.executable, "-m", "turnstile.cli", "serve",
+               *(a for u in urls for a in ("--engine-url", u)),
                "--model", str(self.model), "--port", str(port), "--data", str(self.data)]
         out = self.log.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -160,7 +162,7 @@ class Turnstile:
 def turnstile_factory(tmp_path: Path) -> Iterator:
     started: list[Turnstile] = []
 
-    def make(engine_url: str, model: Path, data: Path | None = None) -> Turnstile:
+    def make(engine_url: str | list[str], model: Path, data: Path | None = None) -> Turnstile:
         t = Turnstile(engine_url, model, data or tmp_path / "data",
                       tmp_path / f"turnstile-{len(started)}.log")
         started.append(t)

@@ -1,0 +1,172 @@
+"""Several llama-server replicas, one killed mid-run; and pause/drain/abort/resume for weight
+updates. Real processes, real HTTP, the official client."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from turnstile import testbed
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Replica:
+    """llama-server as a process the test can kill."""
+
+    def __init__(self, model: Path, log: Path, ctx: int = 8192):
+        self.port = testbed.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [str(testbed.llama_server_binary()), "-m", str(model), "--host", "127.0.0.1",
+             "--port", str(self.port), "-c", str(ctx), "-np", "2", "-t", "1", "--no-webui"],
+            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        testbed.wait_healthy(self.url + "/health", self.proc)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def replicas(tiny_qwen2, tmp_path):
+    started = [Replica(tiny_qwen2, tmp_path / f"r{i}.log") for i in range(3)]
+    yield started
+    for r in started:
+        r.kill()
+
+
+def _ask(client: openai.OpenAI, msgs: list[dict], **kw) -> openai.types.chat.ChatCompletion:
+    r = client.chat.completions.create(model="t", messages=msgs, **kw)
+    msgs += [r.choices[0].message.model_dump(exclude_none=True),
+             {"role": "user", "content": "go on"}]
+    return r
+
+
+def _calls(ts, sid: str) -> list[dict]:
+    return ts.get(f"/v1/sessions/{sid}/calls")["data"]
+
+
+def test_replica_killed_mid_run(replicas, tiny_qwen2, turnstile_factory):
+    ts = turnstile_factory([r.url for r in replicas], tiny_qwen2)
+    sessions = []
+    for i in range(9):
+        s = ts.session(n=i)
+        client = openai.OpenAI(base_url=s["base_url"], api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": f"session {i}"}]
+        _ask(client, msgs, max_tokens=4, seed=i)
+        _ask(client, msgs, max_tokens=4, seed=i)
+        sessions.append((s, client, msgs))
+    used = {}
+    for s, _, _ in sessions:
+        urls = {c["engine_url"] for c in _calls(ts, s["id"])}
+        assert len(urls) == 1  # sticky
+        used[s["id"]] = urls.pop()
+    victim = replicas[0]
+    on_victim = [x for x in sessions if used[x[0]["id"]] == victim.url]
+    others = [x for x in sessions if used[x[0]["id"]] != victim.url]
+    assert on_victim and others
+
+    # A long call in flight on the victim when it dies: a clean 502/503, recorded as an error.
+    s, client, msgs = on_victim[0]
+    outcome: dict = {}
+
+    def long_call() -> None:
+        try:
+            client.chat.completions.create(model="t", messages=msgs, max_tokens=6000, seed=1)
+            outcome["status"] = 200
+        except openai.APIStatusError as e:
+            outcome["status"] = e.status_code
+
+    t = threading.Thread(target=long_call)
+    t.start()
+    time.sleep(1.0)
+    victim.kill()
+    t.join(60)
+    assert outcome["status"] in (502, 503)
+    calls = _calls(ts, s["id"])
+    assert calls[-1]["status"] == "error" and calls[-1]["parent_id"] == calls[1]["id"]
+
+    # Sessions elsewhere are unaffected and stay on their replica.
+    for s2, c2, m2 in others:
+        _ask(c2, m2, max_tokens=4, seed=7)
+        last = _calls(ts, s2["id"])[-1]
+        assert last["status"] == "ok" and last["engine_url"] == used[s2["id"]]
+    # The victim's sessions move on: the next call extends their last good call elsewhere.
+    for s3, c3, m3 in on_victim:
+        _ask(c3, m3, max_tokens=4, seed=8)
+        ok = [c for c in _calls(ts, s3["id"]) if c["status"] == "ok"]
+        assert ok[-1]["engine_url"] != victim.url
+        assert ok[-1]["parent_id"] == ok[-2]["id"] and ok[-1]["segment_reason"] is None
+        traj = ts.get(f"/v1/sessions/{s3['id']}/trajectories")["data"]
+        assert [t["call_ids"] for t in traj] == [[c["id"] for c in ok]]
+    # New sessions avoid the dead replica.
+    for _ in range(6):
+        s4 = ts.session()
+        c4 = openai.OpenAI(base_url=s4["base_url"], api_key="x", max_retries=0)
+        _ask(c4, [{"role": "user", "content": "new"}], max_tokens=2)
+        assert _calls(ts, s4["id"])[0]["engine_url"] != victim.url
+    status = ts.get("/admin/status")
+    assert [r["healthy"] for r in status["replicas"]] == [False, True, True]
+
+
+def test_pause_drain_resume_and_abort(tiny_qwen2, turnstile_factory, tmp_path):
+    engine = Replica(tiny_qwen2, tmp_path / "engine.log", ctx=16384)
+    try:
+        ts = turnstile_factory(engine.url, tiny_qwen2)
+        s = ts.session()
+        client = openai.OpenAI(base_url=s["base_url"], api_key="x", max_retries=0)
+        results: dict = {}
+
+        def call(key: str, max_tokens: int) -> None:
+            try:
+                r = client.chat.completions.create(
+                    model="t", messages=[{"role": "user", "content": key}],
+                    max_tokens=max_tokens, seed=2)
+                results[key] = r.choices[0].finish_reason
+            except openai.APIStatusError as e:
+                results[key] = e.body.get("code") if isinstance(e.body, dict) else e.status_code
+
+        # drain: the running call finishes before pause returns
+        t = threading.Thread(target=call, args=("drained", 3000))
+        t.start()
+        time.sleep(0.5)
+        r = httpx.post(ts.url + "/admin/pause", json={"mode": "drain"}, timeout=120).json()
+        assert r["paused"] and r["in_flight"] == 0
+        t.join(5)
+        assert results["drained"] == "length"
+        # while paused, a new call waits at the door
+        t2 = threading.Thread(target=call, args=("waited", 2))
+        t2.start()
+        time.sleep(1.0)
+        assert "waited" not in results
+        r = httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"}).json()
+        assert r == {"paused": False, "weight_version": "7", "engines": r["engines"]}
+        t2.join(30)
+        assert results["waited"] in ("length", "stop")
+        waited = [c for c in _calls(ts, s["id"]) if c["status"] == "ok"][-1]
+        assert waited["weight_version"] == "7" and waited["policy_version"] == "7"
+
+        # abort: the running call is cut, answered 503 policy_update, recorded as aborted
+        t3 = threading.Thread(target=call, args=("aborted", 12000))
+        t3.start()
+        time.sleep(0.5)
+        r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60).json()
+        t3.join(30)
+        assert r["in_flight"] == 0 and results["aborted"] == "policy_update"
+        assert _calls(ts, s["id"])[-1]["status"] == "aborted"
+        httpx.post(ts.url + "/admin/resume", json={})
+        call("after", 2)
+        assert results["after"] in ("length", "stop")
+        bad = httpx.post(ts.url + "/admin/pause", json={"mode": "later"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "mode"
+    finally:
+        engine.kill()
