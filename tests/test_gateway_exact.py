@@ -165,3 +165,26 @@ def test_echoed_assistant_variants_still_extend(turnstile):
     client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, seed=4)
     calls = turnstile.get(f"/v1/sessions/{session['id']}/calls")["data"]
     assert calls[1]["parent_id"] == calls[0]["id"]
+
+
+def test_response_logprobs_and_usage_are_the_engines(turnstile, relay):
+    session = turnstile.session()
+    r = _client(session).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=16, seed=11,
+        logprobs=True, top_logprobs=3)
+    ex = relay.completions()[-1]
+    assert ex.request["n_probs"] == 3
+    assert r.usage.prompt_tokens == len(ex.request["prompt"])
+    assert r.usage.completion_tokens == len(ex.response["tokens"])
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    entries = r.choices[0].logprobs.content
+    sampled = [t for t in ex.response["tokens"] if t != IM_END]
+    assert len(entries) == len(sampled)
+    by_id = {p["id"]: p for p in ex.response["completion_probabilities"]}
+    for e, tid in zip(entries, sampled, strict=True):
+        p = by_id.get(tid)
+        if p is None or e.logprob is None:
+            continue  # llama-server reported none for this token (mid-UTF-8)
+        assert e.logprob == pytest.approx(p["logprob"], abs=1e-5)
+        assert [t.logprob for t in e.top_logprobs] == \
+            pytest.approx([t["logprob"] for t in p["top_logprobs"]][:3], abs=1e-5)
