@@ -1,0 +1,208 @@
+"""One long agent session: does Turnstile's own work per call stay flat while the context grows?
+
+Set-up (printed with the results):
+
+- one session of 200 turns; each turn the engine samples 64 tokens (a thought + a tool call)
+  and the harness appends the reply and a ~440-token tool output (~500 new tokens per turn, so
+  the context reaches ~100k tokens); the harness (the official ``openai`` client) resends the
+  whole history every call, as agent harnesses do;
+- processes: the fast fake engine (``_common._fake_app``) and the load generator on core 0;
+  the aiohttp relay and Turnstile (real Qwen2 tokenizer + Qwen2.5 template, SQLite records,
+  vLLM token-in adapter) each on core 1, called alternately turn by turn;
+- per turn: CPU of each proxy process for that call (/proc, all threads), Turnstile / relay;
+- in this process, the same conversation through an in-process Gateway (same renderer and
+  store, an engine object instead of HTTP) with the thread CPU of its render + tokenize
+  (``Gateway.prompt``, which includes matching the history) and record (``Gateway.record``)
+  measured per call; and, side by side, the full re-render a proxy without token-in/token-out
+  would do: the whole conversation through the template and the tokenizer.
+
+Figures per turn are medians over a window of 5 turns (single calls are noisy on a shared
+machine); the ratio columns use those medians.
+
+    python benchmarks/long_session.py            # 200 turns (~2 minutes)
+    python benchmarks/long_session.py --quick    # 7 turns
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common as c  # noqa: E402
+import orjson  # noqa: E402
+
+LOADGEN_CPU, PROXY_CPU = 0, 1
+LINES = [
+    "src/confparse/{m}.py:{n}: in _read_value\n    value, rest = _split_comment(raw, pos={n})\n",
+    "tests/test_{m}.py::test_case_{n} PASSED                                    [ {p}%]\n",
+    "{n:>6}  def _{m}_{n}(self, text: str, start: int = {p}) -> tuple[str, int]:\n",
+    "drwxr-xr-x  2 root root  4096 Nov {p:>2} 12:{n:02d} {m}_{n}/\n",
+    "WARNING: {m} option 'strict_{n}' is deprecated since 2.{p}; use 'mode={m}' instead\n",
+]
+MODS = ["parser", "lexer", "escape", "reader", "config", "errors", "cli", "schema"]
+
+
+def tool_output(turn: int, target_tokens: int, tok) -> str:  # noqa: ANN001
+    """Varied, log-like tool output of about ``target_tokens`` tokens."""
+    out, i = [], 0
+    text = ""
+    while True:
+        line = LINES[(turn + i) % len(LINES)].format(m=MODS[(turn * 7 + i) % len(MODS)],
+                                                     n=(turn * 37 + i * 11) % 97,
+                                                     p=(turn + i) % 29 + 1)
+        out.append(line)
+        i += 1
+        if i % 8 == 0:
+            text = "".join(out)
+            if len(tok.encode(text)) >= target_tokens:
+                return text
+
+
+def window_median(values: list[float], i: int, k: int = 2) -> float:
+    lo, hi = max(0, i - k), min(len(values), i + k + 1)
+    return statistics.median(values[lo:hi])
+
+
+async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
+    import httpx
+    import openai
+
+    from turnstile.chat.tokenizer import load_tokenizer
+    from turnstile.server.requests import parse_chat_request
+
+    tok = load_tokenizer(str(c.tiny_qwen2()))
+    outputs = [tool_output(t, args.tool_tokens, tok) for t in range(args.turns)]
+    spec_path = wd / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    fake, fake_url = c.start_fake(spec_path, LOADGEN_CPU, wd / "fake.log")
+    relay, relay_url = c.start_relay("relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log")
+    ts, ts_url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log")
+    gw = c.make_gateway(wd / "inproc", spec)
+    # Time the parts of the in-process gateway that must not grow with the context.
+    share = {"prompt": 0.0, "record": 0.0}
+    orig_prompt, orig_record = gw.prompt, gw.record
+
+    def timed(name, fn):  # noqa: ANN001, ANN202
+        def wrapper(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            t0 = time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                share[name] += time.thread_time() - t0
+        return wrapper
+
+    gw.prompt, gw.record = timed("prompt", orig_prompt), timed("record", orig_record)
+    rows = []
+    try:
+        http = httpx.AsyncClient(timeout=600)
+        clients = {"relay": (relay, openai.AsyncOpenAI(base_url=relay_url + "/v1",
+                                                       api_key="x", max_retries=0,
+                                                       http_client=http)),
+                   "turnstile": (ts, openai.AsyncOpenAI(base_url=ts_url + "/v1", api_key="x",
+                                                        max_retries=0, http_client=http))}
+        histories = {name: c.base_messages() for name in [*clients, "inproc"]}
+        for turn in range(args.turns):
+            row = {"turn": turn + 1}
+            for name, (server, client) in clients.items():
+                msgs = histories[name]
+                cpu0 = server.cpu()
+                r = await client.chat.completions.create(
+                    model=c.MODEL_NAME, messages=msgs, tools=c.TOOLS, max_tokens=64,
+                    extra_headers={"x-session-id": "long"})
+                row[name] = (server.cpu() - cpu0) * 1000
+                m = r.choices[0].message
+                calls = [tc.model_dump() for tc in m.tool_calls or []]
+                msgs += [{"role": "assistant", "content": m.content, "tool_calls": calls},
+                         {"role": "tool", "tool_call_id": calls[0]["id"],
+                          "content": outputs[turn]}]
+                if name == "turnstile":
+                    row["body_kb"] = len(orjson.dumps({"messages": msgs[:-2],
+                                                       "tools": c.TOOLS})) / 1000
+            # in-process: render/tokenize/record share, and the full re-render for contrast
+            msgs = histories["inproc"]
+            share["prompt"] = share["record"] = 0.0
+            req = parse_chat_request({"model": c.MODEL_NAME, "messages": msgs,
+                                      "tools": c.TOOLS, "max_tokens": 64})
+            resp = await gw.complete("long", req)
+            row["share"] = (share["prompt"] + share["record"]) * 1000
+            t0 = time.thread_time()
+            full = gw.renderer.render_full(msgs, c.TOOLS)
+            row["rerender"] = (time.thread_time() - t0) * 1000
+            row["context"] = len(full) + 64
+            m = resp["choices"][0]["message"]
+            msgs += [c.echo(m), {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"],
+                                 "content": outputs[turn]}]
+            rows.append(row)
+            if (turn + 1) % 25 == 0 or turn == 0:
+                print(f"  turn {turn + 1}: context {row['context']} tokens, relay "
+                      f"{row['relay']:.2f} ms, turnstile {row['turnstile']:.2f} ms, share "
+                      f"{row['share']:.2f} ms, re-render {row['rerender']:.1f} ms", flush=True)
+        segments = [x.segment_reason for x in gw.store.calls("long")]
+        await http.aclose()
+    finally:
+        ts.stop()
+        relay.stop()
+        fake.stop()
+    return {"rows": rows, "segments": segments}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--turns", type=int)
+    p.add_argument("--tool-tokens", type=int, default=436)
+    p.add_argument("--json")
+    args = p.parse_args()
+    args.turns = args.turns or (7 if args.quick else 200)
+    c.pin(LOADGEN_CPU)
+    spec = c.reply_spec(64)
+    print("# Long session: per-call work vs context length")
+    print(f"machine: {c.machine()}")
+    print(f"set-up: 1 session, {args.turns} turns, 64 sampled + ~{args.tool_tokens} tool-output "
+          f"tokens per turn; load generator + fake engine on core {LOADGEN_CPU}, relay and "
+          f"Turnstile on core {PROXY_CPU}")
+    t_start = time.time()
+    with c.workdir("long") as wd:
+        out = asyncio.run(drive(args, spec, wd))
+    rows = out["rows"]
+    new_segments = sum(1 for s in out["segments"] if s is not None)
+    print(f"\nrun took {time.time() - t_start:.0f} s; in-process session: {len(out['segments'])}"
+          f" calls, {new_segments} segment start(s) ({out['segments'][0]!r} first)")
+    relay = [r["relay"] for r in rows]
+    tsc = [r["turnstile"] for r in rows]
+    share = [r["share"] for r in rows]
+    rer = [r["rerender"] for r in rows]
+    n = len(rows)
+    shown = sorted({0, min(n - 1, 1), *[t - 1 for t in (10, 25, 50, 100, 150) if t <= n], n - 1})
+    share1 = statistics.median(share[1:6] or share)  # turn 1 renders the whole first prompt
+    table = []
+    for i in shown:
+        r, t, s, f = (window_median(v, i) for v in (relay, tsc, share, rer))
+        table.append([rows[i]["turn"], rows[i]["context"], rows[i]["body_kb"], r, t, t / r, s,
+                      s / share1, f, f / s])
+    print(c.table(["turn", "context tokens", "request KB", "relay CPU ms", "Turnstile CPU ms",
+                   "Turnstile / relay", "render+tokenize+record ms", "share / turns 2-6",
+                   "full re-render ms", "re-render / share"], table))
+    ratios = [window_median(tsc, i) / window_median(relay, i) for i in range(n)]
+    worst = max(range(n), key=lambda i: ratios[i])
+    print(f"\nTurnstile / relay: max {ratios[worst]:.2f} at turn {worst + 1}, median "
+          f"{statistics.median(ratios):.2f} (windowed medians); target <= 1.5 at every turn")
+    print(f"render+tokenize+record at turn {n}: {window_median(share, n - 1) / share1:.2f} x "
+          f"turns 2-6 (the first deltas), {window_median(share, n - 1) / share[0]:.2f} x turn 1 "
+          f"(the whole first prompt); target <= 1.3")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,263 @@
+"""Per-call overhead of a proxy on the rollout path: Turnstile next to the minimal Python relays
+and the LiteLLM proxy, measured side by side in one run.
+
+Set-up (printed with the results):
+
+- a fast fake engine (``_common._fake_app``): vLLM 0.33 ``/inference/v1/generate`` for Turnstile
+  (token-in: 64 token IDs with logprobs, all at once or one SSE event per token) and an OpenAI
+  ``/v1/chat/completions`` with the same reply as text + tool call for the relays and LiteLLM;
+- targets: ``direct`` (the client straight to the fake: the baseline for added latency),
+  ``relay-aiohttp`` and ``relay-httpx`` (a bare ASGI app on uvicorn+uvloop+httptools that reads
+  and parses the body once and forwards it), ``turnstile`` (the real gateway: Qwen2 tokenizer,
+  Qwen2.5 template, parsing, SQLite records, vLLM adapter; served like ``turnstile serve``)
+  and ``litellm`` (the LiteLLM 1.110.2 proxy, one worker, from the bench venv);
+- the load generator is the official ``openai`` client (AsyncOpenAI) driving agent sessions of
+  4 turns (each turn resends the history plus the assistant's tool call and the tool's
+  output; mean request ~4.9 KB), at concurrency 1, 32 and 256;
+- the load generator and the fake engine are pinned to core 0, every proxy to core 1;
+- per cell: the proxy process's CPU seconds (all threads, /proc) per call, p50/p99 latency
+  added over ``direct`` at the same concurrency, and calls/s;
+- modes: ``plain`` (non-streaming), ``stream`` (64 SSE events sent at once), ``paced``
+  (streaming, one token every 10 ms, each its own read).
+
+    python benchmarks/overhead.py            # full run (~5 minutes)
+    python benchmarks/overhead.py --quick    # smoke run (seconds; no LiteLLM)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common as c  # noqa: E402
+import orjson  # noqa: E402
+
+TURNS = 4  # agent turns per session
+LOADGEN_CPU, PROXY_CPU = 0, 1
+
+
+class Target:
+    def __init__(self, name: str, url: str, server: c.Server | None, api_key: str = "unused"):
+        self.name, self.url, self.server, self.api_key = name, url, server, api_key
+        self.client = None
+
+    def make_client(self, conc: int):
+        import httpx
+        import openai
+
+        http = httpx.AsyncClient(timeout=300, limits=httpx.Limits(
+            max_connections=max(conc, 16) + 16, max_keepalive_connections=max(conc, 16) + 16))
+        self.client = openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=self.api_key,
+                                         max_retries=0, http_client=http)
+        return self.client
+
+
+async def session(client, mode: str, turns: int, base: list[dict], sizes: list[int],
+                  lat: list[float]) -> None:
+    """One agent session: each turn resends the history; the reply (a tool call) and the
+    tool's output are appended, as an agent harness does."""
+    sid = "bench-" + uuid.uuid4().hex[:16]
+    msgs = list(base)
+    for turn in range(turns):
+        kw = dict(model=c.MODEL_NAME, messages=msgs, tools=c.TOOLS, max_tokens=64,
+                  temperature=1.0, extra_headers={"x-session-id": sid})
+        sizes.append(len(orjson.dumps({"messages": msgs, "tools": c.TOOLS})))
+        t0 = time.perf_counter()
+        if mode == "plain":
+            r = await client.chat.completions.create(**kw)
+            m = r.choices[0].message
+            content, calls = m.content, [tc.model_dump() for tc in m.tool_calls or []]
+        else:
+            content, calls = "", []
+            stream = await client.chat.completions.create(**kw, stream=True)
+            async for ch in stream:
+                if not ch.choices:
+                    continue
+                d = ch.choices[0].delta
+                content += d.content or ""
+                for tc in d.tool_calls or []:
+                    while len(calls) <= tc.index:
+                        calls.append({"id": None, "type": "function",
+                                      "function": {"name": "", "arguments": ""}})
+                    cur = calls[tc.index]
+                    cur["id"] = tc.id or cur["id"]
+                    if tc.function:
+                        cur["function"]["name"] += tc.function.name or ""
+                        cur["function"]["arguments"] += tc.function.arguments or ""
+        lat.append(time.perf_counter() - t0)
+        assert calls, f"no tool call in the reply: {content!r}"
+        msgs = [*msgs, {"role": "assistant", "content": content or None, "tool_calls": calls},
+                c.tool_result(calls[0]["id"], turn)]
+
+
+async def run_cell(target: Target, mode: str, conc: int, calls: int, base: list[dict]
+                   ) -> dict:
+    client = target.client
+    lat: list[float] = []
+    sizes: list[int] = []
+    per_worker = max(1, calls // conc)
+
+    async def worker() -> None:
+        left = per_worker
+        while left > 0:
+            n = min(TURNS, left)
+            await session(client, mode, n, base, sizes, lat)
+            left -= n
+
+    cpu0 = target.server.cpu() if target.server else 0.0
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    wall = time.perf_counter() - t0
+    cpu1 = target.server.cpu() if target.server else 0.0
+    n = len(lat)
+    return {"target": target.name, "mode": mode, "conc": conc, "calls": n,
+            "cpu_ms": (cpu1 - cpu0) / n * 1000, "p50": c.pct(lat, 50) * 1000,
+            "p99": c.pct(lat, 99) * 1000, "rps": n / wall, "wall": wall,
+            "req_bytes": sum(sizes) / len(sizes)}
+
+
+def plan(quick: bool, concs: list[int], mode: str) -> dict[int, int]:
+    """Calls per cell (a multiple of conc x TURNS where it can be, so every cell has the same
+    mix of turns)."""
+    if quick:
+        return {k: max(k, 4) for k in concs}
+    if mode == "paced":
+        return {k: {1: 8}.get(k, k * TURNS) for k in concs}
+    return {k: {1: 160, 32: 256}.get(k, k * TURNS) for k in concs}
+
+
+async def measure(targets: list[Target], mode: str, concs: list[int], quick: bool,
+                  base: list[dict]) -> list[dict]:
+    calls = plan(quick, concs, mode)
+    for t in targets:  # warm up: connections, caches, first-call paths
+        t.make_client(max(concs))
+        await run_cell(t, mode, min(max(concs), 32), min(max(concs), 32) * (1 if quick else 2),
+                       base)
+    rows = []
+    for conc in concs:
+        for t in targets:
+            rows.append(await run_cell(t, mode, conc, calls[conc], base))
+            print(f"  {mode:<6} conc {conc:>3} {t.name:<13} {rows[-1]['cpu_ms']:.3f} ms CPU/call "
+                  f"p50 {rows[-1]['p50']:.1f} ms  {rows[-1]['rps']:.0f} calls/s", flush=True)
+    for t in targets:
+        await t.client.close()
+    return rows
+
+
+def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
+    out = []
+    for mode in ("plain", "stream", "paced"):
+        mrows = [r for r in rows if r["mode"] == mode]
+        if not mrows:
+            continue
+        table_rows = []
+        for conc in concs:
+            crow = [r for r in mrows if r["conc"] == conc]
+            direct = next((r for r in crow if r["target"] == "direct"), None)
+            relays = [r for r in crow if r["target"].startswith("relay")]
+            floor = min((r["cpu_ms"] for r in relays), default=float("nan"))
+            for r in crow:
+                if r["target"] == "direct":
+                    continue
+                add50 = r["p50"] - direct["p50"] if direct else float("nan")
+                add99 = r["p99"] - direct["p99"] if direct else float("nan")
+                table_rows.append([conc, r["target"], r["calls"], r["cpu_ms"],
+                                   r["cpu_ms"] / floor if floor == floor else float("nan"),
+                                   add50, add99, r["rps"]])
+        title = {"plain": "non-streaming", "stream": "streaming (64 events at once)",
+                 "paced": f"streaming, one token every {pace:g} ms"}[mode]
+        out.append(c.table(["conc", "proxy", "calls", "CPU ms/call", "x fastest relay",
+                            "added p50 ms", "added p99 ms", "calls/s"], table_rows,
+                           f"\n### {title}\n"))
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a few calls per cell, no LiteLLM")
+    p.add_argument("--conc", default=None, help="concurrencies, e.g. 1,32,256")
+    p.add_argument("--modes", default="plain,stream,paced")
+    p.add_argument("--targets", default="direct,relay-aiohttp,relay-httpx,turnstile,litellm")
+    p.add_argument("--pace-ms", type=float, default=None, help="10 (1 with --quick)")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args()
+    args.pace_ms = args.pace_ms if args.pace_ms is not None else (1.0 if args.quick else 10.0)
+    concs = [int(x) for x in (args.conc or ("2" if args.quick else "1,32,256")).split(",")]
+    modes = args.modes.split(",")
+    names = args.targets.split(",")
+    skipped = {}
+    if args.quick and "litellm" in names:
+        names.remove("litellm")
+        skipped["litellm"] = "left out of --quick runs (it takes ~25 s to start)"
+    elif "litellm" in names and (why := c.litellm_available()):
+        names.remove("litellm")
+        skipped["litellm"] = why
+    c.pin(LOADGEN_CPU)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    spec = c.reply_spec(64)
+    base = c.base_messages(pad_to=3500)
+    print("# Per-call overhead: Turnstile vs minimal relays vs LiteLLM")
+    print(f"machine: {c.machine()}")
+    print(f"pinning: load generator (openai {__import__('openai').__version__} AsyncOpenAI) and "
+          f"fake engine on core {LOADGEN_CPU}, each proxy on core {PROXY_CPU}")
+    print(f"workload: agent sessions of {TURNS} turns, 64-token completions (a thought + a "
+          f"Hermes tool call), tools={len(c.TOOLS)}; concurrency {concs}; modes {modes}")
+    for k, v in skipped.items():
+        print(f"skipped {k}: {v}")
+    rows: list[dict] = []
+    t_start = time.time()
+    with c.workdir("overhead") as wd:
+        spec_path = wd / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        fake, fake_url = c.start_fake(spec_path, LOADGEN_CPU, wd / "fake.log")
+        servers: list[c.Server] = [fake]
+        try:
+            targets = []
+            for name in names:
+                if name == "direct":
+                    targets.append(Target(name, fake_url, None))
+                elif name.startswith("relay"):
+                    s, url = c.start_relay(name, fake_url, PROXY_CPU, wd / f"{name}.log")
+                    servers.append(s)
+                    targets.append(Target(name, url, s))
+                elif name == "turnstile":
+                    s, url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU,
+                                               wd / "turnstile.log")
+                    servers.append(s)
+                    targets.append(Target(name, url, s))
+                elif name == "litellm":
+                    s, url = c.start_litellm(fake_url, PROXY_CPU, wd / "litellm.log", wd)
+                    servers.append(s)
+                    targets.append(Target(name, url, s, c.LITELLM_KEY))
+            for mode in modes:
+                c.set_pace(fake_url, args.pace_ms if mode == "paced" else 0.0)
+                rows += asyncio.run(measure(targets, mode, concs, args.quick, base))
+        finally:
+            for s in reversed(servers):
+                s.stop()
+    sizes = [r["req_bytes"] for r in rows]
+    print(f"\nmean request body: {sum(sizes) / len(sizes) / 1000:.2f} KB; run took "
+          f"{time.time() - t_start:.0f} s; CPU = utime+stime of the proxy process "
+          f"(per-thread schedstat, ns) over the cell / calls")
+    print(report(rows, concs, args.pace_ms))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

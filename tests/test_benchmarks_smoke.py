@@ -1,0 +1,31 @@
+"""Each benchmark script runs end to end in its --quick mode and prints its table.
+
+No timing is asserted here: timings belong in the benchmarks' own output (see
+benchmarks/README.md). This only keeps the scripts working as the code under them changes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = {
+    "overhead.py": "x fastest relay",
+    "long_session.py": "Turnstile / relay",
+    "memory.py": "bytes / recorded token",
+    "end_to_end.py": "Turnstile / direct wall time",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_benchmark_quick(script: str) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=110,
+                       env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert SCRIPTS[script] in r.stdout, r.stdout[-3000:]
