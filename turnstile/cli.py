@@ -103,6 +103,10 @@ def audit_command(args: argparse.Namespace) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    if args.mode == "passthrough":  # the engine renders; no tokenizer or template here
+        from .server import passthrough
+
+        return passthrough.run(args)
     import uvicorn
 
     from .server.app import create_app
@@ -139,11 +143,17 @@ def main(argv: list[str] | None = None) -> None:
 
     s = sub.add_parser("serve", help="run the gateway in front of an engine")
     s.add_argument("--engine", choices=KINDS, default="llama-cpp")
+    s.add_argument("--mode", choices=["token-in", "passthrough"], default="token-in",
+                   help="token-in: render prompts here and send token IDs (exact); passthrough: "
+                        "forward messages to the engine's /v1/chat/completions and record the "
+                        "token IDs it reports (vLLM, or SGLang with --engine sglang); drift is "
+                        "detected, not prevented")
     s.add_argument("--engine-url", required=True, action="append",
                    help="engine base URL; repeat it (or give @FILE, one URL a line) for "
                         "replicas: sessions stick to one, dead replicas are avoided")
     s.add_argument("--model", required=True,
-                   help="GGUF file, Hugging Face model directory, or hub id in the local cache")
+                   help="GGUF file, Hugging Face model directory, or hub id in the local cache "
+                        "(passthrough: the model name to report, as the engine serves it)")
     s.add_argument("--chat-template", help="Jinja file overriding the model's template")
     s.add_argument("--served-model-name")
     s.add_argument("--host", default="127.0.0.1")

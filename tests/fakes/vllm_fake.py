@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from . import chat as toychat
 from .common import EOS, FakeServer, Generation, Step, ToyModel
 
 MODEL = "fake/tiny-model"
@@ -87,6 +89,8 @@ class VLLMFake(FakeServer):
         self.keep_alive = keep_alive  # SSE comment lines between chunks (--sse-keep-alive)
         self.model = ToyModel(logprobs_mode)
         self.logprobs_mode = logprobs_mode
+        self.chat = toychat.ChatScript()  # what /v1/chat/completions answers
+        self.chat_log: list[dict] = []  # every chat completion: prompt and sampled ids
 
     # routes
 
@@ -96,6 +100,8 @@ class VLLMFake(FakeServer):
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
         ]
         has_generate = self.v >= (0, 25) and (self.scale_out or self.v < (0, 31))
         if has_generate:
@@ -487,3 +493,146 @@ class VLLMFake(FakeServer):
                 "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         self.rec.finished.append(rid)
         return Response(_dumps_python(resp), media_type="application/json")
+
+    # /v1/chat/completions: the engine renders (``return_token_ids``, ``logprobs``,
+    # ``return_weight_versions``). Shapes modelled on vLLM's chat_completion protocol/serving:
+    # the whole response is ``model_dump()`` (unset fields null); stream chunks are
+    # ``exclude_unset`` dumps, so ``prompt_token_ids`` is on the first chunk only and only when
+    # asked, while ``token_ids`` and ``logprobs`` are always passed (null when not asked); a
+    # chunk whose text is empty is sent only when ids or logprobs were asked for;
+    # ``weight_versions`` (0.33) is on the final chunk of a choice.
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await self.record(request) or {}
+        text = toychat.decode(list(body.get("tokens") or []), skip_special=False)
+        return Response(_dumps_python({"prompt": text}), media_type="application/json")
+
+    def _chat_logprobs(self, ids: list[int], start: int, k: int) -> list[dict]:
+        out = []
+        for i, tid in enumerate(ids, start):
+            lp = toychat.logprob(tid, i)
+            tok = toychat.piece(tid)
+            top = [(tok, lp)] + [(f"alt{j}", lp - 1 - j) for j in range(max(k - 1, 0))]
+            out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
+                                         for t, v in top[:k]]})
+        return out
+
+    def _chat_spans(self, n: int) -> list[dict]:
+        spans: list[dict] = []
+        for i in range(n):
+            v = self.version_of(i)
+            if spans and spans[-1]["version"] == v:
+                spans[-1]["end"] = i + 1
+            else:
+                spans.append({"version": v, "start": i, "end": i + 1})
+        return spans
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await self.record(request)
+        msgs = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(msgs, list) or not msgs:
+            return Response(_dumps_python(_error("messages must be a non-empty list",
+                                                 "BadRequestError", 400, "messages")),
+                            status_code=400, media_type="application/json")
+        if body.get("model") not in (None, MODEL):
+            return Response(_dumps_python(_error(f"The model `{body['model']}` does not exist.",
+                                                 "NotFoundError", 404, "model")),
+                            status_code=404, media_type="application/json")
+        if self.fail_next is not None:
+            status, self.fail_next = self.fail_next, None
+            return self._failure(status)
+        prompt = toychat.render(msgs)
+        room = self.max_model_len - len(prompt)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or room
+        if max_tokens > room:
+            return Response(_dumps_python(_error(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                f"model's maximum context length is {self.max_model_len} tokens and your "
+                f"request has {len(prompt)} input tokens ({max_tokens} > {self.max_model_len} "
+                f"- {len(prompt)}).", "BadRequestError", 400, "max_tokens")),
+                status_code=400, media_type="application/json")
+        replies = [self.chat.reply(msgs, max_tokens, i) for i in range(body.get("n") or 1)]
+        rid = "chatcmpl-" + (request.headers.get("x-request-id") or uuid.uuid4().hex)
+        created = int(time.time())
+        with_ids = bool(body.get("return_token_ids"))
+        k = body.get("top_logprobs") or 0
+        want_lp = bool(body.get("logprobs"))
+        wv = bool(body.get("return_weight_versions")) and self.v >= (0, 33)
+        self.chat_log.append({"id": rid, "stream": bool(body.get("stream")), "body": body,
+                              "prompt_token_ids": prompt,
+                              "choices": [{"token_ids": r.ids, "finish_reason": r.finish_reason,
+                                           "logprobs": [toychat.logprob(t, i)
+                                                        for i, t in enumerate(r.ids)]}
+                                          for r in replies]})
+        usage = {"prompt_tokens": len(prompt),
+                 "total_tokens": len(prompt) + sum(len(r.ids) for r in replies),
+                 "completion_tokens": sum(len(r.ids) for r in replies),
+                 "prompt_tokens_details": None}
+        if body.get("stream"):
+            opts = body.get("stream_options") or {}
+            return StreamingResponse(
+                self._chat_stream(rid, created, prompt, replies, with_ids, want_lp, k, wv,
+                                  usage if opts.get("include_usage") else None),
+                media_type="text/event-stream")
+        choices = []
+        for i, r in enumerate(replies):
+            c = {"index": i,
+                 "message": {"role": "assistant", "content": r.text, "refusal": None,
+                             "annotations": None, "audio": None, "function_call": None,
+                             "tool_calls": [], "reasoning": None},
+                 "logprobs": {"content": self._chat_logprobs(r.ids, 0, k)} if want_lp else None,
+                 "finish_reason": r.finish_reason, "stop_reason": None,
+                 "token_ids": r.ids if with_ids else None}
+            if self.v >= (0, 33):
+                c["weight_versions"] = self._chat_spans(len(r.ids)) if wv else None
+            choices.append(c)
+        resp = {"id": rid, "object": "chat.completion", "created": created, "model": MODEL,
+                "choices": choices, "service_tier": None, "system_fingerprint": None,
+                "usage": usage, "prompt_logprobs": None,
+                "prompt_token_ids": prompt if with_ids else None, "kv_transfer_params": None}
+        return Response(_dumps_python(resp), media_type="application/json")
+
+    async def _chat_stream(self, rid: str, created: int, prompt: list[int],
+                           replies: list[toychat.Reply], with_ids: bool, want_lp: bool, k: int,
+                           wv: bool, usage: dict | None):
+        def chunk(choice: dict, first: bool = False) -> bytes:
+            obj: dict = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                         "model": MODEL, "choices": [choice]}
+            if first and with_ids:
+                obj["prompt_token_ids"] = prompt
+            return b"data: " + _dumps_pydantic(obj) + b"\n\n"
+
+        for i in range(len(replies)):
+            yield chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}, first=i == 0)
+        sent = False
+        for i, r in enumerate(replies):
+            for pos, tid in enumerate(r.ids):
+                await self.pace(rid)
+                if self.fail_mid_stream is not None and sent:
+                    status, self.fail_mid_stream = self.fail_mid_stream, None
+                    err = _error("Internal server error", "InternalServerError", status)
+                    yield f"data: {json.dumps(err)}\n\n".encode()
+                    yield b"data: [DONE]\n\n"
+                    return
+                last = pos == len(r.ids) - 1
+                text = "" if tid in toychat.SPECIAL else toychat.piece(tid)
+                if not (text or last or with_ids or want_lp):
+                    continue
+                c = {"index": i, "delta": {"content": text},
+                     "logprobs": {"content": self._chat_logprobs([tid], pos, k)}
+                     if want_lp else None,
+                     "finish_reason": r.finish_reason if last else None,
+                     "token_ids": [tid] if with_ids else None}
+                if last:
+                    c["stop_reason"] = None
+                    if wv:
+                        c["weight_versions"] = self._chat_spans(len(r.ids))
+                yield chunk(c)
+                sent = True
+        if usage is not None:
+            yield b"data: " + _dumps_pydantic({"id": rid, "object": "chat.completion.chunk",
+                                               "created": created, "model": MODEL,
+                                               "choices": [], "usage": usage}) + b"\n\n"
+        yield b"data: [DONE]\n\n"

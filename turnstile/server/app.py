@@ -53,6 +53,8 @@ async def _read_json(request: Request, limit: int, required: bool = True) -> obj
 
 def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> Starlette:
     store = gateway.store
+    # A gateway may validate requests its own way (passthrough leaves most to the engine).
+    parse_request = getattr(gateway, "parse_request", parse_chat_request)
     known_sessions: set[str] = set()
     closed_sessions: set[str] = set()
 
@@ -86,7 +88,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         else:
             sid = ensure_session(request.headers.get("x-session-id") or DEFAULT_SESSION)
         require_open(sid)
-        req = parse_chat_request(await _read_json(request, max_body))
+        req = parse_request(await _read_json(request, max_body))
         if not req.stream:
             return _json(await gateway.complete(sid, req))
         chunks = await gateway.stream(sid, req)

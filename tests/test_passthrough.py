@@ -1,0 +1,353 @@
+"""Passthrough capture (``turnstile serve --mode passthrough``), a real Turnstile process in
+front of a fake vLLM ``/v1/chat/completions`` that renders prompts itself and returns token IDs,
+with the official ``openai`` client as the harness.
+
+The fake's model samples turn 2's first ``"ab"`` as ``"a"`` + ``"b"`` (same text, not the
+canonical tokenization); turn 3's prompt re-tokenizes that reply canonically, so it no longer
+extends what was sampled. The tree and the drift report must say exactly that.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import pytest
+from fakes import chat as toychat
+from fakes.vllm_fake import MODEL, VLLMFake
+
+from turnstile import testbed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Passthrough:
+    """``turnstile serve --mode passthrough`` as a real process."""
+
+    def __init__(self, engine_url: str, data: Path, log: Path, *extra: str):
+        self.port = testbed.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--mode", "passthrough",
+               "--engine", "vllm", "--engine-url", engine_url, "--model", MODEL,
+               "--port", str(self.port), "--data", str(data), *extra]
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def session(self) -> str:
+        r = httpx.post(self.url + "/v1/sessions", json={"metadata": {}})
+        r.raise_for_status()
+        return r.json()["id"]
+
+    def client(self, sid: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/s/{sid}/v1", api_key="unused", max_retries=0)
+
+    def get(self, path: str) -> dict:
+        r = httpx.get(self.url + path, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[VLLMFake]:
+    with VLLMFake("0.33.0") as f:
+        f.chat.split_turns = {2}
+        yield f
+
+
+@pytest.fixture(scope="module")
+def ts(fake: VLLMFake, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Passthrough]:
+    d = tmp_path_factory.mktemp("passthrough")
+    t = Passthrough(fake.url, d / "data", d / "turnstile.log", "--keep-bodies")
+    yield t
+    t.stop()
+
+
+def _chat(client: openai.OpenAI, msgs: list[dict], stream: bool, **kw: object) -> dict:
+    """One harness turn; returns the assistant message the harness appends."""
+    if not stream:
+        r = client.chat.completions.create(model=MODEL, messages=msgs, **kw)
+        return r.choices[0].message.model_dump(exclude_none=True)
+    text, finish = "", None
+    for chunk in client.chat.completions.create(model=MODEL, messages=msgs, stream=True, **kw):
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+            finish = ch.finish_reason or finish
+    assert finish == "stop"
+    return {"role": "assistant", "content": text}
+
+
+def _conversation(ts: Passthrough, fake: VLLMFake, turns: int, stream: bool
+                  ) -> tuple[str, list[dict], list[dict]]:
+    sid = ts.session()
+    client = ts.client(sid)
+    before = len(fake.chat_log)
+    msgs: list[dict] = [{"role": "system", "content": "be brief"}]
+    for t in range(1, turns + 1):
+        msgs.append({"role": "user", "content": f"question {t}"})
+        reply = _chat(client, msgs, stream)
+        assert reply["content"] == f"reply {t}: ab ab"  # the engine's text, unchanged
+        msgs.append(reply)
+    return sid, msgs, fake.chat_log[before:]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_drift_on_turn_three_is_located_exactly(ts, fake, stream):
+    sid, msgs, sent = _conversation(ts, fake, 4, stream)
+    calls = ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    assert len(calls) == len(sent) == 4
+    prompts = [s["prompt_token_ids"] for s in sent]
+    outs = [s["choices"][0]["token_ids"] for s in sent]
+    for c, s in zip(calls, sent, strict=True):
+        assert c["status"] == "ok" and c["mode"] == "passthrough"
+        assert c["completion_ids"] == s["choices"][0]["token_ids"]
+        assert c["completion_logprobs"] == pytest.approx(s["choices"][0]["logprobs"], abs=1e-5)
+        assert c["engine_request_id"] == s["id"]
+        assert c["stop_token_id"] == toychat.IM_END and c["finish_reason"] == "stop"
+        assert c["weight_version"] == ["default"] * len(c["completion_ids"])
+    c1, c2, c3, c4 = calls
+
+    # Turns 1-2 extend: turn 2's prompt starts with turn 1's prompt + completion.
+    assert c1["parent_id"] is None and c1["segment_reason"] == "first_call"
+    assert c1["prompt_delta_ids"] == prompts[0]
+    assert c2["parent_id"] == c1["id"] and c2["segment_reason"] is None
+    assert c2["reused_prefix_len"] == len(prompts[0]) + len(outs[0])
+    assert c2["prompt_delta_ids"] == prompts[1][c2["reused_prefix_len"]:]
+
+    # Turn 3 drifts: the engine re-tokenized turn 2's reply ("a" + "b" sampled, "ab" now).
+    split = toychat.ChatScript().split_index(msgs[:4])
+    index = len(prompts[1]) + split
+    assert prompts[2][:index] == (prompts[1] + outs[1])[:index]
+    assert prompts[2][index] != (prompts[1] + outs[1])[index]
+    assert c3["parent_id"] is None and c3["segment_reason"] == "drift"
+    assert c3["prompt_delta_ids"] == prompts[2] and c3["reused_prefix_len"] == 0
+    d = c3["drift"]
+    assert d["call_id"] == c2["id"] and d["at_call_id"] == c2["id"]
+    assert d["index"] == index and d["region"] == "completion" and d["offset"] == split
+    lo = d["window_start"]
+    assert d["recorded"]["ids"] == (prompts[1] + outs[1])[lo:index + 6]
+    assert d["received"]["ids"] == prompts[2][lo:index + 6]
+    a, b, ab = toychat.char_id("a"), toychat.char_id("b"), toychat.PIECES["ab"]
+    assert d["recorded"]["ids"][index - lo:index - lo + 2] == [a, b]
+    assert d["received"]["ids"][index - lo] == ab
+    assert d["same_text"] is True  # same text, other tokens: retokenization
+    assert d["recorded"]["text_from_index"] == "ab ab<|im_end|>"
+    assert d["received"]["text_from_index"].startswith("ab ab<|im_end|>\n")
+    assert d["recorded"]["text"] == "\nreply 2: ab ab<|im_end|>"
+    assert d["received"]["text"].startswith("\nreply 2: ab ab<|im_end|>\n")
+    detail = c3["segment_detail"]
+    assert f"prompt token {index} is the first that differs" in detail
+    assert f"at token {split} of call {c2['id']}'s completion" in detail
+    assert f"call {c2['id']}" in detail and "retokenization" in detail
+
+    # Turn 4 extends turn 3.
+    assert c4["parent_id"] == c3["id"] and c4["segment_reason"] is None
+    assert c4["reused_prefix_len"] == len(prompts[2]) + len(outs[2])
+    assert c4["prompt_delta_ids"] == prompts[3][c4["reused_prefix_len"]:]
+
+    # Trajectories are exactly what the engine saw and sampled, one per segment.
+    trajs = ts.get(f"/v1/sessions/{sid}/trajectories")["data"]
+    assert [t["call_ids"] for t in trajs] == [[c1["id"], c2["id"]], [c3["id"], c4["id"]]]
+    first, second = trajs
+    assert first["token_ids"] == prompts[1] + outs[1]
+    assert second["token_ids"] == prompts[3] + outs[3]
+    assert first["segment_reason"] == "first_call" and second["segment_reason"] == "drift"
+    assert second["segment_detail"] == detail
+    for t, pieces in ((first, [(prompts[0], outs[0]), (prompts[1], outs[1])]),
+                      (second, [(prompts[2], outs[2]), (prompts[3], outs[3])])):
+        mask = [0] * len(pieces[0][0]) + [1] * len(pieces[0][1])
+        mask += [0] * (len(pieces[1][0]) - len(mask)) + [1] * len(pieces[1][1])
+        assert t["loss_mask"] == mask
+        lp = [toychat.logprob(tid, i) for _, out in pieces for i, tid in enumerate(out)]
+        assert [x for x, m in zip(t["logprobs"], mask, strict=True) if m] == \
+            pytest.approx(lp, abs=1e-5)
+    per_call = ts.get(f"/v1/sessions/{sid}/trajectories?mode=per_call")["data"]
+    assert [t["token_ids"] for t in per_call] == [p + o for p, o in zip(prompts, outs,
+                                                                        strict=True)]
+
+
+def _normalize(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k not in ("id", "created")}
+
+
+def _sse(r: httpx.Response) -> list[dict]:
+    out = []
+    for line in r.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(_normalize(orjson.loads(line[6:])))
+    return out
+
+
+@pytest.mark.parametrize("asked", [{}, {"logprobs": True, "top_logprobs": 2},
+                                   {"return_token_ids": True}],
+                         ids=["plain", "logprobs", "token_ids"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_harness_gets_the_engines_own_response(ts, fake, asked, stream):
+    """Turnstile's additions (token IDs, logprobs, weight versions) are taken out again:
+    the harness gets what the engine answers to the request as the harness sent it."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 30, "stream": stream, **asked}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    sid = ts.session()
+    with httpx.stream("POST", f"{ts.url}/s/{sid}/v1/chat/completions", json=body,
+                      timeout=30) as via:
+        assert via.status_code == 200
+        got = _sse(via) if stream else _normalize(orjson.loads(via.read()))
+    with httpx.stream("POST", f"{fake.url}/v1/chat/completions", json=body, timeout=30) as d:
+        direct = _sse(d) if stream else _normalize(orjson.loads(d.read()))
+    assert got == direct
+    sent = fake.chat_log[-2]["body"]  # what the engine received through Turnstile
+    assert sent["return_token_ids"] is True and sent["logprobs"] is True
+    assert sent["return_weight_versions"] is True
+    assert {k: v for k, v in sent.items() if k not in (
+        "return_token_ids", "logprobs", "return_weight_versions")} == \
+        {k: v for k, v in body.items() if k not in ("return_token_ids", "logprobs")}
+    (call,) = ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    assert call["completion_ids"] == fake.chat_log[-2]["choices"][0]["token_ids"]
+    assert set(call["added_fields"]) == {"return_token_ids", "logprobs",
+                                         "return_weight_versions"} - set(asked)
+    kept = ts.get(f"/v1/sessions/{sid}/calls/{call['id']}/body")
+    assert kept["request"] == sent
+
+
+def test_several_choices_are_sibling_calls(ts, fake):
+    sid = ts.session()
+    client = ts.client(sid)
+    msgs = [{"role": "user", "content": "pick"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, n=2)
+    assert [c.message.content for c in r.choices] == ["reply 1: ab ab", "reply 1.1: ab ab"]
+    msgs.append(r.choices[1].message.model_dump(exclude_none=True))
+    msgs.append({"role": "user", "content": "and?"})
+    client.chat.completions.create(model=MODEL, messages=msgs)
+    a, b, c = ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    sent = fake.chat_log[-2]
+    assert a["completion_ids"] == sent["choices"][0]["token_ids"]
+    assert b["completion_ids"] == sent["choices"][1]["token_ids"]
+    assert a["prompt_delta_ids"] == b["prompt_delta_ids"] == sent["prompt_token_ids"]
+    assert c["parent_id"] == b["id"]  # the harness continued the second choice
+    assert len(ts.get(f"/v1/sessions/{sid}/trajectories")["data"]) == 2
+
+
+def test_new_conversations_and_rewritten_history_are_named(ts, fake):
+    sid = ts.session()
+    client = ts.client(sid)
+    msgs = [{"role": "system", "content": "main"}, {"role": "user", "content": "q1"}]
+    msgs.append(_chat(client, msgs, False))
+    # A subagent: another conversation in the same rollout, sharing no assistant turn.
+    _chat(client, [{"role": "system", "content": "helper"}, {"role": "user", "content": "x"}],
+          False)
+    # The harness compacts its history: the assistant turn is not the one sampled.
+    edited = [*msgs[:2], {"role": "assistant", "content": "summary"},
+              {"role": "user", "content": "q2"}]
+    _chat(client, edited, False)
+    first, sub, compacted = ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    assert sub["segment_reason"] == "new_conversation" and sub["parent_id"] is None
+    assert sub["drift"]["call_id"] == first["id"]
+    assert sub["drift"]["region"] == "prompt_delta"
+    assert compacted["segment_reason"] == "history_diverged"
+    assert compacted["drift"]["call_id"] == first["id"]
+    assert compacted["drift"]["region"] == "completion" and compacted["drift"]["offset"] == 0
+    assert "the messages continue no recorded call" in compacted["segment_detail"]
+
+
+def _error(exc: pytest.ExceptionInfo, status: int) -> dict:
+    assert isinstance(exc.value, openai.APIStatusError)
+    assert exc.value.status_code == status, exc.value.body
+    err = exc.value.body
+    assert isinstance(err, dict) and err.get("message"), err
+    return err
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_engine_errors_reach_the_harness_in_openai_shape(ts, fake, stream):
+    sid = ts.session()
+    client = ts.client(sid)
+    msgs = [{"role": "user", "content": "hi"}]
+
+    def call(**kw: object) -> object:
+        r = client.chat.completions.create(model=kw.pop("model", MODEL), messages=msgs,
+                                           stream=stream, **kw)
+        return list(r) if stream else r
+
+    for status, want in ((500, 502), (503, 503)):
+        fake.fail_next = status
+        with pytest.raises(openai.APIStatusError) as e:
+            call()
+        _error(e, want)
+    with pytest.raises(openai.APIStatusError) as e:
+        call(model="no-such-model")
+    assert _error(e, 404)["param"] == "model"  # the engine's own 4xx, relayed
+    with pytest.raises(openai.APIStatusError) as e:
+        call(max_tokens=100000)
+    err = _error(e, 400)
+    assert err["param"] == "max_tokens" and "maximum context length" in err["message"]
+    calls = ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    assert [c["status"] for c in calls] == ["error"] * 4
+    assert all(c["completion_ids"] == [] for c in calls)
+    assert ts.get(f"/v1/sessions/{sid}/trajectories")["data"] == []
+
+
+def test_engine_failing_mid_stream_is_reported_in_band_and_recorded(ts, fake):
+    sid = ts.session()
+    fake.fail_mid_stream = 500
+    with pytest.raises(openai.APIError) as e:
+        list(ts.client(sid).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert "Internal server error" in str(e.value)
+    (call,) = ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    sent = fake.chat_log[-1]
+    assert call["status"] == "error" and "500" in call["error"]
+    assert call["prompt_delta_ids"] == sent["prompt_token_ids"]  # what came back is kept
+    assert call["completion_ids"] == sent["choices"][0]["token_ids"][:1]
+
+
+def test_engine_down_is_503_never_500(tmp_path):
+    dead = f"http://127.0.0.1:{testbed.free_port()}"
+    t = Passthrough(dead, tmp_path / "data", tmp_path / "turnstile.log")
+    try:
+        sid = t.session()
+        client = t.client(sid)
+        msgs = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model=MODEL, messages=msgs)
+        assert "unreachable" in _error(e, 503)["message"]
+        with pytest.raises(openai.APIStatusError) as e:  # an HTTP status, not an in-band error
+            client.chat.completions.create(model=MODEL, messages=msgs, stream=True)
+        _error(e, 503)
+        assert httpx.get(t.url + "/health").status_code == 503
+    finally:
+        t.stop()
+
+
+def test_the_tree_survives_a_restart(fake, tmp_path):
+    data = tmp_path / "data"
+    t = Passthrough(fake.url, data, tmp_path / "a.log")
+    try:
+        sid = t.session()
+        msgs = [{"role": "user", "content": "q1"}]
+        msgs.append(_chat(t.client(sid), msgs, False))
+    finally:
+        t.stop()
+    t = Passthrough(fake.url, data, tmp_path / "b.log")
+    try:
+        msgs.append({"role": "user", "content": "q2"})
+        _chat(t.client(sid), msgs, True)
+        first, second = t.get(f"/v1/sessions/{sid}/calls")["data"]
+        assert second["parent_id"] == first["id"] and second["seq"] == 1
+    finally:
+        t.stop()
