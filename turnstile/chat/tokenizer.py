@@ -84,7 +84,8 @@ class LoadedTokenizer:
 
         This matches how vLLM/SGLang encode a prompt rendered from a chat template.
         """
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        # The batch "fast" path skips offset tracking (about a fifth of the time); same IDs.
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text for ``ids`` (special tokens kept unless asked otherwise)."""
