@@ -1,6 +1,6 @@
 """Passthrough capture (``turnstile serve --mode passthrough``), a real Turnstile process in
-front of a fake vLLM ``/v1/chat/completions`` that renders prompts itself and returns token IDs,
-with the official ``openai`` client as the harness.
+front of a fake vLLM (``return_token_ids``) or SGLang (``sglext`` ids) ``/v1/chat/completions``
+that renders prompts itself, with the official ``openai`` client as the harness.
 
 The fake's model samples turn 2's first ``"ab"`` as ``"a"`` + ``"b"`` (same text, not the
 canonical tokenization); turn 3's prompt re-tokenizes that reply canonically, so it no longer
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import openai
 import orjson
 import pytest
 from fakes import chat as toychat
+from fakes.sglang_fake import SGLangFake
 from fakes.vllm_fake import MODEL, VLLMFake
 
 from turnstile import testbed
@@ -29,11 +32,12 @@ pytestmark = pytest.mark.timeout(120)
 class Passthrough:
     """``turnstile serve --mode passthrough`` as a real process."""
 
-    def __init__(self, engine_url: str, data: Path, log: Path, *extra: str):
+    def __init__(self, engine_url: str, data: Path, log: Path, *extra: str,
+                 engine: str = "vllm"):
         self.port = testbed.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--mode", "passthrough",
-               "--engine", "vllm", "--engine-url", engine_url, "--model", MODEL,
+               "--engine", engine, "--engine-url", engine_url, "--model", MODEL,
                "--port", str(self.port), "--data", str(data), *extra]
         with log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -77,6 +81,41 @@ def ts(fake: VLLMFake, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pas
     t.stop()
 
 
+@pytest.fixture(scope="module")
+def sglang_fake() -> Iterator[SGLangFake]:
+    with SGLangFake() as f:
+        f.chat.split_turns = {2}
+        yield f
+
+
+@pytest.fixture(scope="module")
+def sglang_ts(sglang_fake: SGLangFake, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[Passthrough]:
+    d = tmp_path_factory.mktemp("passthrough-sglang")
+    t = Passthrough(sglang_fake.url, d / "data", d / "turnstile.log", "--keep-bodies",
+                    engine="sglang")
+    yield t
+    t.stop()
+
+
+@pytest.fixture(params=["vllm", "sglang"])
+def engine(request: pytest.FixtureRequest) -> tuple[str, Passthrough, VLLMFake | SGLangFake]:
+    """(engine, Turnstile, its fake) for each engine."""
+    if request.param == "vllm":
+        return "vllm", request.getfixturevalue("ts"), request.getfixturevalue("fake")
+    return ("sglang", request.getfixturevalue("sglang_ts"),
+            request.getfixturevalue("sglang_fake"))
+
+
+def _logprobs(kind: str, stream: bool, ids: list[int]) -> list[float | None]:
+    """What the engine reports for each sampled token: SGLang streams no logprob for the stop
+    token (its text is empty, so no chunk carries it)."""
+    out: list[float | None] = [toychat.logprob(t, i) for i, t in enumerate(ids)]
+    if kind == "sglang" and stream:
+        out[-1] = None
+    return out
+
+
 def _chat(client: openai.OpenAI, msgs: list[dict], stream: bool, **kw: object) -> dict:
     """One harness turn; returns the assistant message the harness appends."""
     if not stream:
@@ -106,7 +145,8 @@ def _conversation(ts: Passthrough, fake: VLLMFake, turns: int, stream: bool
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_drift_on_turn_three_is_located_exactly(ts, fake, stream):
+def test_drift_on_turn_three_is_located_exactly(engine, stream):
+    kind, ts, fake = engine
     sid, msgs, sent = _conversation(ts, fake, 4, stream)
     calls = ts.get(f"/v1/sessions/{sid}/calls")["data"]
     assert len(calls) == len(sent) == 4
@@ -114,11 +154,19 @@ def test_drift_on_turn_three_is_located_exactly(ts, fake, stream):
     outs = [s["choices"][0]["token_ids"] for s in sent]
     for c, s in zip(calls, sent, strict=True):
         assert c["status"] == "ok" and c["mode"] == "passthrough"
-        assert c["completion_ids"] == s["choices"][0]["token_ids"]
-        assert c["completion_logprobs"] == pytest.approx(s["choices"][0]["logprobs"], abs=1e-5)
+        ids = s["choices"][0]["token_ids"]
+        assert c["completion_ids"] == ids
+        want = _logprobs(kind, stream, ids)
+        assert [x is None for x in c["completion_logprobs"]] == [x is None for x in want]
+        assert [x for x in c["completion_logprobs"] if x is not None] == \
+            pytest.approx([x for x in want if x is not None], abs=1e-5)
         assert c["engine_request_id"] == s["id"]
         assert c["stop_token_id"] == toychat.IM_END and c["finish_reason"] == "stop"
-        assert c["weight_version"] == ["default"] * len(c["completion_ids"])
+        assert c["engine"] == f"passthrough-{kind}"
+        if kind == "vllm":  # per-token versions from the choice's weight_versions spans
+            assert c["weight_version"] == ["default"] * len(ids)
+        else:  # SGLang: metadata.weight_version, on whole responses only
+            assert c["weight_version"] == (None if stream else "default")
     c1, c2, c3, c4 = calls
 
     # Turns 1-2 extend: turn 2's prompt starts with turn 1's prompt + completion.
@@ -172,9 +220,11 @@ def test_drift_on_turn_three_is_located_exactly(ts, fake, stream):
         mask = [0] * len(pieces[0][0]) + [1] * len(pieces[0][1])
         mask += [0] * (len(pieces[1][0]) - len(mask)) + [1] * len(pieces[1][1])
         assert t["loss_mask"] == mask
-        lp = [toychat.logprob(tid, i) for _, out in pieces for i, tid in enumerate(out)]
-        assert [x for x, m in zip(t["logprobs"], mask, strict=True) if m] == \
-            pytest.approx(lp, abs=1e-5)
+        lp = [x for _, out in pieces for x in _logprobs(kind, stream, out)]
+        got = [x for x, m in zip(t["logprobs"], mask, strict=True) if m]
+        assert [x is None for x in got] == [x is None for x in lp]
+        assert [x for x in got if x is not None] == \
+            pytest.approx([x for x in lp if x is not None], abs=1e-5)
     per_call = ts.get(f"/v1/sessions/{sid}/trajectories?mode=per_call")["data"]
     assert [t["token_ids"] for t in per_call] == [p + o for p, o in zip(prompts, outs,
                                                                         strict=True)]
@@ -192,13 +242,20 @@ def _sse(r: httpx.Response) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("asked", [{}, {"logprobs": True, "top_logprobs": 2},
-                                   {"return_token_ids": True}],
-                         ids=["plain", "logprobs", "token_ids"])
+ADDED = {"vllm": {"return_token_ids", "logprobs", "return_weight_versions"},
+         "sglang": {"return_input_ids_in_sglext", "return_output_ids_in_sglext", "logprobs"}}
+ASK_IDS = {"vllm": {"return_token_ids": True},
+           "sglang": {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}}
+
+
+@pytest.mark.parametrize("asked", ["plain", "logprobs", "token_ids"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_the_harness_gets_the_engines_own_response(ts, fake, asked, stream):
+def test_the_harness_gets_the_engines_own_response(engine, asked, stream):
     """Turnstile's additions (token IDs, logprobs, weight versions) are taken out again:
     the harness gets what the engine answers to the request as the harness sent it."""
+    kind, ts, fake = engine
+    asked = {"plain": {}, "logprobs": {"logprobs": True, "top_logprobs": 2},
+             "token_ids": ASK_IDS[kind]}[asked]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
             "max_tokens": 30, "stream": stream, **asked}
     if stream:
@@ -212,15 +269,13 @@ def test_the_harness_gets_the_engines_own_response(ts, fake, asked, stream):
         direct = _sse(d) if stream else _normalize(orjson.loads(d.read()))
     assert got == direct
     sent = fake.chat_log[-2]["body"]  # what the engine received through Turnstile
-    assert sent["return_token_ids"] is True and sent["logprobs"] is True
-    assert sent["return_weight_versions"] is True
-    assert {k: v for k, v in sent.items() if k not in (
-        "return_token_ids", "logprobs", "return_weight_versions")} == \
-        {k: v for k, v in body.items() if k not in ("return_token_ids", "logprobs")}
+    assert all(sent[k] is True for k in ADDED[kind])
+    assert {k: v for k, v in sent.items() if k not in ADDED[kind]} == \
+        {k: v for k, v in body.items() if k not in ADDED[kind]}
     (call,) = ts.get(f"/v1/sessions/{sid}/calls")["data"]
     assert call["completion_ids"] == fake.chat_log[-2]["choices"][0]["token_ids"]
-    assert set(call["added_fields"]) == {"return_token_ids", "logprobs",
-                                         "return_weight_versions"} - set(asked)
+    assert call["prompt_delta_ids"] == fake.chat_log[-2]["prompt_token_ids"]
+    assert set(call["added_fields"]) == ADDED[kind] - set(asked)
     kept = ts.get(f"/v1/sessions/{sid}/calls/{call['id']}/body")
     assert kept["request"] == sent
 
@@ -351,3 +406,116 @@ def test_the_tree_survives_a_restart(fake, tmp_path):
         assert second["parent_id"] == first["id"] and second["seq"] == 1
     finally:
         t.stop()
+
+
+def test_a_harness_that_goes_away_mid_stream_leaves_an_aborted_call(ts, fake):
+    sid = ts.session()
+    fake.token_delay = 0.1
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream("POST", f"{ts.url}/s/{sid}/v1/chat/completions", json=body,
+                          timeout=30) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith("data: {"):
+                pass
+        deadline = time.monotonic() + 10
+        while not (calls := ts.get(f"/v1/sessions/{sid}/calls")["data"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        fake.token_delay = 0.0
+    (call,) = calls
+    sent = fake.chat_log[-1]
+    assert call["status"] == "aborted" and call["error"] == "the client disconnected"
+    assert call["prompt_delta_ids"] == sent["prompt_token_ids"]
+    out = call["completion_ids"]
+    assert len(out) < len(sent["choices"][0]["token_ids"])
+    assert out == sent["choices"][0]["token_ids"][:len(out)]
+
+
+def test_policy_pause_abort_and_resume(ts, fake):
+    sid = ts.session()
+    client = ts.client(sid)
+    results: dict = {}
+
+    def call(key: str) -> None:
+        try:
+            r = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": key}])
+            results[key] = r.choices[0].finish_reason
+        except openai.APIStatusError as e:
+            results[key] = e.body.get("code") if isinstance(e.body, dict) else e.status_code
+
+    fake.token_delay = 0.2
+    try:
+        t = threading.Thread(target=call, args=("aborted",))
+        t.start()
+        time.sleep(0.5)
+        r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60).json()
+        t.join(30)
+    finally:
+        fake.token_delay = 0.0
+    assert r["paused"] and r["in_flight"] == 0 and results["aborted"] == "policy_update"
+    assert ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]["status"] == "aborted"
+    waiting = threading.Thread(target=call, args=("waited",))
+    waiting.start()
+    time.sleep(0.5)
+    assert "waited" not in results  # held at the door while paused
+    httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"}).raise_for_status()
+    waiting.join(30)
+    assert results["waited"] == "stop"
+    last = ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]
+    assert last["status"] == "ok" and last["policy_version"] == "7"
+
+
+def test_stripping_keeps_what_the_harness_asked_for():
+    from turnstile.server.passthrough import _Asked, strip_chunk, strip_response
+
+    nothing = _Asked(False, False, False, False)
+    # vLLM sends a chunk for an empty-text token only because ids/logprobs were asked for
+    empty = {"id": "x", "choices": [{"index": 0, "delta": {"content": ""}, "logprobs": {
+        "content": [{"token": "", "logprob": -1.0}]}, "finish_reason": None, "token_ids": [7]}]}
+    assert strip_chunk(orjson.loads(orjson.dumps(empty)), nothing, "vllm") is None
+    kept = strip_chunk(orjson.loads(orjson.dumps(empty)), _Asked(True, True, False, False),
+                       "vllm")
+    assert kept["choices"][0]["token_ids"] == [7] and kept["choices"][0]["logprobs"] is None
+    first = {"id": "x", "prompt_token_ids": [1, 2], "choices": [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+         "finish_reason": None}]}
+    assert strip_chunk(first, nothing, "vllm") == {"id": "x", "choices": first["choices"]}
+    # SGLang: the ids-only chunk goes; one that also carries other sglext fields stays
+    ids_only = {"choices": [], "sglext": {"input_ids": [1], "output_ids": [[2]],
+                                          "routed_experts": None}}
+    assert strip_chunk(ids_only, nothing, "sglang") is None
+    mixed = {"choices": [], "sglext": {"input_ids": [1], "routed_experts": "AAAA"}}
+    assert strip_chunk(mixed, nothing, "sglang") == {"choices": [],
+                                                     "sglext": {"routed_experts": "AAAA"}}
+    resp = {"prompt_token_ids": [1], "choices": [{"token_ids": [2], "logprobs": {"content": []},
+                                                  "weight_versions": [{"version": "1"}]}]}
+    assert strip_response(resp, nothing, "vllm") == {
+        "prompt_token_ids": None,
+        "choices": [{"token_ids": None, "logprobs": None, "weight_versions": None}]}
+
+
+def test_replicas_keep_a_session_on_one_engine(tmp_path):
+    """Two vLLM 0.32 replicas (no weight_versions there: not asked for); a session's calls all
+    go to one, and its tree links across them as on one engine."""
+    with VLLMFake("0.32.0") as a, VLLMFake("0.32.0") as b:
+        t = Passthrough(a.url, tmp_path / "data", tmp_path / "t.log", "--engine-url", b.url)
+        try:
+            sids = [t.session() for _ in range(6)]
+            for sid in sids:
+                msgs = [{"role": "user", "content": sid}]
+                msgs.append(_chat(t.client(sid), msgs, False))
+                msgs.append({"role": "user", "content": "q2"})
+                _chat(t.client(sid), msgs, True)
+                first, second = t.get(f"/v1/sessions/{sid}/calls")["data"]
+                assert second["parent_id"] == first["id"]
+                assert first["added_fields"] == ["return_token_ids", "logprobs"]
+                assert first["weight_version"] is None
+            served = {f.url: [e["body"]["messages"][0]["content"] for e in f.chat_log]
+                      for f in (a, b)}
+            for sid in sids:  # both calls of a session on the same replica
+                assert sorted(len([x for x in v if x == sid]) for v in served.values()) == [0, 2]
+        finally:
+            t.stop()

@@ -26,12 +26,14 @@ Shapes follow the SGLang 0.5.23 wheel (``srt/entrypoints/http_server.py``,
 from __future__ import annotations
 
 import time
+import uuid
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from . import chat as toychat
 from .common import EOS, FakeServer, Generation, Step, ToyModel, token_text
 
 MODEL = "fake/tiny-model"
@@ -61,6 +63,8 @@ class SGLangFake(FakeServer):
         self.skip_events = skip_events  # cumulative: drop this many events after each one sent
         self.tokens_per_event = tokens_per_event  # incremental: coalesced deltas
         self.model = ToyModel("raw_logprobs" if original_logprobs else "scaled_logprobs")
+        self.chat = toychat.ChatScript()  # what /v1/chat/completions answers
+        self.chat_log: list[dict] = []
 
     def routes(self) -> list:
         return [
@@ -70,6 +74,8 @@ class SGLangFake(FakeServer):
             Route("/model_info", self.model_info, methods=["GET"]),
             Route("/server_info", self.server_info, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/detokenize", self.detokenize, methods=["POST"]),
         ]
 
     async def health(self, request: Request) -> Response:
@@ -300,3 +306,119 @@ class SGLangFake(FakeServer):
             if not ok:
                 self.rec.disconnects.append(rid)
                 self.rec.sent[rid] = Generation(gen.steps[:sent], "abort")
+
+    # /v1/chat/completions (the engine renders), modelled on SGLang's serving_chat.py: token
+    # ids through the response-level ``sglext`` extension (``return_input_ids_in_sglext``,
+    # ``return_output_ids_in_sglext``), on the response or on a ``choices: []`` chunk after
+    # the finish chunks; ``return_token_ids`` is refused with ``stream``; a streamed token's
+    # logprob rides on that step's content chunk, so the stop token's (empty text) is not sent;
+    # ``metadata.weight_version`` on a whole response; ``matched_stop`` on the finishing choice.
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await self.record(request) or {}
+        return _json({"text": toychat.decode(list(body.get("tokens") or []),
+                                             skip_special=False)})
+
+    @staticmethod
+    def _chat_lp(tid: int, pos: int, k: int) -> dict:
+        tok = toychat.piece(tid)
+        lp = toychat.logprob(tid, pos)
+        top = [(tok, lp)] + [(f"alt{j}", lp - 1 - j) for j in range(max(k - 1, 0))]
+        return {"token": tok, "bytes": list(tok.encode()), "logprob": lp,
+                "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v}
+                                 for t, v in top[:k]]}
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await self.record(request)
+        msgs = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(msgs, list) or not msgs:
+            return _json({"object": "error", "message": "messages must be a non-empty list",
+                          "type": "BadRequest", "param": None, "code": 400}, 400)
+        stream = bool(body.get("stream"))
+        if stream and body.get("return_token_ids"):
+            return _json({"object": "error", "message": (
+                "return_token_ids is not supported with streaming on /v1/chat/completions. "
+                "Please set stream=false when using return_token_ids=true."),
+                "type": "BadRequest", "param": None, "code": 400}, 400)
+        if self.fail_next is not None:
+            status, self.fail_next = self.fail_next, None
+            return _json({"object": "error", "message": "The server is overloaded, retry later.",
+                          "type": str(status), "param": None, "code": status}, status)
+        prompt = toychat.render(msgs)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 128
+        replies = [self.chat.reply(msgs, max_tokens, i) for i in range(body.get("n") or 1)]
+        rid = uuid.uuid4().hex
+        created = int(time.time())
+        want_lp = bool(body.get("logprobs"))
+        k = body.get("top_logprobs") or 0
+        in_ids = bool(body.get("return_input_ids_in_sglext"))
+        out_ids = bool(body.get("return_output_ids_in_sglext"))
+        self.chat_log.append({"id": rid, "stream": stream, "body": body,
+                              "prompt_token_ids": prompt,
+                              "choices": [{"token_ids": r.ids, "finish_reason": r.finish_reason,
+                                           "logprobs": [toychat.logprob(t, i)
+                                                        for i, t in enumerate(r.ids)]}
+                                          for r in replies]})
+        ext = None
+        if in_ids or out_ids:
+            ext = {"routed_experts": None, "cached_tokens_details": None,
+                   "spec_tokens_details": None, "input_ids": prompt if in_ids else None,
+                   "output_ids": [r.ids for r in replies] if out_ids else None}
+        n_out = sum(len(r.ids) for r in replies)
+        usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + n_out,
+                 "completion_tokens": n_out, "prompt_tokens_details": None,
+                 "reasoning_tokens": 0}
+        matched = {"stop": toychat.IM_END}
+        if stream:
+            return StreamingResponse(self._chat_stream(
+                rid, created, replies, want_lp, k, ext,
+                usage if (body.get("stream_options") or {}).get("include_usage") else None),
+                media_type="text/event-stream")
+        choices = [{"index": i,
+                    "message": {"role": "assistant", "content": r.text, "tool_calls": None,
+                                "reasoning_content": None},
+                    "logprobs": {"content": [self._chat_lp(t, p, k)
+                                             for p, t in enumerate(r.ids)]} if want_lp else None,
+                    "finish_reason": r.finish_reason,
+                    "matched_stop": matched.get(r.finish_reason),
+                    "hidden_states": None}
+                   for i, r in enumerate(replies)]
+        return _json({"id": rid, "object": "chat.completion", "created": created,
+                      "model": MODEL, "choices": choices, "usage": usage,
+                      "metadata": {"weight_version": self.weight_version}, "sglext": ext})
+
+    async def _chat_stream(self, rid: str, created: int, replies: list[toychat.Reply],
+                           want_lp: bool, k: int, ext: dict | None, usage: dict | None):
+        def chunk(choices: list[dict], **extra: object) -> bytes:
+            obj = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                   "model": MODEL, "choices": choices, **extra}
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+        for i, r in enumerate(replies):
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None}])
+            for pos, tid in enumerate(r.ids):
+                await self.pace(rid)
+                text = "" if tid in toychat.SPECIAL else toychat.piece(tid)
+                if not text:
+                    continue  # no content chunk: this step's logprob goes nowhere
+                if self.fail_mid_stream is not None and pos > 0:
+                    status, self.fail_mid_stream = self.fail_mid_stream, None
+                    err = {"error": {"message": "Internal server error",
+                                     "type": "InternalServerError", "code": status}}
+                    yield b"data: " + orjson.dumps(err) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    return
+                yield chunk([{"index": i, "delta": {"content": text},
+                              "logprobs": {"content": [self._chat_lp(tid, pos, k)]}
+                              if want_lp else None, "finish_reason": None}])
+        for i, r in enumerate(replies):
+            yield chunk([{"index": i, "delta": {}, "logprobs": None,
+                          "finish_reason": r.finish_reason,
+                          "matched_stop": toychat.IM_END if r.finish_reason == "stop"
+                          else None}])
+        if ext is not None:
+            yield chunk([], sglext=ext)
+        if usage is not None:
+            yield chunk([], usage=usage)
+        yield b"data: [DONE]\n\n"

@@ -575,6 +575,9 @@ class VLLMFake(FakeServer):
                 self._chat_stream(rid, created, prompt, replies, with_ids, want_lp, k, wv,
                                   usage if opts.get("include_usage") else None),
                 media_type="text/event-stream")
+        for r in replies:  # generation takes token_delay per token
+            for _ in r.ids:
+                await self.pace(rid)
         choices = []
         for i, r in enumerate(replies):
             c = {"index": i,

@@ -5,7 +5,7 @@ For models Turnstile cannot render (or as a cross-check of its own rendering), t
 goes to the engine's ``/v1/chat/completions`` as the harness sent it, plus only what is needed
 to get the tokens back: vLLM ``return_token_ids`` (``prompt_token_ids`` on the response, or on
 the first chunk when streaming; per-choice ``token_ids``, delta IDs per chunk),
-``return_weight_versions`` and ``logprobs``; SGLang ``return_input_ids_in_sglext`` /
+``return_weight_versions`` (vLLM 0.33+) and ``logprobs``; SGLang ``return_input_ids_in_sglext`` /
 ``return_output_ids_in_sglext`` (``sglext`` on the response, or on a final ``choices: []``
 chunk) and ``logprobs``. What the harness did not ask for is taken out of the response again,
 so the harness sees the engine's own answer.
@@ -57,7 +57,7 @@ from ..engines.base import (
     SamplingParams,
     logprob_unfitness,
 )
-from ..engines.http import HTTPEngine, error_message, sse_data
+from ..engines.http import HTTPEngine, error_message, sse_data, version_tuple
 from ..store.sqlite import CallRecord, Store, new_id
 from .control import PolicyControl
 from .errors import APIError
@@ -676,7 +676,10 @@ class PassthroughGateway:
         if self.dialect == "vllm":
             asked = _Asked(bool(raw.get("return_token_ids")), bool(raw.get("return_token_ids")),
                            bool(raw.get("logprobs")), bool(raw.get("return_weight_versions")))
-            add = {"return_token_ids": True, "logprobs": True, "return_weight_versions": True}
+            add = {"return_token_ids": True, "logprobs": True}
+            v = version_tuple(self.primary.version)
+            if v is not None and v >= (0, 33):  # older servers ignore it, stricter ones refuse
+                add["return_weight_versions"] = True
         else:
             asked = _Asked(bool(raw.get("return_input_ids_in_sglext")),
                            bool(raw.get("return_output_ids_in_sglext")),
