@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import math
 import sys
@@ -669,7 +670,8 @@ class PassthroughGateway:
             logprobs=bool(body.get("logprobs")),
             template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
 
-    def outgoing(self, req: ChatRequest) -> tuple[dict, _Asked, list[str]]:
+    def outgoing(self, req: ChatRequest, engine: PassthroughEngine
+                 ) -> tuple[dict, _Asked, list[str]]:
         """The body for the engine: the harness's, plus what brings the tokens back."""
         raw = req.raw
         body = dict(raw)
@@ -677,7 +679,7 @@ class PassthroughGateway:
             asked = _Asked(bool(raw.get("return_token_ids")), bool(raw.get("return_token_ids")),
                            bool(raw.get("logprobs")), bool(raw.get("return_weight_versions")))
             add = {"return_token_ids": True, "logprobs": True}
-            v = version_tuple(self.primary.version)
+            v = version_tuple(engine.version)
             if v is not None and v >= (0, 33):  # older servers ignore it, stricter ones refuse
                 add["return_weight_versions"] = True
         else:
@@ -690,13 +692,17 @@ class PassthroughGateway:
         body.update(add)
         return body, asked, added
 
-    def _target(self, session_id: str) -> tuple[PassthroughEngine, Any]:
+    async def _target(self, session_id: str) -> tuple[PassthroughEngine, Any]:
         """The engine for this session (a replica pool keeps a session on one replica)."""
         try:
             bound = self.engine.pick(session_id)
         except EngineError as exc:
             raise _api_error(exc) from exc
-        return getattr(bound, "engine", bound), bound
+        engine = getattr(bound, "engine", bound)
+        if engine.model is None:  # unreachable when Turnstile started: learn its version now
+            with contextlib.suppress(EngineError):
+                await engine.refresh()
+        return engine, bound
 
     @staticmethod
     def _failed(bound: Any, exc: EngineError) -> None:
@@ -944,8 +950,8 @@ class PassthroughGateway:
 
     async def _complete(self, session_id: str, req: ChatRequest) -> dict:
         started = time.time()
-        body, asked, added = self.outgoing(req)
-        engine, bound = self._target(session_id)
+        engine, bound = await self._target(session_id)
+        body, asked, added = self.outgoing(req, engine)
         cap = _Capture(self.dialect)
         try:
             try:
@@ -985,8 +991,8 @@ class PassthroughGateway:
         await self.control.admit()
         self.control.leave()  # the stream runs in the response's task: it enters there
         started = time.time()
-        body, asked, added = self.outgoing(req)
-        engine, bound = self._target(session_id)
+        engine, bound = await self._target(session_id)
+        body, asked, added = self.outgoing(req, engine)
         cap = _Capture(self.dialect)
         resp = None
         ready = False
@@ -1017,8 +1023,9 @@ class PassthroughGateway:
 
     def _chunk(self, engine: PassthroughEngine, payload: bytes) -> dict:
         obj = _loads(payload, "a stream chunk")
-        if "error" in obj and not obj.get("choices"):
-            err = obj["error"] if isinstance(obj["error"], dict) else {"message": obj["error"]}
+        if ("error" in obj or obj.get("object") == "error") and not obj.get("choices"):
+            err = obj.get("error", obj)  # {"error": {...}} or an ErrorResponse itself
+            err = err if isinstance(err, dict) else {"message": err}
             code = err.get("code")
             status = int(code) if isinstance(code, int) or str(code).isdigit() else 500
             raise engine.http_error(status, orjson.dumps({"error": err}))
