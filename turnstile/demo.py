@@ -86,7 +86,11 @@ def _report(gateway: object, sessions: list, data: Path) -> None:
     tok = gateway.tok
     template = gateway.renderer.template
     eog = tok.eog_token_ids
-    print(f"\nRecords in {data / 'turnstile.sqlite3'}\n")
+    print(f"\nRecords in {data / 'turnstile.sqlite3'}")
+    print(f"Template audit at start ({gateway.renderer.fingerprint}):")
+    for line in gateway.policy.describe():
+        print(f"  {line}")
+    print()
     header = (f"{'session':<30} {'mode':<9} {'calls':>5} {'tokens':>6} {'sampled':>7} "
               f"{'reused':>6} {'segments':>8} {'drifted turns':>13} {'naive = exact':>13}")
     print(header)
