@@ -130,7 +130,7 @@ def _chat(client: openai.OpenAI, msgs: list[dict], stream: bool, **kw: object) -
     return {"role": "assistant", "content": text}
 
 
-def _conversation(ts: Passthrough, fake: VLLMFake, turns: int, stream: bool
+def _conversation(ts: Passthrough, fake: VLLMFake | SGLangFake, turns: int, stream: bool
                   ) -> tuple[str, list[dict], list[dict]]:
     sid = ts.session()
     client = ts.client(sid)
