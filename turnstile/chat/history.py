@@ -122,9 +122,36 @@ class SessionTree:
     replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
     known: set[bytes] = field(default_factory=set)  # every conversation prefix seen
     n_calls: int = 0
+    # Chain hash after a message already seen in this session, keyed by the hash before it and
+    # the message's JSON (length + keyed 64-bit hash, not the bytes): harnesses resend the whole
+    # history on every call, and normalising + hashing every old message again made matching
+    # cost grow with the context. A message that serialises differently is simply hashed again.
+    _seen: dict[tuple[bytes, int, int], bytes] = field(default_factory=dict, repr=False)
+
+    def prefix_hashes(self, root: bytes, messages: list[dict]) -> list[bytes]:
+        """``prefix_hashes(root, messages)``, reusing the chain of messages seen before."""
+        out = [root]
+        prev = root
+        seen = self._seen
+        for m in messages:
+            try:
+                raw = orjson.dumps(m)
+            except orjson.JSONEncodeError:
+                key = None
+                nxt = None
+            else:
+                key = (prev, len(raw), hash(raw))
+                nxt = seen.get(key)
+            if nxt is None:
+                nxt = _chain(prev, message_key(m))
+                if key is not None:
+                    seen[key] = nxt
+            out.append(nxt)
+            prev = nxt
+        return out
 
     def match(self, messages: list[dict], root: bytes) -> Match:
-        hashes = prefix_hashes(root, messages)
+        hashes = self.prefix_hashes(root, messages)
         for k in range(len(messages) - 1, 0, -1):
             call_id = self.replies.get(hashes[k])
             if call_id is not None:
