@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import orjson
+
 from .template import ChatTemplate
 from .tokenizer import LoadedTokenizer
 
@@ -46,6 +48,7 @@ class Renderer:
         anchor = tokenizer.eos_token or next(iter(self.eog_text.values()), None)
         self._anchor = anchor if anchor and len(tokenizer.encode(anchor)) == 1 else None
         self.fingerprint = f"{tokenizer.fingerprint}:{template.fingerprint}"
+        self._heads: dict[bytes, str] = {}  # stand-in head renders, see _head
 
     def render_full(self, messages: list[dict], tools: list[dict] | None,
                     **kwargs: object) -> list[int]:
@@ -68,8 +71,8 @@ class Renderer:
         """
         head = [system, STAND_IN_USER] if system else [STAND_IN_USER]
         render = self.template.render
-        before_turn = render(head, tools, add_generation_prompt=False, **kwargs)
         before = render([*head, assistant], tools, add_generation_prompt=False, **kwargs)
+        before_turn = self._head(head, tools, kwargs, before)
         after = render([*head, assistant, *new_messages], tools, add_generation_prompt=True,
                        **kwargs)
         if not after.startswith(before):
@@ -90,6 +93,24 @@ class Renderer:
             # stands in for the template's close.
             seam = Seam("substituted_close", tail[len(close_text):])
         return self.encode_fragment(seam.text), seam
+
+    def _head(self, head: list[dict], tools: list[dict] | None, kwargs: dict, before: str
+              ) -> str:
+        """The stand-in head rendered alone. It is the same for every call of a rollout batch
+        (same system message, tools, kwargs), so it is kept; a kept render that no longer
+        prefixes ``before`` (a template that writes today's date) is rendered again."""
+        try:
+            key = orjson.dumps([head[0] if len(head) > 1 else None, tools, kwargs])
+        except (orjson.JSONEncodeError, TypeError):
+            key = None
+        text = self._heads.get(key) if key is not None else None
+        if text is None or not before.startswith(text):
+            text = self.template.render(head, tools, add_generation_prompt=False, **kwargs)
+            if key is not None:
+                if len(self._heads) >= 256:
+                    self._heads.clear()
+                self._heads[key] = text
+        return text
 
     def _turn_close(self, rendered: str, start: int) -> tuple[int, str]:
         """Position and text of the last end-of-generation marker in the assistant turn, or the
