@@ -8,7 +8,8 @@ The rest of Turnstile never knows which engine it talks to. An adapter turns
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from array import array
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -83,6 +84,18 @@ class Finish:
         return out
 
 
+def wire_ids(ids: Sequence[int]) -> Sequence[int]:
+    """Prompt token IDs for a JSON request body. The gateway hands adapters the prompt as an
+    int32 ``array``: it goes out as a numpy view that orjson writes in C
+    (``OPT_SERIALIZE_NUMPY``), instead of first making a Python int per token (at 100k tokens
+    that was ~3 ms per call). A list stays a list."""
+    if isinstance(ids, array) and ids.typecode == "i":
+        import numpy as np
+
+        return np.frombuffer(ids, dtype=np.int32)
+    return list(ids)
+
+
 class EngineError(Exception):
     """The engine could not serve the call. ``status`` is the HTTP status to give the harness."""
 
@@ -130,9 +143,11 @@ class Engine(Protocol):
 
     async def refresh(self) -> None: ...
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
                  ) -> AsyncIterator[TokenEvent | Finish]:
-        """``stream`` is a hint: an adapter whose engine cannot stream exact token IDs
+        """``prompt_ids``: a list, or an int32 ``array`` (see :func:`wire_ids`).
+
+        ``stream`` is a hint: an adapter whose engine cannot stream exact token IDs
         returns them all at once."""
         ...
 

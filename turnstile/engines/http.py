@@ -115,7 +115,8 @@ class HTTPEngine:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
-            timeout=self._timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
+            timeout=self._timeout,
+            json_serialize=lambda o: orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode(),
             connector=aiohttp.TCPConnector(limit=0))
         try:
             await self.refresh()

@@ -27,6 +27,7 @@ from .base import (
     SamplingParams,
     TokenEvent,
     logprob_unfitness,
+    wire_ids,
 )
 from .http import HTTPEngine
 
@@ -60,7 +61,7 @@ class LlamaCppEngine(HTTPEngine):
 
     def request_body(self, prompt_ids: list[int], params: SamplingParams) -> dict:
         body = {
-            "prompt": prompt_ids,
+            "prompt": wire_ids(prompt_ids),
             "n_predict": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,

@@ -35,6 +35,7 @@ from .base import (
     SamplingParams,
     TokenEvent,
     logprob_unfitness,
+    wire_ids,
 )
 from .http import HTTPEngine, gateway_status, new_request_id, sse_data
 
@@ -109,7 +110,7 @@ class SGLangEngine(HTTPEngine):
             sp["sampling_seed"] = params.seed  # honoured with --enable-deterministic-inference
         body: dict = {
             "rid": rid,
-            "input_ids": list(prompt_ids),
+            "input_ids": wire_ids(prompt_ids),
             "sampling_params": sp,
             "stream": stream,
             "return_logprob": True,
@@ -131,7 +132,8 @@ class SGLangEngine(HTTPEngine):
         ended = False
         reader = _Reader(self, params, len(prompt_ids))
         try:
-            async with self.session.post(self.url + "/generate", data=orjson.dumps(body),
+            async with self.session.post(self.url + "/generate", data=orjson.dumps(
+                    body, option=orjson.OPT_SERIALIZE_NUMPY),
                                          headers={"content-type": "application/json"}) as resp:
                 if resp.status != 200:
                     ended = True

@@ -43,6 +43,7 @@ from .base import (
     SamplingParams,
     TokenEvent,
     logprob_unfitness,
+    wire_ids,
 )
 from .http import HTTPEngine, error_message, new_request_id, sse_data, version_tuple
 
@@ -195,10 +196,10 @@ class VLLMEngine(HTTPEngine):
     def request_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool,
                      request_id: str, route: str) -> dict:
         if route == GENERATE:
-            body: dict = {"request_id": request_id, "token_ids": list(prompt_ids),
+            body: dict = {"request_id": request_id, "token_ids": wire_ids(prompt_ids),
                           "sampling_params": self._sampling(params, False), "stream": stream}
         else:
-            body = {"prompt": list(prompt_ids), **self._sampling(params, True),
+            body = {"prompt": wire_ids(prompt_ids), **self._sampling(params, True),
                     "echo": False, "stream": stream, "request_id": request_id,
                     "return_token_ids": True, "return_tokens_as_token_ids": True}
             if self.model:
@@ -237,7 +238,8 @@ class VLLMEngine(HTTPEngine):
         resp: aiohttp.ClientResponse | None = None
         ended = False
         try:
-            async with self.session.post(self.url + route, data=orjson.dumps(body),
+            async with self.session.post(self.url + route, data=orjson.dumps(
+                    body, option=orjson.OPT_SERIALIZE_NUMPY),
                                          headers={"content-type": "application/json"}) as resp:
                 if resp.status != 200:
                     ended = True
