@@ -232,7 +232,7 @@ class Gateway:
         eog = self.tok.eog_token_ids
         engine = self.engine.pick(session_id)  # the session's replica
         gen.engine_url = getattr(engine, "url", None)
-        async for ev in engine.generate(prompt.ids.tolist(), params, stream=stream):
+        async for ev in engine.generate(prompt.ids, params, stream=stream):
             if isinstance(ev, Finish):
                 if ev.reason == "stop" and ev.stop_string is None and len(gen.ids):
                     last = gen.ids[-1]
