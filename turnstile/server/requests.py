@@ -116,19 +116,32 @@ def _messages(body: dict) -> list[dict]:
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages", "expected a non-empty list of messages.")
     for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise _bad(where, "expected an object.")
-        role = m.get("role")
-        if role not in ROLES:
-            raise _bad(f"{where}.role", f"{role!r} is not one of {sorted(ROLES)}.")
-        _check_content(m, where, role)
-        if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-            raise _bad(f"{where}.tool_call_id", "a tool message needs the id of the tool call "
-                                                "it answers.")
-        if role == "assistant":
-            _check_tool_calls(m, where)
+        # The history is resent on every call: the common shapes (text content; a tool result
+        # with its call id) pass here without building field names; the rest is checked below.
+        if type(m) is dict and type(m.get("content")) is str:
+            role = m.get("role")
+            if role in _PLAIN_ROLES or (role == "tool" and type(m.get("tool_call_id")) is str):
+                continue
+        _check_message(m, i)
     return msgs
+
+
+_PLAIN_ROLES = frozenset({"system", "developer", "user"})
+
+
+def _check_message(m: object, i: int) -> None:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise _bad(where, "expected an object.")
+    role = m.get("role")
+    if role not in ROLES:
+        raise _bad(f"{where}.role", f"{role!r} is not one of {sorted(ROLES)}.")
+    _check_content(m, where, role)
+    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise _bad(f"{where}.tool_call_id", "a tool message needs the id of the tool call "
+                                            "it answers.")
+    if role == "assistant":
+        _check_tool_calls(m, where)
 
 
 def _tools(body: dict) -> list[dict] | None:
