@@ -177,12 +177,13 @@ def start_relay(kind: str, upstream: str, cpu: int | None, log: Path) -> tuple[S
     return s, f"http://127.0.0.1:{port}"
 
 
-def start_turnstile(engine_url: str, data: Path, cpu: int | None, log: Path
-                    ) -> tuple[Server, str]:
+def start_turnstile(engine_url: str, data: Path, cpu: int | None, log: Path,
+                    src: str | None = None) -> tuple[Server, str]:
+    """``src``: run the ``turnstile`` package from another checkout (a baseline commit)."""
     port = free_port()
     s = Server([sys.executable, str(HERE), "turnstile", "--port", str(port), "--engine-url",
                 engine_url, "--data", str(data)], f"http://127.0.0.1:{port}/v1/models", cpu,
-               log, timeout=300)
+               log, env={"TURNSTILE_SRC": src} if src else None, timeout=300)
     return s, f"http://127.0.0.1:{port}"
 
 
@@ -675,5 +676,5 @@ def workdir(name: str, keep: bool = False) -> Iterator[Path]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(ROOT))
     _serve_main(sys.argv[1:])

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
 
 import _common as c  # noqa: E402
 

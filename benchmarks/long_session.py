@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
 
 import _common as c  # noqa: E402
 import orjson  # noqa: E402
@@ -86,6 +86,10 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     fake, fake_url = c.start_fake(spec_path, LOADGEN_CPU, wd / "fake.log")
     relay, relay_url = c.start_relay("relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log")
     ts, ts_url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log")
+    base = base_url = None
+    if args.baseline:
+        base, base_url = c.start_turnstile(fake_url, wd / "data-base", PROXY_CPU,
+                                           wd / "turnstile-base.log", args.baseline)
     gw = c.make_gateway(wd / "inproc", spec)
     # Time the parts of the in-process gateway that must not grow with the context.
     share = {"prompt": 0.0, "record": 0.0}
@@ -109,6 +113,9 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                                                        http_client=http)),
                    "turnstile": (ts, openai.AsyncOpenAI(base_url=ts_url + "/v1", api_key="x",
                                                         max_retries=0, http_client=http))}
+        if base is not None:
+            clients["base"] = (base, openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x",
+                                                        max_retries=0, http_client=http))
         histories = {name: c.base_messages() for name in [*clients, "inproc"]}
         for turn in range(args.turns):
             row = {"turn": turn + 1}
@@ -150,6 +157,8 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
         await http.aclose()
     finally:
         ts.stop()
+        if base is not None:
+            base.stop()
         relay.stop()
         fake.stop()
     return {"rows": rows, "segments": segments}
@@ -161,6 +170,8 @@ def main() -> None:
     p.add_argument("--turns", type=int)
     p.add_argument("--tool-tokens", type=int, default=436)
     p.add_argument("--json")
+    p.add_argument("--baseline", metavar="SRC",
+                   help="also run the turnstile package of another checkout, side by side")
     args = p.parse_args()
     args.turns = args.turns or (7 if args.quick else 200)
     c.pin(LOADGEN_CPU)
@@ -192,6 +203,13 @@ def main() -> None:
     print(c.table(["turn", "context tokens", "request KB", "relay CPU ms", "Turnstile CPU ms",
                    "Turnstile / relay", "render+tokenize+record ms", "share / turns 2-6",
                    "full re-render ms", "re-render / share"], table))
+    if "base" in rows[0]:
+        bas = [r["base"] for r in rows]
+        print("\nbaseline (the turnstile package from --baseline), same calls, windowed medians:")
+        print(c.table(["turn", "baseline CPU ms", "baseline / relay", "Turnstile / baseline"],
+                      [[rows[i]["turn"], window_median(bas, i),
+                        window_median(bas, i) / window_median(relay, i),
+                        window_median(tsc, i) / window_median(bas, i)] for i in shown]))
     ratios = [window_median(tsc, i) / window_median(relay, i) for i in range(n)]
     worst = max(range(n), key=lambda i: ratios[i])
     print(f"\nTurnstile / relay: max {ratios[worst]:.2f} at turn {worst + 1}, median "

@@ -31,7 +31,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
 
 import _common as c  # noqa: E402
 
@@ -83,6 +83,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sessions", type=int)
     p.add_argument("--tokens", type=int, help="tokens per session")
+    p.add_argument("--tool-tokens", type=int, default=436,
+                   help="tool-output tokens per turn (+64 sampled = recorded tokens per call)")
     args = p.parse_args()
     sessions = args.sessions or (20 if args.quick else 1000)
     tokens = args.tokens or (4000 if args.quick else 32000)
@@ -91,16 +93,16 @@ def main() -> None:
     spec = c.reply_spec(64)
     print("# Memory and disk per recorded token")
     print(f"machine: {c.machine()}")
-    print(f"set-up: {sessions} concurrent sessions x {tokens} tokens, ~500 recorded tokens "
-          f"per call (64 sampled), in-process Gateway + SQLite store")
+    print(f"set-up: {sessions} concurrent sessions x {tokens} tokens, ~{args.tool_tokens + 64} "
+          f"recorded tokens per call (64 sampled), in-process Gateway + SQLite store")
     with c.workdir("memory") as wd:
         gw = c.make_gateway(wd / "data", spec)
-        outputs = [long_session.tool_output(t, 436, gw.tok) for t in range(64)]
+        outputs = [long_session.tool_output(t, args.tool_tokens, gw.tok) for t in range(64)]
         gw.renderer.encode_fragment = functools.lru_cache(maxsize=None)(
             gw.renderer.encode_fragment)
         # warm everything that is allocated once (template compile, caches, the memo of the
         # tool outputs' token IDs): one session through all 64 tool outputs, then forgotten
-        asyncio.run(build(gw, 1, 64 * 500, outputs, "warm"))
+        asyncio.run(build(gw, 1, 64 * (args.tool_tokens + 64), outputs, "warm"))
         gw._trees.pop("warm-00000", None)
         gc.collect()
         disk0 = db_size(gw)

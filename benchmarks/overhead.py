@@ -36,7 +36,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
 
 import _common as c  # noqa: E402
 import orjson  # noqa: E402
@@ -49,6 +49,7 @@ class Target:
     def __init__(self, name: str, url: str, server: c.Server | None, api_key: str = "unused"):
         self.name, self.url, self.server, self.api_key = name, url, server, api_key
         self.client = None
+        self.agents: list[Agent] = []
 
     def make_client(self, conc: int):
         import httpx
@@ -56,98 +57,133 @@ class Target:
 
         http = httpx.AsyncClient(timeout=300, limits=httpx.Limits(
             max_connections=max(conc, 16) + 16, max_keepalive_connections=max(conc, 16) + 16))
+        # Retries only cover a kept-alive connection the server closed while idle (between
+        # cells); errors are counted either way.
         self.client = openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=self.api_key,
-                                         max_retries=0, http_client=http)
+                                         max_retries=2, http_client=http)
         return self.client
 
 
-async def session(client, mode: str, turns: int, base: list[dict], sizes: list[int],
-                  lat: list[float]) -> None:
-    """One agent session: each turn resends the history; the reply (a tool call) and the
-    tool's output are appended, as an agent harness does."""
-    sid = "bench-" + uuid.uuid4().hex[:16]
-    msgs = list(base)
-    for turn in range(turns):
-        kw = dict(model=c.MODEL_NAME, messages=msgs, tools=c.TOOLS, max_tokens=64,
-                  temperature=1.0, extra_headers={"x-session-id": sid})
-        sizes.append(len(orjson.dumps({"messages": msgs, "tools": c.TOOLS})))
+class Agent:
+    """One agent harness: sessions of TURNS turns; each turn resends the history, then the
+    reply (a tool call) and the tool's output are appended. It keeps its place between cells,
+    and agents start staggered (agent i is at turn i % TURNS), so every cell sees the same mix
+    of first turns (a whole prompt to render) and later turns (a delta)."""
+
+    def __init__(self, base: list[dict]):
+        self.base = base
+        self.new_session()
+
+    def new_session(self) -> None:
+        self.sid = "bench-" + uuid.uuid4().hex[:16]
+        self.msgs = list(self.base)
+        self.turn = 0
+
+    async def call(self, client, mode: str, sizes: list[int], lat: list[float]) -> bool:
+        kw = dict(model=c.MODEL_NAME, messages=self.msgs, tools=c.TOOLS, max_tokens=64,
+                  temperature=1.0, extra_headers={"x-session-id": self.sid})
+        sizes.append(len(orjson.dumps({"messages": self.msgs, "tools": c.TOOLS})))
         t0 = time.perf_counter()
+        try:
+            content, calls = await self._create(client, mode, kw)
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            print(f"    error: {type(exc).__name__}: {exc}", flush=True)
+            self.new_session()
+            return False
+        lat.append(time.perf_counter() - t0)
+        if not calls:
+            raise RuntimeError(f"no tool call in the reply: {content!r}")
+        self.msgs = [*self.msgs, {"role": "assistant", "content": content or None,
+                                  "tool_calls": calls}, c.tool_result(calls[0]["id"], self.turn)]
+        self.turn += 1
+        if self.turn == TURNS:
+            self.new_session()
+        return True
+
+    @staticmethod
+    async def _create(client, mode: str, kw: dict) -> tuple[str | None, list[dict]]:
         if mode == "plain":
             r = await client.chat.completions.create(**kw)
             m = r.choices[0].message
-            content, calls = m.content, [tc.model_dump() for tc in m.tool_calls or []]
-        else:
-            content, calls = "", []
-            stream = await client.chat.completions.create(**kw, stream=True)
-            async for ch in stream:
-                if not ch.choices:
-                    continue
-                d = ch.choices[0].delta
-                content += d.content or ""
-                for tc in d.tool_calls or []:
-                    while len(calls) <= tc.index:
-                        calls.append({"id": None, "type": "function",
-                                      "function": {"name": "", "arguments": ""}})
-                    cur = calls[tc.index]
-                    cur["id"] = tc.id or cur["id"]
-                    if tc.function:
-                        cur["function"]["name"] += tc.function.name or ""
-                        cur["function"]["arguments"] += tc.function.arguments or ""
-        lat.append(time.perf_counter() - t0)
-        assert calls, f"no tool call in the reply: {content!r}"
-        msgs = [*msgs, {"role": "assistant", "content": content or None, "tool_calls": calls},
-                c.tool_result(calls[0]["id"], turn)]
+            return m.content, [tc.model_dump() for tc in m.tool_calls or []]
+        content, calls = "", []
+        stream = await client.chat.completions.create(**kw, stream=True)
+        async for ch in stream:
+            if not ch.choices:
+                continue
+            d = ch.choices[0].delta
+            content += d.content or ""
+            for tc in d.tool_calls or []:
+                while len(calls) <= tc.index:
+                    calls.append({"id": None, "type": "function",
+                                  "function": {"name": "", "arguments": ""}})
+                cur = calls[tc.index]
+                cur["id"] = tc.id or cur["id"]
+                if tc.function:
+                    cur["function"]["name"] += tc.function.name or ""
+                    cur["function"]["arguments"] += tc.function.arguments or ""
+        return content, calls
 
 
-async def run_cell(target: Target, mode: str, conc: int, calls: int, base: list[dict]
-                   ) -> dict:
+async def run_cell(target: Target, mode: str, conc: int, per_agent: int) -> dict:
     client = target.client
     lat: list[float] = []
     sizes: list[int] = []
-    per_worker = max(1, calls // conc)
+    errors = 0
 
-    async def worker() -> None:
-        left = per_worker
-        while left > 0:
-            n = min(TURNS, left)
-            await session(client, mode, n, base, sizes, lat)
-            left -= n
+    async def worker(agent: Agent) -> None:
+        nonlocal errors
+        for _ in range(per_agent):
+            errors += not await agent.call(client, mode, sizes, lat)
 
     cpu0 = target.server.cpu() if target.server else 0.0
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(conc)))
+    await asyncio.gather(*(worker(a) for a in target.agents[:conc]))
     wall = time.perf_counter() - t0
     cpu1 = target.server.cpu() if target.server else 0.0
-    n = len(lat)
-    return {"target": target.name, "mode": mode, "conc": conc, "calls": n,
-            "cpu_ms": (cpu1 - cpu0) / n * 1000, "p50": c.pct(lat, 50) * 1000,
-            "p99": c.pct(lat, 99) * 1000, "rps": n / wall, "wall": wall,
-            "req_bytes": sum(sizes) / len(sizes)}
+    n = max(1, len(lat))
+    return {"target": target.name, "mode": mode, "conc": conc, "calls": len(lat),
+            "errors": errors, "cpu_ms": (cpu1 - cpu0) / n * 1000,
+            "p50": c.pct(lat, 50) * 1000, "p99": c.pct(lat, 99) * 1000,
+            "rps": len(lat) / wall, "wall": wall, "req_bytes": sum(sizes) / max(1, len(sizes))}
 
 
-def plan(quick: bool, concs: list[int], mode: str) -> dict[int, int]:
-    """Calls per cell (a multiple of conc x TURNS where it can be, so every cell has the same
-    mix of turns)."""
+def plan(quick: bool, conc: int, mode: str) -> int:
+    """Calls per agent in a cell: a multiple of TURNS where the cell is small, so that every
+    cell has the same mix of turns (agents are staggered across turns)."""
     if quick:
-        return {k: max(k, 4) for k in concs}
+        return 2
     if mode == "paced":
-        return {k: {1: 8}.get(k, k * TURNS) for k in concs}
-    return {k: {1: 160, 32: 256}.get(k, k * TURNS) for k in concs}
+        return {1: 8, 32: 2}.get(conc, 1)
+    return {1: 80, 32: 4}.get(conc, 1)
 
 
-async def measure(targets: list[Target], mode: str, concs: list[int], quick: bool,
-                  base: list[dict]) -> list[dict]:
-    calls = plan(quick, concs, mode)
-    for t in targets:  # warm up: connections, caches, first-call paths
-        t.make_client(max(concs))
-        await run_cell(t, mode, min(max(concs), 32), min(max(concs), 32) * (1 if quick else 2),
-                       base)
+async def warm_up(targets: list[Target], conc: int, base: list[dict]) -> None:
+    """Connections, caches, code paths; and the stagger: agent i makes i % TURNS calls."""
+    for t in targets:
+        t.make_client(conc)
+        t.agents = [Agent(base) for _ in range(conc)]
+
+        async def stagger(i: int, agent: Agent, t: Target = t) -> None:
+            for _ in range(i % TURNS + (TURNS if i < 8 else 0)):
+                await agent.call(t.client, "plain", [], [])
+
+        await asyncio.gather(*(stagger(i, a) for i, a in enumerate(t.agents)))
+
+
+async def measure(targets: list[Target], modes: list[str], concs: list[int], quick: bool,
+                  base: list[dict], fake_url: str, pace_ms: float) -> list[dict]:
+    await warm_up(targets, max(concs), base)
     rows = []
-    for conc in concs:
-        for t in targets:
-            rows.append(await run_cell(t, mode, conc, calls[conc], base))
-            print(f"  {mode:<6} conc {conc:>3} {t.name:<13} {rows[-1]['cpu_ms']:.3f} ms CPU/call "
-                  f"p50 {rows[-1]['p50']:.1f} ms  {rows[-1]['rps']:.0f} calls/s", flush=True)
+    for mode in modes:
+        await asyncio.to_thread(c.set_pace, fake_url, pace_ms if mode == "paced" else 0.0)
+        for conc in concs:
+            for t in targets:
+                rows.append(await run_cell(t, mode, conc, plan(quick, conc, mode)))
+                r = rows[-1]
+                print(f"  {mode:<6} conc {conc:>3} {t.name:<13} {r['cpu_ms']:.3f} ms CPU/call "
+                      f"p50 {r['p50']:.1f} ms  {r['rps']:.0f} calls/s"
+                      + (f"  {r['errors']} errors" if r["errors"] else ""), flush=True)
     for t in targets:
         await t.client.close()
     return rows
@@ -170,12 +206,13 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                     continue
                 add50 = r["p50"] - direct["p50"] if direct else float("nan")
                 add99 = r["p99"] - direct["p99"] if direct else float("nan")
-                table_rows.append([conc, r["target"], r["calls"], r["cpu_ms"],
+                table_rows.append([conc, r["target"], r["calls"] + r["errors"], r["errors"],
+                                   r["cpu_ms"],
                                    r["cpu_ms"] / floor if floor == floor else float("nan"),
                                    add50, add99, r["rps"]])
         title = {"plain": "non-streaming", "stream": "streaming (64 events at once)",
                  "paced": f"streaming, one token every {pace:g} ms"}[mode]
-        out.append(c.table(["conc", "proxy", "calls", "CPU ms/call", "x fastest relay",
+        out.append(c.table(["conc", "proxy", "calls", "errors", "CPU ms/call", "x fastest relay",
                             "added p50 ms", "added p99 ms", "calls/s"], table_rows,
                            f"\n### {title}\n"))
     return "\n".join(out)
@@ -189,6 +226,9 @@ def main() -> None:
     p.add_argument("--targets", default="direct,relay-aiohttp,relay-httpx,turnstile,litellm")
     p.add_argument("--pace-ms", type=float, default=None, help="10 (1 with --quick)")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--baseline", metavar="SRC",
+                   help="also run 'turnstile-base': the turnstile package of another checkout "
+                        "(e.g. a git worktree of an earlier commit), side by side")
     args = p.parse_args()
     args.pace_ms = args.pace_ms if args.pace_ms is not None else (1.0 if args.quick else 10.0)
     concs = [int(x) for x in (args.conc or ("2" if args.quick else "1,32,256")).split(",")]
@@ -239,13 +279,17 @@ def main() -> None:
                                                wd / "turnstile.log")
                     servers.append(s)
                     targets.append(Target(name, url, s))
+                    if args.baseline:
+                        s, url = c.start_turnstile(fake_url, wd / "data-base", PROXY_CPU,
+                                                   wd / "turnstile-base.log", args.baseline)
+                        servers.append(s)
+                        targets.append(Target("turnstile-base", url, s))
                 elif name == "litellm":
                     s, url = c.start_litellm(fake_url, PROXY_CPU, wd / "litellm.log", wd)
                     servers.append(s)
                     targets.append(Target(name, url, s, c.LITELLM_KEY))
-            for mode in modes:
-                c.set_pace(fake_url, args.pace_ms if mode == "paced" else 0.0)
-                rows += asyncio.run(measure(targets, mode, concs, args.quick, base))
+            rows += asyncio.run(measure(targets, modes, concs, args.quick, base, fake_url,
+                                        args.pace_ms))
         finally:
             for s in reversed(servers):
                 s.stop()
