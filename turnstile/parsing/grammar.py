@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import json
 
-# How each family writes one call: text before the JSON object, and after it.
-CALL_SYNTAX = {
-    "hermes": ('"<tool_call>\\n"', '"\\n</tool_call>"'),
+# How each family writes one call, as (before, the call given its name and an arguments rule
+# builder, after). JSON families wrap a JSON object; Qwen3-Coder/Qwen3.5 write XML parameters.
+JSON_CALL = {
+    "hermes": ('"<tool_call>\\n"', "arguments", '"\\n</tool_call>"'),
+    "llama3_json": ("", "parameters", ""),
 }
+XML_CALL = {"qwen3_coder"}
 
 _JSON_RULES = r"""
 value ::= object | array | string | number | "true" | "false" | "null"
@@ -32,7 +35,7 @@ integer ::= "-"? ( "0" | [1-9] [0-9]* )
 
 
 def supports(tool_format: str | None) -> bool:
-    return tool_format in CALL_SYNTAX
+    return tool_format in JSON_CALL or tool_format in XML_CALL
 
 
 def _literal(text: str) -> str:
@@ -77,20 +80,56 @@ class _Builder:
                 "boolean": '( "true" | "false" )', "null": '"null"'}.get(str(kind), "value")
 
 
-def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = None) -> str:
-    """GBNF for exactly one call, in ``tool_format``'s syntax, to ``name`` or any tool."""
-    before, after = CALL_SYNTAX[tool_format]
+def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = None,
+                      reasoning_close: str | None = None) -> str:
+    """GBNF for exactly one call, in ``tool_format``'s syntax, to ``name`` or any tool.
+
+    ``reasoning_close``: the generation prompt left a reasoning block open (``<think>\\n``);
+    the model may finish its reasoning (text, then this tag) before the call.
+    """
     b = _Builder()
     alternatives = []
     for t in tools:
         fn = t.get("function") or {}
         if name is not None and fn.get("name") != name:
             continue
-        args = b.schema(fn.get("parameters") or {"type": "object"})
-        head = _literal('{"name": ' + json.dumps(fn.get("name"), ensure_ascii=False)
-                        + ', "arguments": ')
-        alternatives.append(f'{head} {args} "}}"')
+        schema = fn.get("parameters") or {"type": "object"}
+        fname = str(fn.get("name"))
+        if tool_format in XML_CALL:
+            alternatives.append(_xml_call(b, fname, schema))
+        else:
+            _, key, _ = JSON_CALL[tool_format]
+            head = _literal('{"name": ' + json.dumps(fname, ensure_ascii=False)
+                            + f', "{key}": ')
+            alternatives.append(f'{head} {b.schema(schema)} "}}"')
     if not alternatives:
         raise ValueError(f"no tool named {name!r}")
-    root = f"root ::= {before} ( {' | '.join(alternatives)} ) {after}"
+    if tool_format in XML_CALL:
+        before, after = '"<tool_call>\\n"', '"</tool_call>"'
+    else:
+        before, after = JSON_CALL[tool_format][0], JSON_CALL[tool_format][2]
+    think = ""
+    if reasoning_close:
+        # reasoning text may hold "<" but not a closing tag before the real close
+        think = f'( [^<] | "<" [^/] )* {_literal(reasoning_close)} "\\n\\n" '
+    root = f"root ::= {think}{before} ( {' | '.join(alternatives)} ) {after}"
     return "\n".join([root, *b.rules]) + _JSON_RULES
+
+
+def _xml_call(b: _Builder, name: str, schema: dict) -> str:
+    """``<function=name>`` then one ``<parameter=key>`` block per required parameter, values
+    as the template writes them: strings raw, everything else as JSON."""
+    props = schema.get("properties") or {}
+    parts = [_literal(f"<function={name}>\n")]
+    for key in [k for k in (schema.get("required") or []) if k in props]:
+        spec = props[key]
+        if isinstance(spec, dict) and "enum" in spec:
+            value = "( " + " | ".join(
+                _literal(v if isinstance(v, str) else json.dumps(v)) for v in spec["enum"]) + " )"
+        elif isinstance(spec, dict) and spec.get("type") == "string":
+            value = "[^<]*"
+        else:
+            value = b.schema(spec)
+        parts += [_literal(f"<parameter={key}>\n"), value, _literal("\n</parameter>\n")]
+    parts.append(_literal("</function>\n"))
+    return b.rule(" ".join(parts))

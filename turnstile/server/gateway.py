@@ -144,7 +144,8 @@ class Gateway:
             raise APIError(400, str(exc), "messages") from exc
         return Prompt(ids, ids, None, match.hashes, reason, detail)
 
-    async def sampling(self, req: ChatRequest, prompt_len: int) -> SamplingParams:
+    async def sampling(self, req: ChatRequest, prompt_len: int, prompt_tail: str = ""
+                       ) -> SamplingParams:
         if not self.engine.context_length:
             try:
                 await self.engine.refresh()
@@ -161,9 +162,9 @@ class Gateway:
             top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
             # vLLM/SGLang stop on the template's end-of-turn even if the model config omits it
             stop_token_ids=sorted(self.tok.eog_token_ids),
-            grammar=self.tool_grammar(req))
+            grammar=self.tool_grammar(req, prompt_tail))
 
-    def tool_grammar(self, req: ChatRequest) -> str | None:
+    def tool_grammar(self, req: ChatRequest, prompt_tail: str = "") -> str | None:
         """For ``tool_choice`` "required" or a named function: a grammar that admits only a
         call in the template's own syntax. The call record keeps it (``sampling.grammar``):
         the sample came from a masked distribution."""
@@ -174,7 +175,10 @@ class Gateway:
             raise APIError(400, f"tool_choice={req.tool_choice!r} needs constrained decoding in "
                                 f"this template's tool-call syntax ({fmt or 'none detected'}), "
                                 "which Turnstile cannot build yet; use 'auto'.", "tool_choice")
-        return grammar.tool_call_grammar(fmt, req.tools or [], req.forced_function)
+        close = None
+        if self.parser.reasoning_tags and self.parser.reasoning_started(prompt_tail):
+            close = self.parser.reasoning_tags[1]
+        return grammar.tool_call_grammar(fmt, req.tools or [], req.forced_function, close)
 
     # record
 
@@ -249,8 +253,11 @@ class Gateway:
     def _parser(self, req: ChatRequest, prompt: Prompt) -> Parser:
         """The parser for this completion; the prompt's tail says whether the generation
         prompt already opened a reasoning block (``enable_thinking`` varies per request)."""
-        tail = self.tok.decode(prompt.ids[-16:].tolist())
-        return self.parser.parser(tail, tools=req.tools, tool_calls=bool(req.tools))
+        return self.parser.parser(self._tail(prompt), tools=req.tools, tool_calls=bool(req.tools))
+
+    def _tail(self, prompt: Prompt) -> str:
+        """The end of the prompt as text: enough to see an opened reasoning block."""
+        return self.tok.decode(prompt.ids[-16:].tolist())
 
     def _text_ids(self, gen: Generation) -> list[int]:
         ids = gen.ids.tolist()
@@ -270,7 +277,7 @@ class Gateway:
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
-        params = await self.sampling(req, len(prompt.ids))
+        params = await self.sampling(req, len(prompt.ids), self._tail(prompt))
         gen = Generation()
         try:
             async for _ in self._events(session_id, prompt, params, gen, stream=False):
@@ -313,7 +320,7 @@ class Gateway:
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
-        params = await self.sampling(req, len(prompt.ids))
+        params = await self.sampling(req, len(prompt.ids), self._tail(prompt))
         return self._stream(session_id, req, tree, prompt, params, started)
 
     async def _stream(self, *args: object) -> AsyncIterator[dict]:
