@@ -141,6 +141,11 @@ class Server:
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
 
+    def cpu_pair(self) -> tuple[float, float]:
+        """(per-thread ns counters, /proc/<pid>/stat ticks): the first is precise but loses
+        threads that exit; the second keeps them (10 ms ticks)."""
+        return cpu_seconds(self.proc.pid), stat_cpu_seconds(self.proc.pid)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
