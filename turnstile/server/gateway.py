@@ -250,10 +250,10 @@ class Gateway:
                 gen.top.append(ev.top or [])
             yield ev
 
-    def _parser(self, req: ChatRequest, prompt: Prompt) -> Parser:
+    def _parser(self, req: ChatRequest, tail: str) -> Parser:
         """The parser for this completion; the prompt's tail says whether the generation
         prompt already opened a reasoning block (``enable_thinking`` varies per request)."""
-        return self.parser.parser(self._tail(prompt), tools=req.tools, tool_calls=bool(req.tools))
+        return self.parser.parser(tail, tools=req.tools, tool_calls=bool(req.tools))
 
     def _tail(self, prompt: Prompt) -> str:
         """The end of the prompt as text: enough to see an opened reasoning block."""
@@ -277,7 +277,8 @@ class Gateway:
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
-        params = await self.sampling(req, len(prompt.ids), self._tail(prompt))
+        tail = self._tail(prompt)
+        params = await self.sampling(req, len(prompt.ids), tail)
         gen = Generation()
         try:
             async for _ in self._events(session_id, prompt, params, gen, stream=False):
@@ -293,7 +294,7 @@ class Gateway:
                         POLICY_ABORT, started, req=req)
             raise _policy_abort() from None
         text = self.tok.decode(self._text_ids(gen))
-        parser = self._parser(req, prompt)
+        parser = self._parser(req, tail)
         parser.feed(text)
         parser.finish()
         parsed = parser.result()
@@ -320,8 +321,9 @@ class Gateway:
         started = time.time()
         tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
-        params = await self.sampling(req, len(prompt.ids), self._tail(prompt))
-        return self._stream(session_id, req, tree, prompt, params, started)
+        tail = self._tail(prompt)
+        params = await self.sampling(req, len(prompt.ids), tail)
+        return self._stream(session_id, req, tree, prompt, params, started, tail)
 
     async def _stream(self, *args: object) -> AsyncIterator[dict]:
         self.control.enter()
@@ -332,10 +334,10 @@ class Gateway:
             self.control.leave()
 
     async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: SessionTree,
-                             prompt: Prompt, params: SamplingParams, started: float
+                             prompt: Prompt, params: SamplingParams, started: float, tail: str
                              ) -> AsyncIterator[dict]:
         gen = Generation()
-        parser = self._parser(req, prompt)
+        parser = self._parser(req, tail)
         detok = IncrementalDetokenizer(self.tok)
         chunk_id = "chatcmpl-" + new_id("")
         model = req.model or self.model_name
