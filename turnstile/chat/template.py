@@ -1,8 +1,16 @@
 """Render chat templates exactly as ``transformers.apply_chat_template`` does.
 
-vLLM and SGLang render with transformers, so we call the same function with the same
-variables (the tokenizer's special tokens, ``tools``, ``add_generation_prompt``, extra kwargs):
-a template renders here byte for byte as it would in those engines.
+vLLM and SGLang render with transformers, so we render with transformers' own compiled
+template, Jinja environment and message preparation, with the same variables (the tokenizer's
+special tokens, ``tools``, ``add_generation_prompt``, extra kwargs): a template renders here byte
+for byte as it would in those engines.
+
+One step of ``render_jinja_template`` is skipped: it rebuilds every message, tool and kwarg out
+of plain JSON types on each call (to strip rich objects such as images), which costs more than
+the Jinja render itself on an agent's history. Our inputs are parsed JSON already, so that copy
+is the identity; ``tests/test_template_fast_path.py`` renders every template in the corpus both
+ways and requires identical text. If the pinned transformers ever lacks the pieces, the public
+function is used.
 """
 
 from __future__ import annotations
@@ -12,6 +20,14 @@ import json
 from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
+
+try:  # the pieces of render_jinja_template, see the module docstring
+    from transformers.utils.chat_template_utils import (
+        _alias_reasoning_fields,
+        _compile_jinja_template,
+    )
+except ImportError:  # pragma: no cover - depends on the transformers version
+    _alias_reasoning_fields = _compile_jinja_template = None
 
 from .tokenizer import LoadedTokenizer
 
@@ -26,6 +42,7 @@ class ChatTemplate:
         self.source = source
         self.variables = {**(special_tokens or {}), **(extra_kwargs or {})}
         self.fingerprint = hashlib.sha256(source.encode()).hexdigest()[:16]
+        self._compiled: Any = None  # compiled on first use (a bad template fails per call)
 
     @classmethod
     def for_tokenizer(cls, tok: LoadedTokenizer, extra_kwargs: dict[str, Any] | None = None
@@ -38,6 +55,8 @@ class ChatTemplate:
                add_generation_prompt: bool = True, **kwargs: Any) -> str:
         variables = {**self.variables, **kwargs}
         try:
+            if _compile_jinja_template is not None:
+                return self._render_plain(messages, tools, add_generation_prompt, variables)
             rendered, _ = render_jinja_template(
                 conversations=[template_messages(messages)],
                 tools=tools or None,
@@ -48,6 +67,16 @@ class ChatTemplate:
             return rendered[0]
         except Exception as exc:  # jinja2 raises many types; all mean "cannot render this"
             raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
+
+    def _render_plain(self, messages: list[dict], tools: list[dict] | None,
+                      add_generation_prompt: bool, variables: dict[str, Any]) -> str:
+        """``render_jinja_template`` for inputs that are plain JSON already."""
+        if self._compiled is None:
+            self._compiled = _compile_jinja_template(self.source)
+        return self._compiled.render(
+            messages=_alias_reasoning_fields(template_messages(messages)),
+            tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt,
+            **variables)
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
