@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from .encoding import PromptEncoder
 from .template import ChatTemplate
 from .tokenizer import LoadedTokenizer
 
@@ -47,13 +48,14 @@ class Renderer:
         # text that follows a special token (no sentencepiece prefix space, no merge).
         anchor = tokenizer.eos_token or next(iter(self.eog_text.values()), None)
         self._anchor = anchor if anchor and len(tokenizer.encode(anchor)) == 1 else None
+        self.encoder = PromptEncoder(tokenizer, self._anchor)  # whole prompts, pieces kept
         self.fingerprint = f"{tokenizer.fingerprint}:{template.fingerprint}"
         self._heads: dict[bytes, str] = {}  # stand-in head renders, see _head
 
     def render_full(self, messages: list[dict], tools: list[dict] | None,
                     **kwargs: object) -> list[int]:
         text = self.template.render(messages, tools, add_generation_prompt=True, **kwargs)
-        return self.tok.encode(text)
+        return self.encoder.encode(text)
 
     def encode_fragment(self, text: str) -> list[int]:
         if self._anchor is None:
