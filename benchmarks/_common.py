@@ -370,8 +370,7 @@ class InProcessEngine:
     async def generate(self, prompt_ids, params, stream=True):  # noqa: ANN001
         from turnstile.engines.base import PROCESSED_LOGPROBS, Finish, TokenEvent
 
-        for t, lp in zip(self.ids, self.lps, strict=True):
-            yield TokenEvent(t, lp)
+        yield [TokenEvent(t, lp) for t, lp in zip(self.ids, self.lps, strict=True)]
         yield Finish("stop", prompt_tokens=len(prompt_ids), logprob_kind=PROCESSED_LOGPROBS)
 
 

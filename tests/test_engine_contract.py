@@ -71,11 +71,14 @@ async def collect(h: Harness, params: SamplingParams, stream: bool
     engine = h.engine()
     await engine.start()
     try:
-        events: list = [ev async for ev in engine.generate(h.prompt, params, stream=stream)]
+        items: list = [b async for b in engine.generate(h.prompt, params, stream=stream)]
     finally:
         await engine.close()
-    assert isinstance(events[-1], Finish) and all(isinstance(e, TokenEvent) for e in events[:-1])
-    return events[:-1], events[-1]
+    # batches of events (never empty), then one Finish
+    assert isinstance(items[-1], Finish)
+    assert all(isinstance(b, list) and b and all(isinstance(e, TokenEvent) for e in b)
+               for b in items[:-1])
+    return [e for b in items[:-1] for e in b], items[-1]
 
 
 # harnesses

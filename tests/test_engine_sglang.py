@@ -24,10 +24,11 @@ async def generate(url: str, params: SamplingParams, stream: bool = False, **opt
     engine = make_engine("sglang", url, **options)
     await engine.start()
     try:
-        out = [ev async for ev in engine.generate(PROMPT, params, stream=stream)]
+        out = [batch async for batch in engine.generate(PROMPT, params, stream=stream)]
     finally:
         await engine.close()
-    return out[:-1], out[-1], engine
+    assert all(isinstance(batch, list) and batch for batch in out[:-1])
+    return [ev for batch in out[:-1] for ev in batch], out[-1], engine
 
 
 def test_the_request_is_token_in_with_every_sampling_default_pinned():

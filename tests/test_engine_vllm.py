@@ -25,10 +25,11 @@ async def generate(url: str, params: SamplingParams, stream: bool = False, **opt
     engine = make_engine("vllm", url, **options)
     await engine.start()
     try:
-        out = [ev async for ev in engine.generate(PROMPT, params, stream=stream)]
+        out = [batch async for batch in engine.generate(PROMPT, params, stream=stream)]
     finally:
         await engine.close()
-    return out[:-1], out[-1], engine
+    assert all(isinstance(batch, list) and batch for batch in out[:-1])
+    return [ev for batch in out[:-1] for ev in batch], out[-1], engine
 
 
 @pytest.mark.parametrize("version, status", [("0.31.0", 404), ("0.32.0", 403), ("0.33.0", 403)])
@@ -209,9 +210,9 @@ def test_an_engine_side_abort_is_an_error_not_a_finish():
             engine = make_engine("vllm", fake.url)
             await engine.start()
             try:
-                async for ev in engine.generate(PROMPT, SamplingParams(max_tokens=50, seed=1)):
-                    if ev.token_id is not None and len(fake.rec.sent) == 1 and \
-                            not fake.rec.aborts:
+                async for batch in engine.generate(PROMPT, SamplingParams(max_tokens=50,
+                                                                          seed=1)):
+                    if batch and len(fake.rec.sent) == 1 and not fake.rec.aborts:
                         fake.abort(list(fake.rec.sent))  # e.g. /pause?mode=abort
             finally:
                 await engine.close()

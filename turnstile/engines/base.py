@@ -1,8 +1,10 @@
 """The one contract every engine adapter meets: token IDs in, token IDs and logprobs out.
 
 The rest of Turnstile never knows which engine it talks to. An adapter turns
-``(prompt_ids, SamplingParams)`` into a stream of :class:`TokenEvent` followed by one
-:class:`Finish`, and maps its engine's failures onto :class:`EngineError`.
+``(prompt_ids, SamplingParams)`` into a stream of batches of :class:`TokenEvent` followed by
+one :class:`Finish`, and maps its engine's failures onto :class:`EngineError`. A batch is what
+one read from the engine brought (never empty): a whole completion, or the tokens of the stream
+events that arrived together, so a burst costs one pass through the gateway, not one per token.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ class Engine(Protocol):
     async def refresh(self) -> None: ...
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-                 ) -> AsyncIterator[TokenEvent | Finish]:
+                 ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """``prompt_ids``: a list, or an int32 ``array`` (see :func:`wire_ids`).
 
         ``stream`` is a hint: an adapter whose engine cannot stream exact token IDs

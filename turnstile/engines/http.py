@@ -71,33 +71,73 @@ def gateway_status(engine_status: int) -> int:
     return 502
 
 
-async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The ``data`` payload of each server-sent event, however long its line.
+async def sse_batches(resp: aiohttp.ClientResponse, until_done: bool = True
+                      ) -> AsyncIterator[list[bytes]]:
+    """The ``data`` payloads of server-sent events, grouped by the network read that completed
+    them, so that a burst of tokens is handled (and answered) once, not once per token.
 
-    (aiohttp's line reader refuses lines over its buffer size, and an SGLang cumulative stream
-    resends every logprob so far in each event.) Comments (``: keep-alive``) and ``event:``
-    lines are skipped; several ``data`` lines of one event are joined with newlines."""
+    Lines may be of any length (aiohttp's line reader refuses lines over its buffer size, and an
+    SGLang cumulative stream resends every logprob so far in each event). Comments
+    (``: keep-alive``) and ``event:`` lines are skipped; several ``data`` lines of one event are
+    joined with newlines. ``until_done``: stop at a ``[DONE]`` event (not included)."""
     buf = bytearray()
     data: list[bytes] = []
     async for chunk in resp.content.iter_any():
         buf += chunk
         start = 0
+        batch: list[bytes] = []
         while (nl := buf.find(b"\n", start)) >= 0:
             line = bytes(buf[start:nl]).rstrip(b"\r")
             start = nl + 1
             if not line:
                 if data:
-                    yield b"\n".join(data)
+                    payload = b"\n".join(data)
                     data = []
+                    if until_done and payload.strip() == b"[DONE]":
+                        if batch:
+                            yield batch
+                        return
+                    batch.append(payload)
             elif line.startswith(b"data:"):
                 value = line[5:]
                 data.append(value[1:] if value.startswith(b" ") else value)
         del buf[:start]
+        if batch:
+            yield batch
     if buf.startswith(b"data:"):
         value = bytes(buf[5:]).rstrip(b"\r")
         data.append(value[1:] if value.startswith(b" ") else value)
     if data:
-        yield b"\n".join(data)
+        payload = b"\n".join(data)
+        if not (until_done and payload.strip() == b"[DONE]"):
+            yield [payload]
+
+
+async def fed_batches(payload_batches: AsyncIterator[list[bytes]],
+                      feed: Callable[[bytes], None], take: Callable[[], list]
+                      ) -> AsyncIterator[list]:
+    """Feed each batch of stream payloads to an adapter's reader and yield the events it made.
+    An engine error in the middle of a batch is raised after the tokens before it are out, so
+    the call record keeps them."""
+    async for payloads in payload_batches:
+        failure: EngineError | None = None
+        for payload in payloads:
+            try:
+                feed(payload)
+            except EngineError as exc:
+                failure = exc
+                break
+        if events := take():
+            yield events
+        if failure is not None:
+            raise failure
+
+
+async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The ``data`` payload of each server-sent event, one by one (``[DONE]`` included)."""
+    async for batch in sse_batches(resp, until_done=False):
+        for payload in batch:
+            yield payload
 
 
 class HTTPEngine:

@@ -85,7 +85,7 @@ class LlamaCppEngine(HTTPEngine):
         return body
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[TokenEvent | Finish]:
+                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """Always one non-streamed request (see the module doc). A consumer that stops waiting
         closes the connection, which makes llama-server stop the task."""
         body = self.request_body(prompt_ids, params)
@@ -101,8 +101,8 @@ class LlamaCppEngine(HTTPEngine):
                 data = orjson.loads(await resp.read())
                 ended = True
             events = _events(data, params.top_logprobs)
-            for ev in events:
-                yield ev
+            if events:
+                yield events
             yield _finish(data, events)
         except aiohttp.ClientError as exc:
             ended = True

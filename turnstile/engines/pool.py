@@ -103,10 +103,10 @@ class _Bound:
         self.url = self.engine.url
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[TokenEvent | Finish]:
+                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
         try:
-            async for ev in self.engine.generate(prompt_ids, params, stream=stream):
-                yield ev
+            async for batch in self.engine.generate(prompt_ids, params, stream=stream):
+                yield batch
         except EngineError as exc:
             if exc.status in (502, 503):
                 self.pool.healthy[self.index] = False  # until the next health check passes

@@ -37,7 +37,7 @@ from .base import (
     logprob_unfitness,
     wire_ids,
 )
-from .http import HTTPEngine, gateway_status, new_request_id, sse_data
+from .http import HTTPEngine, fed_batches, gateway_status, new_request_id, sse_batches
 
 
 class SGLangEngine(HTTPEngine):
@@ -125,7 +125,7 @@ class SGLangEngine(HTTPEngine):
         await self._request("POST", "/abort_request", {"rid": rid}, timeout=5)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[TokenEvent | Finish]:
+                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
         rid = new_request_id()
         body = self.request_body(prompt_ids, params, stream, rid)
         resp: aiohttp.ClientResponse | None = None
@@ -142,15 +142,13 @@ class SGLangEngine(HTTPEngine):
                     raw = await resp.read()
                     ended = True
                     reader.feed(_loads(raw), cumulative=True)
-                    for ev in reader.take():
-                        yield ev
+                    if events := reader.take():
+                        yield events
                 else:
-                    async for payload in sse_data(resp):
-                        if payload.strip() == b"[DONE]":
-                            break
-                        reader.feed(_loads(payload), cumulative=None)
-                        for ev in reader.take():
-                            yield ev
+                    async for events in fed_batches(
+                            sse_batches(resp), lambda p: reader.feed(_loads(p), cumulative=None),
+                            reader.take):
+                        yield events
                     ended = True
                 yield reader.finish()
         except EngineError:

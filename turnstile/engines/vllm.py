@@ -45,7 +45,14 @@ from .base import (
     logprob_unfitness,
     wire_ids,
 )
-from .http import HTTPEngine, error_message, new_request_id, sse_data, version_tuple
+from .http import (
+    HTTPEngine,
+    error_message,
+    fed_batches,
+    new_request_id,
+    sse_batches,
+    version_tuple,
+)
 
 GENERATE = "/inference/v1/generate"
 COMPLETIONS = "/v1/completions"
@@ -227,7 +234,7 @@ class VLLMEngine(HTTPEngine):
     # generation
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[TokenEvent | Finish]:
+                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
         if self.route is None:
             await self.refresh()
         route = self.route or GENERATE
@@ -249,8 +256,8 @@ class VLLMEngine(HTTPEngine):
                         if self._disabled:
                             raise EngineError(self._disabled, 502)
                         # The route is gone and completions will do: try again there.
-                        async for ev in self.generate(prompt_ids, params, stream):
-                            yield ev
+                        async for batch in self.generate(prompt_ids, params, stream):
+                            yield batch
                         return
                     raise self._error(route, resp.status, raw)
                 reader = _Reader(self, route, params, prompt_ids)
@@ -258,15 +265,13 @@ class VLLMEngine(HTTPEngine):
                     raw = await resp.read()
                     ended = True
                     reader.feed(_loads(raw, route))
-                    for ev in reader.take():
-                        yield ev
+                    if events := reader.take():
+                        yield events
                 else:
-                    async for payload in sse_data(resp):
-                        if payload.strip() == b"[DONE]":
-                            break
-                        reader.feed(_loads(payload, route))
-                        for ev in reader.take():
-                            yield ev
+                    async for events in fed_batches(
+                            sse_batches(resp), lambda p: reader.feed(_loads(p, route)),
+                            reader.take):
+                        yield events
                     ended = True
                 yield reader.finish()
         except EngineError:

@@ -231,24 +231,24 @@ class Gateway:
     # the call
 
     async def _events(self, session_id: str, prompt: Prompt, params: SamplingParams,
-                      gen: Generation, stream: bool) -> AsyncIterator[TokenEvent]:
-        """Engine events, accumulated into ``gen``; sets ``gen.finish``."""
+                      gen: Generation, stream: bool) -> AsyncIterator[list[TokenEvent]]:
+        """Batches of engine events, accumulated into ``gen``; sets ``gen.finish``."""
         eog = self.tok.eog_token_ids
         engine = self.engine.pick(session_id)  # the session's replica
         gen.engine_url = getattr(engine, "url", None)
-        async for ev in engine.generate(prompt.ids, params, stream=stream):
-            if isinstance(ev, Finish):
-                if ev.reason == "stop" and ev.stop_string is None and len(gen.ids):
+        async for batch in engine.generate(prompt.ids, params, stream=stream):
+            if isinstance(batch, Finish):
+                if batch.reason == "stop" and batch.stop_string is None and len(gen.ids):
                     last = gen.ids[-1]
                     if last in eog:
-                        ev.stop_token_id = last
-                gen.finish = ev
+                        batch.stop_token_id = last
+                gen.finish = batch
                 return
-            gen.ids.append(ev.token_id)
-            gen.logprobs.append(ev.logprob)
+            gen.ids.extend([ev.token_id for ev in batch])
+            gen.logprobs.extend([ev.logprob for ev in batch])
             if params.top_logprobs:
-                gen.top.append(ev.top or [])
-            yield ev
+                gen.top.extend([ev.top or [] for ev in batch])
+            yield batch
 
     def _parser(self, req: ChatRequest, tail: str) -> Parser:
         """The parser for this completion; the prompt's tail says whether the generation
@@ -356,12 +356,14 @@ class Gateway:
         eog = self.tok.eog_token_ids
         status, error = "aborted", "the client disconnected"
         try:
-            async for ev in self._events(session_id, prompt, params, gen, stream=True):
-                if ev.token_id in eog:
-                    continue
-                lp = [self._logprob_entry(ev.token_id, ev.logprob, ev.top or [])] \
-                    if req.logprobs else None
-                deltas = parser.feed(detok.push(ev.token_id))
+            async for batch in self._events(session_id, prompt, params, gen, stream=True):
+                # One pass per batch: the tokens that arrived together leave in one chunk
+                # (or a few, when the parser splits content from a tool call).
+                sampled = [ev for ev in batch if ev.token_id not in eog]
+                text = "".join([detok.push(ev.token_id) for ev in sampled])
+                lp = [self._logprob_entry(ev.token_id, ev.logprob, ev.top or [])
+                      for ev in sampled] if req.logprobs and sampled else None
+                deltas = parser.feed(text) if text else []
                 if lp and not deltas:
                     deltas = [{"content": ""}]
                 for i, d in enumerate(deltas):
