@@ -21,6 +21,12 @@ import pytest
 
 from turnstile import testbed
 
+# Subprocesses (examples, benchmarks, servers) import this checkout's turnstile, whatever
+# checkout the shared virtualenv's editable install last pointed at.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_ROOT, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+
 QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct"
 
 
