@@ -36,7 +36,9 @@ class ParsedMessage:
         if self.reasoning_content is not None:
             msg["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
-            msg["tool_calls"] = copy.deepcopy(self.tool_calls)
+            # a copy the caller may change: calls are {id, type, function: {name, arguments}}
+            msg["tool_calls"] = [{**c, "function": dict(c["function"])} if "function" in c
+                                 else copy.deepcopy(c) for c in self.tool_calls]
         return msg
 
 
