@@ -14,7 +14,8 @@ Set-up (printed with the results):
   store, an engine object instead of HTTP) with the thread CPU of its render + tokenize
   (``Gateway.prompt``, which includes matching the history) and record (``Gateway.record``)
   measured per call; and, side by side, the full re-render a proxy without token-in/token-out
-  would do: the whole conversation through the template and the tokenizer.
+  would do: the whole conversation through transformers' template rendering and the tokenizer
+  (``naive_render``), as an engine's own chat endpoint does.
 
 Figures per turn are medians over a window of 5 turns (single calls are noisy on a shared
 machine); the ratio columns use those medians.
@@ -49,6 +50,21 @@ LINES = [
     "WARNING: {m} option 'strict_{n}' is deprecated since 2.{p}; use 'mode={m}' instead\n",
 ]
 MODS = ["parser", "lexer", "escape", "reader", "config", "errors", "cli", "schema"]
+
+
+def naive_render(gw, msgs: list[dict]) -> list[int]:  # noqa: ANN001
+    """The whole conversation as a proxy without token-in/token-out gets its prompt, as an
+    engine's own chat endpoint does: transformers' ``render_jinja_template``, then the whole
+    text through the tokenizer (none of Turnstile's caches)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from turnstile.chat.template import template_messages
+
+    template = gw.renderer.template
+    rendered, _ = render_jinja_template(
+        conversations=[template_messages(msgs)], tools=c.TOOLS, chat_template=template.source,
+        add_generation_prompt=True, **template.variables)
+    return gw.tok.encode(rendered[0])
 
 
 def tool_output(turn: int, target_tokens: int, tok) -> str:  # noqa: ANN001
@@ -142,7 +158,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
             resp = await gw.complete("long", req)
             row["share"] = (share["prompt"] + share["record"]) * 1000
             t0 = time.thread_time()
-            full = gw.renderer.render_full(msgs, c.TOOLS)
+            full = naive_render(gw, msgs)
             row["rerender"] = (time.thread_time() - t0) * 1000
             row["context"] = len(full) + 64
             m = resp["choices"][0]["message"]
