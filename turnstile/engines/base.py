@@ -49,7 +49,7 @@ class SamplingParams:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenEvent:
     token_id: int
     logprob: float

@@ -341,13 +341,15 @@ class _Reader:
             if ids is None:
                 ids = [_entry_id(e) for e in entries]
             out = []
+            n = len(entries)
             for i, tid in enumerate(ids):
-                e = entries[i] if i < len(entries) else None
+                e = entries[i] if i < n else None
                 if e is None or _entry_id(e) != tid:
                     out.append(TokenEvent(int(tid), math.nan))
                     continue
-                top = [(_entry_id(t), float(t["logprob"])) for t in e.get("top_logprobs") or ()]
-                out.append(TokenEvent(int(tid), _num(e.get("logprob")), _top_k(top, k)))
+                top = _top_k([(_entry_id(t), float(t["logprob"]))
+                              for t in e.get("top_logprobs") or ()], k) if k > 0 else None
+                out.append(TokenEvent(int(tid), _num(e.get("logprob")), top))
             return out
         # /v1/completions: legacy parallel lists, tokens named "token_id:N"
         lp = lp or {}
