@@ -158,7 +158,7 @@ def plan(quick: bool, conc: int, mode: str) -> int:
         return 2
     if mode == "paced":
         return {1: 8, 32: 2}.get(conc, 1)
-    return {1: 80, 32: 4}.get(conc, 1)
+    return {1: 200, 32: 16}.get(conc, 4)
 
 
 async def warm_up(targets: list[Target], conc: int, base: list[dict]) -> None:
