@@ -140,6 +140,9 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
             yield payload
 
 
+KEEPALIVE_S = 2.0  # idle engine connections are reused for this long, well under 5 s
+
+
 class HTTPEngine:
     """Session, JSON requests and background aborts for an engine reached over HTTP."""
 
@@ -157,7 +160,9 @@ class HTTPEngine:
         self._session = aiohttp.ClientSession(
             timeout=self._timeout,
             json_serialize=lambda o: orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode(),
-            connector=aiohttp.TCPConnector(limit=0))
+            # Engines close idle connections after 5 s (vLLM's and SGLang's uvicorn,
+            # llama-server's httplib); reusing one they are closing fails the call.
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
         try:
             await self.refresh()
         except EngineError:
@@ -173,6 +178,24 @@ class HTTPEngine:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    @contextlib.asynccontextmanager
+    async def post(self, path: str, body: bytes) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST a JSON body; the response, released on exit. A kept-alive connection the
+        engine closed just as we sent on it fails before any answer: that is sent once more, on
+        a fresh connection (nothing reached the harness or the record yet)."""
+        for attempt in (1, 2):
+            try:
+                resp = await self.session.post(self.url + path, data=body,
+                                               headers={"content-type": "application/json"})
+                break
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if attempt == 2:
+                    raise
+        try:
+            yield resp
+        finally:
+            resp.release()
 
     def pick(self, session_id: str) -> HTTPEngine:
         """The engine that serves this session: itself (a replica pool chooses one)."""

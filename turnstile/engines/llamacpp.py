@@ -92,7 +92,8 @@ class LlamaCppEngine(HTTPEngine):
         resp: aiohttp.ClientResponse | None = None
         ended = False
         try:
-            async with self.session.post(self.url + "/completion", json=body) as resp:
+            async with self.post("/completion", orjson.dumps(
+                    body, option=orjson.OPT_SERIALIZE_NUMPY)) as resp:
                 if resp.status != 200:
                     ended = True
                     text = (await resp.read()).decode(errors="replace")[:500]

@@ -132,9 +132,8 @@ class SGLangEngine(HTTPEngine):
         ended = False
         reader = _Reader(self, params, len(prompt_ids))
         try:
-            async with self.session.post(self.url + "/generate", data=orjson.dumps(
-                    body, option=orjson.OPT_SERIALIZE_NUMPY),
-                                         headers={"content-type": "application/json"}) as resp:
+            async with self.post("/generate", orjson.dumps(
+                    body, option=orjson.OPT_SERIALIZE_NUMPY)) as resp:
                 if resp.status != 200:
                     ended = True
                     raise self._error("/generate", resp.status, await resp.read())

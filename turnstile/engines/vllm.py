@@ -245,9 +245,8 @@ class VLLMEngine(HTTPEngine):
         resp: aiohttp.ClientResponse | None = None
         ended = False
         try:
-            async with self.session.post(self.url + route, data=orjson.dumps(
-                    body, option=orjson.OPT_SERIALIZE_NUMPY),
-                                         headers={"content-type": "application/json"}) as resp:
+            async with self.post(route, orjson.dumps(
+                    body, option=orjson.OPT_SERIALIZE_NUMPY)) as resp:
                 if resp.status != 200:
                     ended = True
                     raw = await resp.read()
