@@ -134,7 +134,8 @@ async def run_cell(target: Target, mode: str, conc: int, per_agent: int) -> dict
     async def worker(agent: Agent) -> None:
         nonlocal errors
         for _ in range(per_agent):
-            errors += not await agent.call(client, mode, sizes, lat)
+            ok = await agent.call(client, mode, sizes, lat)
+            errors += not ok  # (not "errors += not await ...": it reads errors before awaiting)
 
     cpu0 = target.server.cpu_pair() if target.server else (0.0, 0.0)
     t0 = time.perf_counter()
