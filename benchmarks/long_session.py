@@ -58,11 +58,9 @@ def naive_render(gw, msgs: list[dict]) -> list[int]:  # noqa: ANN001
     text through the tokenizer (none of Turnstile's caches)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from turnstile.chat.template import template_messages
-
     template = gw.renderer.template
     rendered, _ = render_jinja_template(
-        conversations=[template_messages(msgs)], tools=c.TOOLS, chat_template=template.source,
+        conversations=[template.messages(msgs)], tools=c.TOOLS, chat_template=template.source,
         add_generation_prompt=True, **template.variables)
     return gw.tok.encode(rendered[0])
 

@@ -10,7 +10,8 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from turnstile import testbed
 from turnstile.chat.audit import TOOLS, battery
-from turnstile.chat.template import ChatTemplate, TemplateError, template_messages
+from turnstile.chat.content import detect_content_format, normalise
+from turnstile.chat.template import ChatTemplate, TemplateError
 
 TEMPLATES = sorted(testbed.templates_dir().glob("*.jinja"))
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
@@ -19,8 +20,8 @@ SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_t
 def _reference(source: str, messages: list[dict], tools: list[dict] | None, gen: bool,
                kwargs: dict) -> str:
     rendered, _ = render_jinja_template(
-        conversations=[template_messages(messages)], tools=tools, chat_template=source,
-        add_generation_prompt=gen, **SPECIAL, **kwargs)
+        conversations=[normalise(messages, detect_content_format(source))], tools=tools,
+        chat_template=source, add_generation_prompt=gen, **SPECIAL, **kwargs)
     return rendered[0]
 
 

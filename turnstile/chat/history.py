@@ -16,21 +16,20 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from .content import text_parts
 
-def _text(content: object) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if isinstance(p, dict) and p.get("type") == "text":
-                parts.append(str(p.get("text", "")))
-            else:
-                parts.append(orjson.dumps(p, option=orjson.OPT_SORT_KEYS).decode())
-        return "".join(parts)
-    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+def _content_key(content: object, content_format: str) -> object:
+    """Content as the template will see it (``chat.content``): text parts joined with
+    ``"\n"`` for a string template, the list of texts for one that reads parts. Two messages
+    with the same key render the same."""
+    if isinstance(content, list) and not all(
+            isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+    if content is not None and not isinstance(content, (str, list)):
+        return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+    texts = text_parts(content)
+    return "\n".join(texts) if content_format == "string" else texts
 
 
 def _arguments(args: object) -> object:
@@ -42,10 +41,10 @@ def _arguments(args: object) -> object:
     return args
 
 
-def message_key(m: dict) -> bytes:
+def message_key(m: dict, content_format: str = "string") -> bytes:
     """The parts of a message that must match for it to be 'the same message'."""
     role = m.get("role")
-    key: list = [role, _text(m.get("content")), m.get("name")]
+    key: list = [role, _content_key(m.get("content"), content_format), m.get("name")]
     if role == "assistant":
         key.append([
             [(c.get("function") or {}).get("name"), _arguments((c.get("function") or {})
@@ -64,11 +63,12 @@ def root_hash(tools: list[dict] | None, template_kwargs: dict | None) -> bytes:
     return _chain(b"", seed)
 
 
-def prefix_hashes(root: bytes, messages: list[dict]) -> list[bytes]:
+def prefix_hashes(root: bytes, messages: list[dict], content_format: str = "string"
+                  ) -> list[bytes]:
     """``out[k]`` identifies ``messages[:k]`` (``out[0]`` is the root)."""
     out = [root]
     for m in messages:
-        out.append(_chain(out[-1], message_key(m)))
+        out.append(_chain(out[-1], message_key(m, content_format)))
     return out
 
 
@@ -122,6 +122,7 @@ class SessionTree:
     replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
     known: set[bytes] = field(default_factory=set)  # every conversation prefix seen
     n_calls: int = 0
+    content_format: str = "string"  # how the template reads content (``chat.content``)
     # Chain hash after a message already seen in this session, keyed by the hash before it and
     # the message's JSON (length + keyed 64-bit hash, not the bytes): harnesses resend the whole
     # history on every call, and normalising + hashing every old message again made matching
@@ -143,7 +144,7 @@ class SessionTree:
                 key = (prev, len(raw), hash(raw))
                 nxt = seen.get(key)
             if nxt is None:
-                nxt = _chain(prev, message_key(m))
+                nxt = _chain(prev, message_key(m, self.content_format))
                 if key is not None:
                     seen[key] = nxt
             out.append(nxt)

@@ -16,7 +16,6 @@ function is used.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -29,6 +28,7 @@ try:  # the pieces of render_jinja_template, see the module docstring
 except ImportError:  # pragma: no cover - depends on the transformers version
     _alias_reasoning_fields = _compile_jinja_template = None
 
+from .content import ContentFormat, detect_content_format, normalise
 from .tokenizer import LoadedTokenizer
 
 
@@ -38,8 +38,11 @@ class TemplateError(ValueError):
 
 class ChatTemplate:
     def __init__(self, source: str, special_tokens: dict[str, str] | None = None,
-                 extra_kwargs: dict[str, Any] | None = None):
+                 extra_kwargs: dict[str, Any] | None = None,
+                 content_format: ContentFormat | None = None):
         self.source = source
+        # whether the template reads content as a string or as parts (see chat.content)
+        self.content_format = content_format or detect_content_format(source)
         self.variables = {**(special_tokens or {}), **(extra_kwargs or {})}
         self.fingerprint = hashlib.sha256(source.encode()).hexdigest()[:16]
         self._compiled: Any = None  # compiled on first use (a bad template fails per call)
@@ -58,7 +61,7 @@ class ChatTemplate:
             if _compile_jinja_template is not None:
                 return self._render_plain(messages, tools, add_generation_prompt, variables)
             rendered, _ = render_jinja_template(
-                conversations=[template_messages(messages)],
+                conversations=[self.messages(messages)],
                 tools=tools or None,
                 chat_template=self.source,
                 add_generation_prompt=add_generation_prompt,
@@ -68,39 +71,16 @@ class ChatTemplate:
         except Exception as exc:  # jinja2 raises many types; all mean "cannot render this"
             raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
 
+    def messages(self, messages: list[dict]) -> list[dict]:
+        """The messages as this template receives them in vLLM (``chat.content``)."""
+        return normalise(messages, self.content_format)
+
     def _render_plain(self, messages: list[dict], tools: list[dict] | None,
                       add_generation_prompt: bool, variables: dict[str, Any]) -> str:
         """``render_jinja_template`` for inputs that are plain JSON already."""
         if self._compiled is None:
             self._compiled = _compile_jinja_template(self.source)
         return self._compiled.render(
-            messages=_alias_reasoning_fields(template_messages(messages)),
+            messages=_alias_reasoning_fields(self.messages(messages)),
             tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt,
             **variables)
-
-
-def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as vLLM hands them to templates: ``content`` ``null`` as ``""`` and tool-call
-    ``arguments`` as objects, not JSON text (templates ``tojson`` or iterate them, and many
-    test ``'x' in content``, which fails on ``None``).
-    """
-    out = []
-    for m in messages:
-        if m.get("content", "") is None:
-            m = {**m, "content": ""}
-        calls = m.get("tool_calls")
-        if calls:
-            m = dict(m)
-            fixed = []
-            for c in calls:
-                fn = dict(c.get("function") or {})
-                args = fn.get("arguments")
-                if isinstance(args, str):
-                    try:
-                        fn["arguments"] = json.loads(args)
-                    except ValueError:
-                        pass
-                fixed.append({**c, "function": fn})
-            m["tool_calls"] = fixed
-        out.append(m)
-    return out

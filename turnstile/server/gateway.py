@@ -83,7 +83,7 @@ class Gateway:
         """The session's call tree, rebuilt from the store the first time after a restart."""
         tree = self._trees.get(session_id)
         if tree is None:
-            tree = SessionTree()
+            tree = SessionTree(content_format=self.renderer.template.content_format)
             for c in self.store.calls(session_id):
                 parent = tree.nodes.get(c.parent_id) if c.parent_id else None
                 node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
@@ -192,7 +192,7 @@ class Gateway:
         node = Node(call_id, prompt.parent, prompt.delta, gen.ids, message, stop_token)
         reply_hash = None
         if status == "ok" and message is not None:
-            reply_hash = prefix_hashes(prompt.hashes[-1], [message])[1]
+            reply_hash = prefix_hashes(prompt.hashes[-1], [message], tree.content_format)[1]
         new_hashes = tree.add(node, prompt.hashes, reply_hash)
         info = {
             "model": self.model_name,
