@@ -1,4 +1,4 @@
-"""Shared pieces: prompt/response split, padding, GRPO advantages, version spans."""
+"""Shared pieces: prompt/response split, logprob filling, padding, rewards, GRPO groups."""
 
 from __future__ import annotations
 
@@ -8,38 +8,63 @@ import numpy as np
 
 from ..store.trajectories import NO_VERSION, Trajectory
 
+#: What converters put where the engine sampled a token but reported no logprob (NaN in the
+#: canonical record). NaN would reach the loss (NaN * 0 is still NaN in a masked mean), so
+#: the default is a finite value; the positions filled are reported by each converter (see
+#: :func:`filled_positions`). Pass ``fill_logprob=None`` to keep NaN.
+DEFAULT_FILL = 0.0
 
-def split(t: Trajectory, fill_logprob: float | None = None
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+
+def split(
+    t: Trajectory, fill_logprob: float | None = DEFAULT_FILL
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(prompt_ids, response_ids, response_mask, response_logprobs, response_versions)``.
 
     The prompt is everything before the first sampled token (``prompt_len``); the response is
     the rest: sampled turns (mask 1) interleaved with observations (mask 0)."""
     p = t.prompt_len
-    return (t.token_ids[:p], t.token_ids[p:], t.loss_mask[p:],
-            logprobs(t, fill_logprob)[p:], t.versions[p:])
+    return (
+        t.token_ids[:p],
+        t.token_ids[p:],
+        t.loss_mask[p:],
+        logprobs(t, fill_logprob)[p:],
+        t.versions[p:],
+    )
 
 
-def logprobs(t: Trajectory, fill: float | None = None) -> np.ndarray:
-    """The float32 logprobs, with NaN (unknown) replaced by ``fill`` if given."""
+def logprobs(t: Trajectory, fill: float | None = DEFAULT_FILL) -> np.ndarray:
+    """The float32 logprobs, NaN (sampled, not reported) replaced by ``fill`` unless None."""
     if fill is None:
         return t.logprobs
+    if not np.isfinite(fill):
+        raise ValueError(f"fill_logprob must be finite (or None to keep NaN), not {fill}")
     return np.where(np.isnan(t.logprobs), np.float32(fill), t.logprobs).astype(np.float32)
 
 
-def pad(rows: Sequence[np.ndarray], length: int, value: float, left: bool,
-        dtype: type | np.dtype) -> np.ndarray:
+def filled_positions(t: Trajectory, offset: int = 0) -> list[int]:
+    """Token positions whose logprob the engine did not report (NaN in the record), shifted
+    by ``-offset`` into a stack's layout (``prompt_len`` for response-aligned arrays, 1 for
+    the next-token shift); positions that fall before the layout's start are dropped."""
+    pos = np.flatnonzero(np.isnan(t.logprobs)) - offset
+    return pos[pos >= 0].tolist()
+
+
+def pad(
+    rows: Sequence[np.ndarray], length: int, value: float, left: bool, dtype: type | np.dtype
+) -> np.ndarray:
     """Stack 1-D arrays into ``[B, length]``, padding on the left or the right."""
     out = np.full((len(rows), length), value, dtype=dtype)
     for i, r in enumerate(rows):
         if len(r) > length:
-            raise ValueError(f"row {i} has {len(r)} tokens, more than the length {length}; "
-                             "raise the limit (Turnstile never truncates silently)")
+            raise ValueError(
+                f"row {i} has {len(r)} tokens, more than the length {length}; "
+                "raise the limit (Turnstile never truncates silently)"
+            )
         if len(r):
             if left:
-                out[i, length - len(r):] = r
+                out[i, length - len(r) :] = r
             else:
-                out[i, :len(r)] = r
+                out[i, : len(r)] = r
     return out
 
 
@@ -51,8 +76,22 @@ def version_span(versions: np.ndarray) -> tuple[int | None, int | None]:
     return int(known.min()), int(known.max())
 
 
-def reward_of(t: Trajectory, default: float = 0.0) -> float:
-    return default if t.reward is None else float(t.reward)
+def missing_rewards(trajs: Sequence[Trajectory]) -> list[str]:
+    """Sessions (ids) of the samples that have no reward posted."""
+    return list(dict.fromkeys(t.session_id for t in trajs if t.reward is None))
+
+
+def require_rewards(trajs: Sequence[Trajectory], stack: str) -> list[float]:
+    """Every sample's scalar reward; a clear ValueError if any was never posted (a missing
+    reward must not train as 0.0)."""
+    missing = missing_rewards(trajs)
+    if missing:
+        raise ValueError(
+            f"{stack} needs a reward for every sample; no reward was posted for "
+            f"{len(missing)} session(s), e.g. {missing[:3]} (set_reward first, "
+            "or leave them out)"
+        )
+    return [float(t.reward) for t in trajs]  # type: ignore[arg-type]
 
 
 def group_key(t: Trajectory) -> str:
@@ -67,18 +106,35 @@ def group_indices(trajs: Sequence[Trajectory]) -> tuple[list[int], list[str]]:
     return idx, list(keys)
 
 
-def grpo_advantages(trajs: Sequence[Trajectory], eps: float = 1e-6,
-                    scale: bool = True) -> np.ndarray:
+def order_by_group(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """Groups contiguous, in order of first appearance; members by sample index (samples
+    without one last, in input order)."""
+    idx, _ = group_indices(trajs)
+    order = sorted(
+        range(len(trajs)),
+        key=lambda i: (idx[i], trajs[i].sample_index is None, trajs[i].sample_index or 0, i),
+    )
+    return [trajs[i] for i in order]
+
+
+def grpo_advantages(
+    trajs: Sequence[Trajectory], eps: float = 1e-6, scale: bool = True, ddof: int = 0
+) -> np.ndarray:
     """Group-relative advantages, one per sample: ``(r - mean_group) / (std_group + eps)``
-    (population std; ``scale=False`` only centres). Missing rewards count as 0."""
+    (``ddof=0``: population std; ``scale=False`` only centres, as the Tinker cookbook does).
+    A sample without a reward raises ValueError: it is not a 0."""
+    r = np.array(require_rewards(trajs, "grpo_advantages"), dtype=np.float64)
     idx, keys = group_indices(trajs)
-    r = np.array([reward_of(t) for t in trajs], dtype=np.float64)
     g = np.array(idx, dtype=np.int64)
     adv = np.zeros(len(trajs), dtype=np.float64)
     for k in range(len(keys)):
         sel = g == k
         centred = r[sel] - r[sel].mean()
-        adv[sel] = centred / (r[sel].std() + eps) if scale else centred
+        if scale:
+            std = r[sel].std(ddof=ddof) if sel.sum() > ddof else 0.0
+            adv[sel] = centred / (std + eps)
+        else:
+            adv[sel] = centred
     return adv.astype(np.float32)
 
 
@@ -86,12 +142,21 @@ def action_ranges(mask: np.ndarray) -> list[tuple[int, int]]:
     """Half-open ``[start, end)`` runs where ``mask == 1``."""
     m = np.concatenate([[0], mask.astype(np.int8), [0]])
     d = np.diff(m)
-    return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(),
-                    strict=True))
+    return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(), strict=True))
+
+
+def finish_reason(t: Trajectory) -> str | None:
+    return t.turns[-1]["finish_reason"] if t.turns else None
 
 
 def ids_meta(t: Trajectory) -> dict:
     """The rollout's identity, for a stack's free-form metadata channel."""
-    return {"trajectory_id": t.id, "session_id": t.session_id, "group_id": t.group_id,
-            "sample_index": t.sample_index, "task_id": t.task_id, "call_ids": t.call_ids,
-            "segment_reason": t.segment_reason}
+    return {
+        "trajectory_id": t.id,
+        "session_id": t.session_id,
+        "group_id": t.group_id,
+        "sample_index": t.sample_index,
+        "task_id": t.task_id,
+        "call_ids": t.call_ids,
+        "segment_reason": t.segment_reason,
+    }

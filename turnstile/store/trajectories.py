@@ -213,7 +213,7 @@ def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
         logprobs[start:end] = np.frombuffer(c.completion_logprobs, dtype=np.float32)
         versions[start:end] = _completion_versions(c, end - start)
         sampling = c.info.get("sampling") or {}
-        turns.append({"call_id": c.id, "prompt_start": prompt_start,
+        turns.append({"call_id": c.id, "seq": c.seq, "prompt_start": prompt_start,
                       "completion_start": start, "completion_end": end,
                       "finish_reason": c.finish_reason, "seam": c.seam,
                       "weight_version": _raw_version(c),
