@@ -43,6 +43,44 @@ def llama_tiny(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield url
 
 
+def llama_end_ids(model: Path, log: Path) -> list[int]:
+    """Every token llama-server ends a generation on for ``model``, as it lists them itself
+    (``-lv 4`` load log), with the tokenizer's own end-of-generation ids. llama.cpp picks them
+    by token text: for the Qwen2 vocabulary that includes a plain ``</s>`` (128247), which
+    Turnstile's tokenizer does not count, so biasing only ``eog_token_ids`` is not enough."""
+    import re
+
+    from turnstile.chat.tokenizer import load_tokenizer
+
+    with testbed.llama_server(model, ctx=512, parallel=1, extra=["-lv", "4"], log=log):
+        pass
+    text = log.read_text(errors="replace")
+    _, sep, rest = text.partition("printing all EOG tokens:")
+    assert sep, f"llama-server no longer lists its EOG tokens: see {log}"
+    ids = set()
+    for line in rest.splitlines()[1:]:
+        m = re.search(r"load:\s+- (\d+) \(", line)
+        if not m:
+            break
+        ids.add(int(m.group(1)))
+    assert ids, f"no EOG token read from {log}"
+    return sorted(ids | load_tokenizer(str(model)).eog_token_ids)
+
+
+@pytest.fixture(scope="session")
+def tiny_end_ids(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> list[int]:
+    """The tiny model's end tokens (see ``llama_end_ids``). A random-weight model samples one
+    of them early or late depending on which CPU kernels llama.cpp picked for the machine: a
+    test that needs a generation to run to ``max_tokens`` biases all of them by -100."""
+    return llama_end_ids(tiny_qwen2, tmp_path_factory.mktemp("eog") / "llama-server.log")
+
+
+@pytest.fixture(scope="session")
+def no_end_bias(tiny_end_ids: list[int]) -> dict[str, int]:
+    """OpenAI ``logit_bias`` that keeps the tiny model from ending: it runs to max_tokens."""
+    return {str(t): -100 for t in tiny_end_ids}
+
+
 @dataclass
 class Exchange:
     path: str

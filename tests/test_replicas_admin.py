@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from turnstile import testbed
@@ -55,7 +56,24 @@ def _calls(ts, sid: str) -> list[dict]:
     return ts.get(f"/v1/sessions/{sid}/calls")["data"]
 
 
-def test_replica_killed_mid_run(replicas, tiny_qwen2, turnstile_factory):
+def _until(cond, what: str, timeout: float = 60.0) -> None:
+    """Poll ``cond`` until it holds (a condition, not a sleep long enough on this machine)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _generating(engine_url: str) -> bool:
+    """llama-server is generating for some request (a slot is busy)."""
+    return any(s.get("is_processing") for s in httpx.get(engine_url + "/slots", timeout=5).json())
+
+
+def _in_flight(ts) -> int:
+    return ts.get("/admin/status")["in_flight"]
+
+
+def test_replica_killed_mid_run(replicas, tiny_qwen2, turnstile_factory, no_end_bias):
     ts = turnstile_factory([r.url for r in replicas], tiny_qwen2)
     sessions = []
     for i in range(9):
@@ -80,15 +98,16 @@ def test_replica_killed_mid_run(replicas, tiny_qwen2, turnstile_factory):
     outcome: dict = {}
 
     def long_call() -> None:
-        try:
-            client.chat.completions.create(model="t", messages=msgs, max_tokens=6000, seed=1)
+        try:  # no end token can be sampled: it runs until the replica dies
+            client.chat.completions.create(model="t", messages=msgs, max_tokens=6000, seed=1,
+                                           logit_bias=no_end_bias)
             outcome["status"] = 200
         except openai.APIStatusError as e:
             outcome["status"] = e.status_code
 
     t = threading.Thread(target=long_call)
     t.start()
-    time.sleep(1.0)
+    _until(lambda: _in_flight(ts) >= 1 and _generating(victim.url), "the long call to run")
     victim.kill()
     t.join(60)
     assert outcome["status"] in (502, 503)
@@ -118,54 +137,76 @@ def test_replica_killed_mid_run(replicas, tiny_qwen2, turnstile_factory):
     assert [r["healthy"] for r in status["replicas"]] == [False, True, True]
 
 
-def test_pause_drain_resume_and_abort(tiny_qwen2, turnstile_factory, tmp_path):
+def test_pause_drain_resume_and_abort(tiny_qwen2, turnstile_factory, tmp_path, no_end_bias):
+    """What happens to a call is forced, never left to what the model samples or to how long
+    a sleep lasts: running calls sample no end token (logit bias), so they run to max_tokens
+    or until aborted; "running" and "waiting" are read from /admin/status and the engine's
+    slots, and the records' start/end times show which side of pause/resume a call was on."""
     engine = Replica(tiny_qwen2, tmp_path / "engine.log", ctx=16384)
     try:
         ts = turnstile_factory(engine.url, tiny_qwen2)
         s = ts.session()
-        client = openai.OpenAI(base_url=s["base_url"], api_key="x", max_retries=0)
+        sent: dict = {}  # when each call's request left the harness
+        http = httpx.Client(event_hooks={"request": [
+            lambda req: sent.setdefault(orjson.loads(req.content)["messages"][0]["content"],
+                                        time.time())]})
+        client = openai.OpenAI(base_url=s["base_url"], api_key="x", max_retries=0,
+                               http_client=http)
         results: dict = {}
 
         def call(key: str, max_tokens: int) -> None:
             try:
                 r = client.chat.completions.create(
                     model="t", messages=[{"role": "user", "content": key}],
-                    max_tokens=max_tokens, seed=2)
+                    max_tokens=max_tokens, seed=2, logit_bias=no_end_bias)
                 results[key] = r.choices[0].finish_reason
             except openai.APIStatusError as e:
                 results[key] = e.body.get("code") if isinstance(e.body, dict) else e.status_code
 
-        # drain: the running call finishes before pause returns
-        t = threading.Thread(target=call, args=("drained", 3000))
+        # drain: the running call finishes (to its max_tokens) before pause returns
+        t = threading.Thread(target=call, args=("drained", 1000))
         t.start()
-        time.sleep(0.5)
-        r = httpx.post(ts.url + "/admin/pause", json={"mode": "drain"}, timeout=120).json()
+        _until(lambda: _in_flight(ts) >= 1 and _generating(engine.url), "the call to run")
+        paused_at = time.time()
+        r = httpx.post(ts.url + "/admin/pause", json={"mode": "drain"}, timeout=300).json()
         assert r["paused"] and r["in_flight"] == 0
-        t.join(5)
+        t.join(30)
         assert results["drained"] == "length"
-        # while paused, a new call waits at the door
+        (drained,) = _calls(ts, s["id"])
+        assert drained["status"] == "ok" and len(drained["completion_ids"]) == 1000
+        # it was still generating when the pause came, and the pause waited for it
+        assert drained["timings"]["started"] + drained["timings"]["latency_s"] > paused_at
+
+        # while paused, a new call waits at the door: sent, unanswered, and not running
+        # (in_flight counts calls past the door; the engine is idle)
         t2 = threading.Thread(target=call, args=("waited", 2))
         t2.start()
-        time.sleep(1.0)
-        assert "waited" not in results
+        _until(lambda: "waited" in sent, "the call to be sent")
+        held_until = time.monotonic() + 1.0
+        while time.monotonic() < held_until:
+            assert "waited" not in results
+            assert _in_flight(ts) == 0 and not _generating(engine.url)
+            time.sleep(0.1)
+        resumed_at = time.time()
         r = httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"}).json()
         assert r == {"paused": False, "weight_version": "7", "engines": r["engines"]}
         t2.join(30)
-        assert results["waited"] in ("length", "stop")
-        waited = [c for c in _calls(ts, s["id"]) if c["status"] == "ok"][-1]
+        assert results["waited"] == "length"
+        waited = _calls(ts, s["id"])[-1]
+        assert waited["status"] == "ok" and waited["timings"]["started"] >= resumed_at
         assert waited["weight_version"] == "7" and waited["policy_version"] == "7"
 
         # abort: the running call is cut, answered 503 policy_update, recorded as aborted
         t3 = threading.Thread(target=call, args=("aborted", 12000))
         t3.start()
-        time.sleep(0.5)
+        _until(lambda: _in_flight(ts) >= 1 and _generating(engine.url), "the call to run")
         r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60).json()
         t3.join(30)
         assert r["in_flight"] == 0 and results["aborted"] == "policy_update"
         assert _calls(ts, s["id"])[-1]["status"] == "aborted"
         httpx.post(ts.url + "/admin/resume", json={})
         call("after", 2)
-        assert results["after"] in ("length", "stop")
+        assert results["after"] == "length"
         bad = httpx.post(ts.url + "/admin/pause", json={"mode": "later"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "mode"
     finally:
