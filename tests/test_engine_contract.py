@@ -50,7 +50,7 @@ class Harness:
     url: str
     prompt: list[int]
     stop_token: int  # a token the test can push the model to sample, reported as the stop
-    eog: list[int]  # tokens to bias away when a long generation is wanted
+    eog: list[int]  # every token the engine ends on: biased away so generations run long
     context_length: int
     truth: Callable[[Finish], Truth]
     aborted: Callable[[Finish | None], bool]  # did the engine see the last call go away?
@@ -124,7 +124,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 
 @pytest.fixture
-def llama_harness(relay, tiny_qwen2: Path, llama_tiny: str) -> Harness:
+def llama_harness(relay, tiny_qwen2: Path, llama_tiny: str, tiny_end_ids: list[int]
+                  ) -> Harness:
     from turnstile.chat.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tiny_qwen2))
@@ -162,7 +163,7 @@ def llama_harness(relay, tiny_qwen2: Path, llama_tiny: str) -> Harness:
     ctx = json.load(urllib.request.urlopen(llama_tiny + "/props", timeout=5))
     n_ctx = ctx["default_generation_settings"]["n_ctx"]
     return Harness("llama-cpp", "llama-cpp", relay.url, prompt, QWEN_IM_END,
-                   sorted(tok.eog_token_ids), n_ctx, truth, aborted, direct_url=llama_tiny)
+                   tiny_end_ids, n_ctx, truth, aborted, direct_url=llama_tiny)
 
 
 def params(h: Harness, **kw) -> SamplingParams:
@@ -269,6 +270,13 @@ def test_an_unreachable_engine_is_a_5xx(harness: Harness):
     assert 500 <= e.value.status < 600
 
 
+def _engine_busy(h: Harness) -> bool:
+    if h.fake is not None:
+        return bool(h.fake.rec.sent)
+    with urllib.request.urlopen(h.direct_url + "/slots", timeout=5) as r:
+        return any(s.get("is_processing") for s in json.load(r))
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_cancelled_call_reaches_the_engine(harness: Harness, stream: bool):
     """The harness went away: the engine must stop generating for it."""
@@ -287,7 +295,12 @@ def test_a_cancelled_call_reaches_the_engine(harness: Harness, stream: bool):
             async for _ in engine.generate(harness.prompt, p, stream=stream):
                 got += 1
         task = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.4)
+        # Cancel once the engine is generating for it (not after a sleep that may be too
+        # short on a busy machine): no end token can be sampled, so it is still running.
+        deadline = time.monotonic() + 30
+        while not await asyncio.to_thread(_engine_busy, harness):
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.05)
         assert not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
