@@ -22,8 +22,9 @@ def _client(session: dict) -> openai.OpenAI:
     return openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
 
 
-def _run_conversation(client: openai.OpenAI, turns: int = 4) -> list[dict]:
-    """user/assistant alternating; turn 1 streams, turn 2 is pushed to stop on <|im_end|>."""
+def _run_conversation(client: openai.OpenAI, no_end: dict, turns: int = 4) -> list[dict]:
+    """user/assistant alternating; turn 1 streams, turn 2 is pushed to stop on <|im_end|>, the
+    others can sample no end token (``no_end``): they run to max_tokens whatever the CPU."""
     msgs: list[dict] = [{"role": "system", "content": "You are a terse assistant."}]
     users = ["Hello there, how are you doing?", "Tell me about HAVING fun in Zürich.",
              "Why is that?", "Thanks, goodbye!"]
@@ -31,8 +32,8 @@ def _run_conversation(client: openai.OpenAI, turns: int = 4) -> list[dict]:
         msgs.append({"role": "user", "content": users[i]})
         kw = dict(model="tiny", messages=msgs, max_tokens=40, temperature=1.0, seed=7 + i,
                   logprobs=True)
-        if i == 2:
-            kw["logit_bias"] = {str(IM_END): 15}  # makes the sampled stop token likely
+        # turn 2: <|im_end|> is ~96% likely at each step (no other end token can be sampled)
+        kw["logit_bias"] = {**no_end, str(IM_END): 15} if i == 2 else no_end
         if i == 1:
             text = ""
             stream = client.chat.completions.create(**kw, stream=True,
@@ -42,7 +43,7 @@ def _run_conversation(client: openai.OpenAI, turns: int = 4) -> list[dict]:
                 if chunk.choices:
                     text += chunk.choices[0].delta.content or ""
                     finish = chunk.choices[0].finish_reason or finish
-            assert finish in ("stop", "length")
+            assert finish == "length"
         else:
             r = client.chat.completions.create(**kw)
             text = r.choices[0].message.content
@@ -50,9 +51,10 @@ def _run_conversation(client: openai.OpenAI, turns: int = 4) -> list[dict]:
     return msgs
 
 
-def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(turnstile, relay, tiny_qwen2):
+def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(turnstile, relay, tiny_qwen2,
+                                                               no_end_bias):
     session = turnstile.session(task="exact")
-    msgs = _run_conversation(_client(session))
+    msgs = _run_conversation(_client(session), no_end_bias)
 
     exchanges = relay.completions()
     assert len(exchanges) == 4
@@ -85,8 +87,10 @@ def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(turnstile, relay,
 
     # The engine got token IDs with our sampling settings, not llama.cpp's defaults.
     assert all(ex.request["top_k"] == 0 and ex.request["min_p"] == 0.0 for ex in exchanges)
-    # The stop-token seam was exercised: some turn ended on a sampled <|im_end|>.
-    assert any(ex.response["tokens"][-1:] == [IM_END] for ex in exchanges)
+    # Both seams were exercised: turn 2 ended on a sampled <|im_end|>, the others at length.
+    ends = [ex.response["tokens"][-1] == IM_END for ex in exchanges]
+    assert ends == [False, False, True, False]
+    assert [len(ex.response["tokens"]) for i, ex in enumerate(exchanges) if i != 2] == [40] * 3
 
     # Naive alternative: re-render the conversation text and re-tokenize it.
     tok = load_tokenizer(str(tiny_qwen2))
@@ -98,9 +102,9 @@ def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(turnstile, relay,
     assert drifted, "a random model should sample at least one non-canonical tokenization"
 
 
-def test_calls_record_deltas_and_parents(turnstile, relay):
+def test_calls_record_deltas_and_parents(turnstile, relay, no_end_bias):
     session = turnstile.session()
-    _run_conversation(_client(session), turns=3)
+    _run_conversation(_client(session), no_end_bias, turns=3)
     calls = turnstile.get(f"/v1/sessions/{session['id']}/calls")["data"]
     exchanges = relay.completions()
     assert [c["parent_id"] for c in calls] == [None, calls[0]["id"], calls[1]["id"]]
@@ -114,10 +118,10 @@ def test_calls_record_deltas_and_parents(turnstile, relay):
     assert calls[1]["reused_prefix_len"] > 0 and calls[2]["reused_prefix_len"] > 0
 
 
-def test_edited_history_starts_a_new_segment(turnstile, relay):
+def test_edited_history_starts_a_new_segment(turnstile, relay, no_end_bias):
     session = turnstile.session()
     client = _client(session)
-    msgs = _run_conversation(client, turns=2)
+    msgs = _run_conversation(client, no_end_bias, turns=2)
     edited = [dict(m) for m in msgs]
     edited[1]["content"] = "An edited first question."  # compaction / rewrite
     edited.append({"role": "user", "content": "Go on."})
@@ -135,10 +139,10 @@ def test_edited_history_starts_a_new_segment(turnstile, relay):
     assert sorted(t["segment_reason"] for t in trajs) == ["first_call", "history_diverged"]
 
 
-def test_retry_becomes_a_sibling(turnstile, relay):
+def test_retry_becomes_a_sibling(turnstile, relay, no_end_bias):
     session = turnstile.session()
     client = _client(session)
-    msgs = _run_conversation(client, turns=1)
+    msgs = _run_conversation(client, no_end_bias, turns=1)
     msgs.append({"role": "user", "content": "Again?"})
     for seed in (1, 2):  # the harness retries the same request
         client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, seed=seed)
@@ -167,11 +171,11 @@ def test_echoed_assistant_variants_still_extend(turnstile):
     assert calls[1]["parent_id"] == calls[0]["id"]
 
 
-def test_response_logprobs_and_usage_are_the_engines(turnstile, relay):
+def test_response_logprobs_and_usage_are_the_engines(turnstile, relay, no_end_bias):
     session = turnstile.session()
-    r = _client(session).chat.completions.create(
+    r = _client(session).chat.completions.create(  # 16 tokens, none an end token
         model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=16, seed=11,
-        logprobs=True, top_logprobs=3)
+        logprobs=True, top_logprobs=3, logit_bias=no_end_bias)
     ex = relay.completions()[-1]
     assert ex.request["n_probs"] == 3
     assert r.usage.prompt_tokens == len(ex.request["prompt"])
