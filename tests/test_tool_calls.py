@@ -40,7 +40,8 @@ def test_required_tool_call_then_result_extends_exactly(turnstile, relay):
     msgs = [{"role": "system", "content": "Use tools."},
             {"role": "user", "content": "Weather in Paris?"}]
     r = client.chat.completions.create(model="t", messages=msgs, tools=TOOLS,
-                                       tool_choice="required", max_tokens=64, seed=3)
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=64, seed=3)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]

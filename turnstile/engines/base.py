@@ -40,6 +40,14 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     # GBNF the sample must match (tool_choice "required" / a named function), or None.
     grammar: str | None = None
+    # JSON Schema the sample must match (response_format json_object / json_schema), or None.
+    json_schema: dict | None = None
+    # None: not asked for, the engine's neutral value (no penalty, no top-k/min-p cut).
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready, for the call record."""
@@ -129,6 +137,15 @@ def logprob_unfitness(kind: str, params: SamplingParams | None) -> str | None:
         changes.append("logit_bias")
     if params.top_p < 1.0:
         changes.append(f"top_p {params.top_p:g}")
+    if params.top_k:
+        changes.append(f"top_k {params.top_k}")
+    if params.min_p:
+        changes.append(f"min_p {params.min_p:g}")
+    if kind == RAW_LOGPROBS and (params.frequency_penalty or params.presence_penalty or
+                                 params.repetition_penalty not in (None, 1.0)):
+        changes.append("penalties")
+    if params.grammar or params.json_schema:
+        changes.append("a grammar")
     if not changes:
         return None
     return (f"recorded logprobs are {kind}, taken before {', '.join(changes)} changed the "

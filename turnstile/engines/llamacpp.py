@@ -65,10 +65,12 @@ class LlamaCppEngine(HTTPEngine):
             "n_predict": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "top_k": 0,
-            "min_p": 0.0,
+            "top_k": params.top_k or 0,
+            "min_p": params.min_p or 0.0,
             "typical_p": 1.0,
-            "repeat_penalty": 1.0,
+            "repeat_penalty": params.repetition_penalty or 1.0,
+            "frequency_penalty": params.frequency_penalty or 0.0,
+            "presence_penalty": params.presence_penalty or 0.0,
             "n_probs": max(1, params.top_logprobs),
             "return_tokens": True,
             "cache_prompt": True,
@@ -80,9 +82,22 @@ class LlamaCppEngine(HTTPEngine):
             body["stop"] = params.stop
         if params.logit_bias:
             body["logit_bias"] = [[int(k), float(v)] for k, v in params.logit_bias.items()]
+        if params.frequency_penalty or params.presence_penalty or params.repetition_penalty:
+            # llama.cpp penalises the last ``repeat_last_n`` tokens of prompt + completion
+            # (64 by default); the whole context is the nearest to OpenAI's "so far".
+            body["repeat_last_n"] = self.context_length or 4096
         if params.grammar:
             body["grammar"] = params.grammar
+        elif params.json_schema is not None:
+            body["json_schema"] = params.json_schema
         return body
+
+    def sampling_notes(self, params: SamplingParams) -> list[str]:
+        """Where this engine's sampling differs from what the OpenAI request means."""
+        if params.frequency_penalty or params.presence_penalty:
+            return ["llama-server applies frequency/presence penalties to the prompt's tokens "
+                    "too (OpenAI and vLLM: to the completion's tokens only)"]
+        return []
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
                        ) -> AsyncIterator[list[TokenEvent] | Finish]:

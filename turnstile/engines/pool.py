@@ -67,6 +67,10 @@ class ReplicaPool:
     def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
         return self.replicas[0].logprob_warning(params)
 
+    def sampling_notes(self, params: SamplingParams) -> list[str]:
+        notes = getattr(self.replicas[0], "sampling_notes", None)
+        return notes(params) if notes else []
+
     def pick(self, session_id: str) -> _Bound:
         """The replica for this session: its sticky one while healthy, else the healthy
         replica that rendezvous hashing ranks first for it (stable as replicas come and go)."""

@@ -89,11 +89,11 @@ class SGLangEngine(HTTPEngine):
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "top_k": -1,
-            "min_p": 0.0,
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
-            "repetition_penalty": 1.0,
+            "top_k": params.top_k or -1,
+            "min_p": params.min_p or 0.0,
+            "frequency_penalty": params.frequency_penalty or 0.0,
+            "presence_penalty": params.presence_penalty or 0.0,
+            "repetition_penalty": params.repetition_penalty or 1.0,
             "min_new_tokens": 0,
             "n": 1,
             "ignore_eos": False,
@@ -106,6 +106,10 @@ class SGLangEngine(HTTPEngine):
             sp["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
         if params.logit_bias:
             sp["logit_bias"] = {str(int(k)): float(v) for k, v in params.logit_bias.items()}
+        if params.grammar:
+            sp["ebnf"] = params.grammar
+        elif params.json_schema is not None:
+            sp["json_schema"] = orjson.dumps(params.json_schema).decode()
         if params.seed is not None:
             sp["sampling_seed"] = params.seed  # honoured with --enable-deterministic-inference
         body: dict = {

@@ -172,11 +172,11 @@ class VLLMEngine(HTTPEngine):
             "n": 1,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "top_k": -1 if old else 0,
-            "min_p": 0.0,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-            "repetition_penalty": 1.0,
+            "top_k": params.top_k or (-1 if old else 0),
+            "min_p": params.min_p or 0.0,
+            "presence_penalty": params.presence_penalty or 0.0,
+            "frequency_penalty": params.frequency_penalty or 0.0,
+            "repetition_penalty": params.repetition_penalty or 1.0,
             "max_tokens": params.max_tokens,
             "min_tokens": 0,
             "ignore_eos": False,
@@ -192,6 +192,10 @@ class VLLMEngine(HTTPEngine):
             sp["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
         if params.logit_bias:
             sp["logit_bias"] = {str(int(k)): float(v) for k, v in params.logit_bias.items()}
+        if params.grammar:  # constrained decoding (xgrammar reads GBNF)
+            sp["structured_outputs"] = {"grammar": params.grammar}
+        elif params.json_schema is not None:
+            sp["structured_outputs"] = {"json": params.json_schema}
         if completions:
             # OpenAI's logprobs count on /v1/completions: top entries beyond the sampled one.
             sp["logprobs"] = max(0, params.top_logprobs)

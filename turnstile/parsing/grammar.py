@@ -80,9 +80,17 @@ class _Builder:
                 "boolean": '( "true" | "false" )', "null": '"null"'}.get(str(kind), "value")
 
 
+# Formats whose templates render several calls in one assistant turn, and what they put between
+# two calls (Qwen2.5/Hermes and Qwen3-Coder: "\n" before each "<tool_call>"). Llama 3's JSON
+# calls are one per turn (its templates refuse more).
+PARALLEL_SEPARATOR = {"hermes": '"\\n"', "qwen3_coder": '"\\n"'}
+
+
 def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = None,
-                      reasoning_close: str | None = None) -> str:
-    """GBNF for exactly one call, in ``tool_format``'s syntax, to ``name`` or any tool.
+                      reasoning_close: str | None = None, parallel: bool = False) -> str:
+    """GBNF for one call, in ``tool_format``'s syntax, to ``name`` or any tool; with
+    ``parallel`` (``tool_choice: "required"`` with ``parallel_tool_calls``), one or more calls
+    where the format allows several.
 
     ``reasoning_close``: the generation prompt left a reasoning block open (``<think>\\n``);
     the model may finish its reasoning (text, then this tag) before the call.
@@ -112,8 +120,12 @@ def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = No
     if reasoning_close:
         # reasoning text may hold "<" but not a closing tag before the real close
         think = f'( [^<] | "<" [^/] )* {_literal(reasoning_close)} "\\n\\n" '
-    root = f"root ::= {think}{before} ( {' | '.join(alternatives)} ) {after}"
-    return "\n".join([root, *b.rules]) + _JSON_RULES
+    call = f"call ::= {before} ( {' | '.join(alternatives)} ) {after}"
+    more = ""
+    if parallel and tool_format in PARALLEL_SEPARATOR:
+        more = f" ( {PARALLEL_SEPARATOR[tool_format]} call )*"
+    root = f"root ::= {think}call{more}"
+    return "\n".join([root, call, *b.rules]) + _JSON_RULES
 
 
 def _xml_call(b: _Builder, name: str, schema: dict) -> str:

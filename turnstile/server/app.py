@@ -306,6 +306,11 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         warning = gateway.engine.logprob_warning()
         if warning:
             print(f"turnstile: WARNING: {warning}", file=sys.stderr)
+        if gateway.template_ignores_tools:
+            print("turnstile: WARNING: the chat template does not render 'tools': a request's "
+                  "tools never reach the model (each such call records it in info.warnings); "
+                  "serve with --chat-template FILE for a template that renders them",
+                  file=sys.stderr)
         yield
         await gateway.engine.close()
 

@@ -57,6 +57,37 @@ class Generation:
     engine_url: str | None = None  # the replica that served the call
 
 
+def _cut_stop(text: str, finish: Finish | None) -> str:
+    """The text a harness gets: OpenAI leaves a matched stop string (and anything the last
+    token carried after it) out. The record keeps every sampled ID."""
+    stop = finish.stop_string if finish else None
+    if stop:
+        i = text.find(stop)
+        if i >= 0:
+            return text[:i]
+    return text
+
+
+def _held(text: str, stops: list[str]) -> int:
+    """How many characters at the end of ``text`` could begin a stop string: a stream holds
+    them back until the next tokens show whether the stop string follows."""
+    n = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), n, -1):
+            if text.endswith(s[:k]):
+                n = k
+                break
+    return n
+
+
+def _finish_reason(tool_calls: bool, finish: Finish) -> str:
+    """As OpenAI and vLLM: a reply cut by the token limit is "length" even when it holds a
+    (then truncated) tool call; "tool_calls" only for calls the model finished."""
+    if finish.reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else finish.reason
+
+
 class Gateway:
     def __init__(self, renderer: Renderer, engine: Engine, store: Store, model_name: str,
                  parser: FormatChoice, policy: Policy | None = None):
@@ -69,6 +100,7 @@ class Gateway:
         self.model_name = model_name
         self.parser = parser
         self._trees: dict[str, SessionTree] = {}
+        self._ignores_tools: bool | None = None
 
     # sessions
 
@@ -162,7 +194,9 @@ class Gateway:
             top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
             # vLLM/SGLang stop on the template's end-of-turn even if the model config omits it
             stop_token_ids=sorted(self.tok.eog_token_ids),
-            grammar=self.tool_grammar(req, prompt_tail))
+            grammar=self.tool_grammar(req, prompt_tail), json_schema=req.json_schema,
+            frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+            repetition_penalty=req.repetition_penalty, top_k=req.top_k, min_p=req.min_p)
 
     def tool_grammar(self, req: ChatRequest, prompt_tail: str = "") -> str | None:
         """For ``tool_choice`` "required" or a named function: a grammar that admits only a
@@ -178,7 +212,47 @@ class Gateway:
         close = None
         if self.parser.reasoning_tags and self.parser.reasoning_started(prompt_tail):
             close = self.parser.reasoning_tags[1]
-        return grammar.tool_call_grammar(fmt, req.tools or [], req.forced_function, close)
+        return grammar.tool_call_grammar(fmt, req.tools or [], req.forced_function, close,
+                                         parallel=req.tool_choice == "required" and
+                                         req.parallel_tool_calls)
+
+    @property
+    def template_ignores_tools(self) -> bool:
+        """True when the chat template renders the same prompt with and without ``tools``
+        (SmolLM2's, for one): a request's tools then never reach the model."""
+        if self._ignores_tools is None:
+            msgs = [{"role": "user", "content": "hi"}]
+            probe = [{"type": "function", "function": {
+                "name": "turnstile_probe", "description": "probe",
+                "parameters": {"type": "object", "properties": {}}}}]
+            try:
+                self._ignores_tools = (self.renderer.render_full(msgs, probe) ==
+                                       self.renderer.render_full(msgs, None))
+            except TemplateError:
+                self._ignores_tools = False  # it reads tools (and refuses this probe)
+        return self._ignores_tools
+
+    def call_notes(self, req: ChatRequest | None, params: SamplingParams) -> dict:
+        """What the call record's info says about the request beyond the sampling: warnings
+        (what was asked for but cannot act as asked) and the inert OpenAI options."""
+        warnings = []
+        if req is not None and req.tools and self.template_ignores_tools:
+            warnings.append("the chat template does not render 'tools': the model was not "
+                            "shown the tools (serve with --chat-template FILE that does)")
+        if req is not None and "reasoning_effort" in req.template_kwargs and \
+                "reasoning_effort" not in self.renderer.template.source:
+            warnings.append("the chat template does not read 'reasoning_effort'")
+        notes = getattr(self.engine, "sampling_notes", None)
+        if notes is not None:
+            warnings.extend(notes(params))
+        out: dict = {}
+        if warnings:
+            out["warnings"] = warnings
+        if req is not None and req.inert:
+            out["request_options"] = req.inert
+        if req is not None and req.tool_choice == "required":
+            out["parallel_tool_calls"] = req.parallel_tool_calls
+        return out
 
     # record
 
@@ -214,6 +288,7 @@ class Gateway:
                       "cached_tokens": finish.cached_tokens if finish else 0},
             "timings": {"started": started, "latency_s": time.time() - started,
                         **(finish.timings if finish else {})},
+            **self.call_notes(req, params),
             **(extra or {}),
         }
         rec = CallRecord(
@@ -293,13 +368,13 @@ class Gateway:
             self.record(session_id, tree, prompt, params, gen, "aborted", None,
                         POLICY_ABORT, started, req=req)
             raise _policy_abort() from None
-        text = self.tok.decode(self._text_ids(gen))
+        text = _cut_stop(self.tok.decode(self._text_ids(gen)), gen.finish)
         parser = self._parser(req, tail)
         parser.feed(text)
         parser.finish()
         parsed = parser.result()
         message = parsed.to_openai()
-        finish_reason = "tool_calls" if parsed.tool_calls else gen.finish.reason
+        finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
                   "logprobs": self._logprobs(gen) if req.logprobs else None}
         rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
@@ -355,12 +430,29 @@ class Gateway:
         yield chunk({"role": "assistant", "content": ""})
         eog = self.tok.eog_token_ids
         status, error = "aborted", "the client disconnected"
+        stops = params.stop
+        held = ""  # with stop strings: text that may be the start of one, not sent yet
+        stopped = False  # a stop string was seen: nothing after it is sent
+
+        def visible(text: str, last: bool = False) -> str:
+            nonlocal held, stopped
+            if not stops or stopped:
+                return "" if stopped else text
+            held += text
+            cut = min([i for x in stops if (i := held.find(x)) >= 0], default=-1)
+            if cut >= 0:
+                out, held, stopped = held[:cut], "", True
+                return out
+            keep = 0 if last else _held(held, stops)
+            out, held = held[:len(held) - keep], held[len(held) - keep:]
+            return out
+
         try:
             async for batch in self._events(session_id, prompt, params, gen, stream=True):
                 # One pass per batch: the tokens that arrived together leave in one chunk
                 # (or a few, when the parser splits content from a tool call).
                 sampled = [ev for ev in batch if ev.token_id not in eog]
-                text = "".join([detok.push(ev.token_id) for ev in sampled])
+                text = visible("".join([detok.push(ev.token_id) for ev in sampled]))
                 lp = [self._logprob_entry(ev.token_id, ev.logprob, ev.top or [])
                       for ev in sampled] if req.logprobs and sampled else None
                 deltas = parser.feed(text) if text else []
@@ -368,7 +460,7 @@ class Gateway:
                     deltas = [{"content": ""}]
                 for i, d in enumerate(deltas):
                     yield chunk(d, logprobs=lp if i == 0 else None)
-            for d in parser.feed(detok.flush()) + parser.finish():
+            for d in parser.feed(visible(detok.flush(), last=True)) + parser.finish():
                 yield chunk(d)
             status, error = "ok", None
         except EngineError as exc:
@@ -386,7 +478,7 @@ class Gateway:
                             req=req)
         parsed = parser.result()
         message = parsed.to_openai()
-        finish_reason = "tool_calls" if parsed.tool_calls else gen.finish.reason
+        finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
         rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
                           {"parse_status": parsed.parse_status}, req,
                           {"choices": [{"message": message, "finish_reason": finish_reason}]})

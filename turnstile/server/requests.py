@@ -34,6 +34,18 @@ class ChatRequest:
     # "auto" | "none" | "required" | the name of the one function that must be called
     tool_choice: str = "auto"
     forced_function: str | None = None
+    parallel_tool_calls: bool = True  # OpenAI's default; "required" may then make several calls
+    # Sampling knobs beyond OpenAI's core set; None = not given (the engine's neutral value).
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    # response_format json_object / json_schema: the JSON Schema the reply must match
+    json_schema: dict | None = None
+    # Fields OpenAI clients send that change nothing Turnstile renders or samples (``user``,
+    # ``metadata``, ``store``, ...): accepted, and kept in the call record's info.
+    inert: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)  # the body as received (retention)
 
 
@@ -205,10 +217,75 @@ def _tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None]
                               "{'type': 'function', 'function': {'name': ...}}.")
 
 
+# Every body field is used (passed to the engine or the template, and recorded with the call),
+# kept as inert, or refused with a 400 naming it: nothing a harness asks for is dropped silently.
+_USED = frozenset({
+    "messages", "model", "tools", "tool_choice", "parallel_tool_calls", "stream",
+    "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+    "stop", "logprobs", "top_logprobs", "logit_bias", "n", "chat_template_kwargs",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p",
+    "response_format", "reasoning_effort"})
+# OpenAI platform options that change no token: accepted, recorded in the call's info.
+_INERT = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
+                    "prompt_cache_retention", "safety_identifier"})
+_UNSUPPORTED = {
+    "functions": "the legacy 'functions' API is not supported; send 'tools'.",
+    "function_call": "the legacy 'function_call' is not supported; send 'tool_choice'.",
+    "audio": "audio output is not supported.",
+    "prediction": "predicted outputs are not supported.",
+    "web_search_options": "web search is not supported.",
+    "verbosity": "no chat template reads 'verbosity'; leave it out.",
+}
+
+
+def _fields(body: dict) -> dict:
+    """Check every top-level field is one Turnstile handles; return the inert ones."""
+    inert = {}
+    for key, value in body.items():
+        if key in _USED or value is None:
+            continue
+        if key in _INERT:
+            inert[key] = value
+        elif key == "modalities":
+            if value != ["text"]:
+                raise _bad("modalities", "only text output (['text']) is supported.")
+            inert[key] = value
+        elif key in _UNSUPPORTED:
+            raise APIError(400, f"Unsupported parameter: '{key}': {_UNSUPPORTED[key]}", key,
+                           code="unsupported_parameter")
+        else:
+            raise APIError(400, f"Unrecognized request argument supplied: {key}", key,
+                           code="unrecognized_argument")
+    return inert
+
+
+def _response_format(body: dict) -> dict | None:
+    """The JSON Schema a ``response_format`` asks for (None for text)."""
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict):
+        raise _bad("response_format", "expected an object with a 'type'.")
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise _bad("response_format.json_schema.schema", "expected a JSON Schema object.")
+        return schema
+    raise _bad("response_format.type", f"{kind!r} is not one of 'text', 'json_object', "
+                                       "'json_schema'.")
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", None,
                        code="invalid_request_body")
+    inert = _fields(body)
     n = _int(body, "n", 1)
     if n not in (None, 1):
         raise _bad("n", "only n=1 is supported; send separate requests for more samples.")
@@ -225,10 +302,21 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(kwargs, dict):
         raise _bad("chat_template_kwargs", "expected an object.")
     seed = _int(body, "seed", -(2**63))
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise _bad("reasoning_effort", "expected a string such as 'low' or 'high'.")
+        # As vLLM: a template variable (gpt-oss and others read it); chat_template_kwargs wins.
+        kwargs = {"reasoning_effort": effort, **kwargs}
     tools = _tools(body)
     tool_choice, forced = _tool_choice(body, tools)
     if tool_choice == "none":
         tools = None  # as vLLM: the template does not see tools the model may not call
+    json_schema = _response_format(body)
+    if json_schema is not None and tool_choice in ("required", "function"):
+        raise _bad("response_format", "a JSON response format cannot be combined with a "
+                                      "forced tool call (tool_choice); send one of them.")
+    top_k = _int(body, "top_k", -1)
     return ChatRequest(
         messages=_messages(body),
         model=model,
@@ -247,4 +335,17 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_logprobs=_int(body, "top_logprobs", 0, 20) or 0,
         logit_bias=_logit_bias(body),
         template_kwargs=kwargs,
+        parallel_tool_calls=body.get("parallel_tool_calls") is None or
+        _bool(body, "parallel_tool_calls"),
+        frequency_penalty=_optional(body, "frequency_penalty", -2.0, 2.0),
+        presence_penalty=_optional(body, "presence_penalty", -2.0, 2.0),
+        repetition_penalty=_optional(body, "repetition_penalty", 0.01, 2.0),
+        top_k=None if top_k in (None, -1, 0) else top_k,
+        min_p=_optional(body, "min_p", 0.0, 1.0),
+        json_schema=json_schema,
+        inert=inert,
     )
+
+
+def _optional(body: dict, key: str, lo: float, hi: float) -> float | None:
+    return None if body.get(key) is None else _number(body, key, lo, hi, 0.0)
