@@ -102,7 +102,8 @@ def main() -> None:
     pad_id = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None \
         else tok.eos_token_id
     adv = grpo_advantages(trajs)
-    batch = to_verl_batch(trajs, pad_token_id=pad_id, fill_logprob=0.0)
+    # This batch is the whole batch (no verl prompt batch to union with): write the GRPO uid.
+    batch = to_verl_batch(trajs, pad_token_id=pad_id, with_uid=True)
 
     print(f"\n{len(trajs)} trajectories in {args.groups} groups, records in {data}\n")
     print(f"{'group':<8} {'sample':>6} {'turns':>5} {'tokens':>6} {'sampled':>7} "
