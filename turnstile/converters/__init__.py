@@ -2,8 +2,9 @@
 
 Every converter takes canonical :class:`~turnstile.store.trajectories.Trajectory` objects
 (what ``turnstile.Client.trajectories`` returns) and gives plain dicts, lists and numpy arrays
-shaped, named, padded and shifted the way that stack documents. No trainer package is
-imported: they are heavy and GPU-bound, and a data path should not need them to be tested.
+shaped, named, padded and shifted the way that stack consumes them. No trainer package is
+imported (Tinker's SDK types are used when it is installed); ``tests/test_trainer_contracts.py``
+checks the outputs against the frameworks' own code in a separate virtualenv.
 Wrap the arrays yourself where the stack wants tensors (``torch.from_numpy``).
 
 ==========  =========================================================================
@@ -24,8 +25,14 @@ tinker      Tinker-style ``Datum`` dicts (inputs ``tokens[:-1]``, targets ``toke
 ==========  =========================================================================
 
 Logprobs: the canonical array holds NaN where the engine sampled a token but reported no
-logprob (llama-server does this for tokens that end mid-UTF-8 character). Converters keep NaN
-unless ``fill_logprob`` is given, so a trainer never silently treats "unknown" as a value.
+logprob (llama-server does this for tokens that end mid-UTF-8 character). NaN would poison a
+masked loss (NaN * 0 is NaN), so converters fill those positions with ``fill_logprob``
+(default 0.0) and report which ones they filled in the stack's metadata channel (or see
+``_common.filled_positions``); ``fill_logprob=None`` keeps NaN.
+
+Each module's docstring names the framework version it targets and who computes what from the
+rewards (raw rewards where the framework normalises them itself); a sample without a reward
+raises ValueError wherever a reward is needed, instead of training as 0.0.
 """
 
 from ._common import grpo_advantages
