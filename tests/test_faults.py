@@ -156,10 +156,11 @@ def test_engine_dies_mid_run(tiny_qwen2, turnstile_factory):
     assert [t["call_ids"] for t in trajs] == [[calls[0]["id"]]]
 
 
-def test_client_gone_mid_stream_is_recorded_as_aborted(turnstile):
+def test_client_gone_mid_stream_is_recorded_as_aborted(turnstile, no_end_bias):
     session = turnstile.session()
+    # no end token can be sampled: the call is still generating when the harness goes away
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 2000, "stream": True,
-            "seed": 5}
+            "seed": 5, "logit_bias": no_end_bias}
     with httpx.stream("POST", session["base_url"] + "/chat/completions", json=body,
                       timeout=60) as r:
         assert r.status_code == 200
