@@ -19,8 +19,8 @@ from turnstile.chat.audit import (
     TOOLS,
     USER1,
     USER2,
+    VARIANT_KWARGS,
     Conversation,
-    Policy,
     _assistant,
     _call,
     _tool,
@@ -54,7 +54,7 @@ def held_out(reasoning: bool) -> list[Conversation]:
     c3 = _call("call00013", "get_weather", '{"city": "Oslo \\"Norway\\""}')
     user3 = {"role": "user", "content": "Compare with Oslo, please."}
     return [
-        Conversation("chain", "tool,tool,user,tool,user", [
+        Conversation("chain", [
             SYSTEM, USER1,
             _assistant("Checking.", [c1], r("Weather first.")),
             _tool("call00011", '{"temp_c": 11, "sky": "☁"}', "get_weather"),
@@ -68,7 +68,7 @@ def held_out(reasoning: bool) -> list[Conversation]:
             USER2,
             _assistant("Take one in Oslo.", None, r("Rain likely.")),
         ]),
-        Conversation("parallel-then-user", "tool_batch,user", [
+        Conversation("parallel-then-user", [
             USER1,
             _assistant("", [c1, c2], r("Both at once.")),
             _tool("call00011", '{"temp_c": 11}', "get_weather"),
@@ -77,7 +77,7 @@ def held_out(reasoning: bool) -> list[Conversation]:
             user3,
             _assistant("Colder.", None, None),
         ]),
-        Conversation("truncated-mid-chain", "tool,user_after_length", [
+        Conversation("truncated-mid-chain", [
             SYSTEM, USER1,
             _assistant("", [c1], r("Weather.")),
             _tool("call00011", '{"temp_c": 11}', "get_weather"),
@@ -88,18 +88,15 @@ def held_out(reasoning: bool) -> list[Conversation]:
     ]
 
 
-KIND_GROUP = {"tool": "tool", "tool_batch": "tool", "user": "user", "user_after_length": "user"}
-
-
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_no_silent_mismatch_on_held_out_conversations(name):
     renderer, _ = _renderer(name)
-    policy = Policy.from_report(audit(renderer, name))
+    policy = audit(renderer, name).policy()
     silent = []
     for variant, reasoning in (("plain", False), ("think", True)):
         for conv in held_out(reasoning):
-            for step in play(renderer, conv, variant, TOOLS):
-                refused = not policy.allows(KIND_GROUP[step.kind], variant)
+            for step in play(renderer, conv, variant, TOOLS, **VARIANT_KWARGS[variant]):
+                refused = not policy.allows(step.kind, variant)
                 if step.status == "MISMATCH" and not refused:
                     silent.append(step)
     assert not silent, "\n".join(f"{s.conversation}/{s.variant}/{s.kind}: {s.detail}"
@@ -112,9 +109,9 @@ def test_chatml_family_extends_exactly_everywhere():
     assert added == []  # the real Qwen2 vocabulary, no stand-in
     report = audit(renderer)
     assert {s.status for s in report.steps} == {"exact"}
-    assert {s.detail for s in report.steps if s.kind != "user_after_length"} == {"stop"}
-    assert {s.detail for s in report.steps if s.kind == "user_after_length"} == \
-        {"synthesized_close"}
+    assert {s.detail for s in report.steps} == {"stop", "synthesized_close; after length"}
+    assert {s.kind for s in report.steps} == {"tool", "user", "tool+user", "tool+system",
+                                              "system+user", "system", "developer+user"}
 
 
 def test_qwen3_patch_is_why_tool_results_extend():
@@ -126,10 +123,9 @@ def test_qwen3_patch_is_why_tool_results_extend():
     # without reasoning re-render the turn, and the gateway must start new segments.
     assert s_stock["tool"] == "fallback/exact"
     assert s_patched["tool"] == "exact/exact"
-    assert s_patched["tool_batch"] == "exact/exact"
     # A new user query still drops past reasoning: honest new segment, patched or not.
     assert s_patched["user"].startswith("fallback")
-    assert not Policy.from_report(audit(patched)).allows("user", "think")
+    assert not audit(patched).policy().allows("user", "think")
 
 
 def test_policy_refuses_what_the_renderer_cannot_see():
@@ -139,7 +135,7 @@ def test_policy_refuses_what_the_renderer_cannot_see():
     report = audit(renderer)
     assert any(s.status == "MISMATCH" and s.kind == "user" and s.variant == "think"
                for s in report.steps)
-    policy = Policy.from_report(report)
+    policy = report.policy()
     assert not policy.allows("user", "think")
     assert policy.allows("tool", "think")
 

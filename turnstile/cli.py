@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .chat.audit import Policy, audit
+from .chat.audit import audit
+from .chat.policy import Policy
 from .chat.patches import apply_patches
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
@@ -47,7 +48,7 @@ def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
     renderer, applied = build_renderer(model, chat_template, patches)
     if applied:
         renderer.fingerprint += "+" + "+".join(applied)
-    policy = Policy.from_report(audit(renderer)) if audit_template else Policy.permissive()
+    policy = audit(renderer).policy() if audit_template else Policy.permissive()
     urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
     replicas = [make_engine(engine, u, **(engine_options or {})) for u in urls]
     adapter = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
@@ -98,7 +99,7 @@ def audit_command(args: argparse.Namespace) -> None:
     print(f"tool results one by one: {report.tool_incremental}")
     for kind, what in behaviour(report).items():
         print(f"{kind}: {what}")
-    for line in Policy.from_report(report).describe():
+    for line in report.policy().describe():
         print(f"gateway: {line}")
 
 

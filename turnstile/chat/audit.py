@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from tokenizers import AddedToken
 
+from .policy import Policy, append_kind
 from .render import NotPrefixPreserving, Renderer
 from .template import ChatTemplate, TemplateError
 from .tokenizer import LoadedTokenizer
@@ -58,22 +59,29 @@ def _tool(cid: str, content: str, name: str) -> dict:
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 USER1 = {"role": "user", "content": "What's the weather in Paris?"}
 USER2 = {"role": "user", "content": "And should I take an umbrella?"}
+SYSTEM_MID = {"role": "system", "content": "Answer in one short sentence."}
+DEVELOPER = {"role": "developer", "content": "Be brief."}
 
 
 @dataclass
 class Conversation:
-    """Messages plus which assistant turns are 'sampled' and how (stop or length)."""
+    """Messages plus which assistant turns are 'sampled' and how (stop or length). Each step
+    is judged under the append kind the gateway gives its new messages (``append_kind``)."""
 
     name: str
-    kind: str  # the append being judged at each step, in order
     messages: list[dict]
     truncated: set[int] = field(default_factory=set)  # assistant indices cut by length
 
 
 def battery(reasoning: bool) -> list[Conversation]:
+    """Every append kind the gateway extends must be played here: what is not played starts
+    a new segment at run time. Kinds after a second tool round are played too (templates that
+    count rounds or track state across messages differ only there)."""
     r = (lambda text: text) if reasoning else (lambda text: None)
     a_call = _assistant("", [_call("call00001", "get_weather", '{"city": "Paris"}')],
                         r("I should call the weather tool."))
+    a_call2 = _assistant(None, [_call("call00003", "get_time", '{"city": "Paris"}')],
+                         r("Now the time."))  # null content, as parsed replies carry it
     a_par = _assistant("", [_call("call00001", "get_weather", '{"city": "Paris"}'),
                             _call("call00002", "get_time", '{"city": "Paris"}')],
                        r("Two tools at once."))
@@ -81,20 +89,29 @@ def battery(reasoning: bool) -> list[Conversation]:
     a_final2 = _assistant("No umbrella needed today.", None, r("Sunny means no rain."))
     a_long = _assistant("Paris is the capital of France and its weather today is mild and",
                         None, r("Let me describe Paris."))
+    t1 = _tool("call00001", '{"temp_c": 18}', "get_weather")
+    t2 = _tool("call00002", '{"time": "14:05"}', "get_time")
+    t3 = _tool("call00003", '{"time": "14:05"}', "get_time")
     return [
-        Conversation("tool-then-user", "tool,user", [
-            SYSTEM, USER1, a_call, _tool("call00001", '{"temp_c": 18}', "get_weather"),
-            a_final, USER2, a_final2]),
-        Conversation("tool-chain", "tool,tool", [
-            SYSTEM, USER1, a_call, _tool("call00001", '{"temp_c": 18}', "get_weather"),
-            _assistant(None, [_call("call00003", "get_time", '{"city": "Paris"}')],
-                       r("Now the time.")),  # null content, as parsed replies carry it
-            _tool("call00003", '{"time": "14:05"}', "get_time"), a_final]),
-        Conversation("parallel-batch", "tool_batch", [
-            SYSTEM, USER1, a_par, _tool("call00001", '{"temp_c": 18}', "get_weather"),
-            _tool("call00002", '{"time": "14:05"}', "get_time"), a_final]),
-        Conversation("length-then-user", "user_after_length", [
-            SYSTEM, USER1, a_long, USER2, a_final2], truncated={2}),
+        Conversation("tool-then-user", [SYSTEM, USER1, a_call, t1, a_final, USER2, a_final2]),
+        Conversation("tool-chain", [SYSTEM, USER1, a_call, t1, a_call2, t3, a_final]),
+        Conversation("parallel-batch", [SYSTEM, USER1, a_par, t1, t2, a_final]),
+        Conversation("length-then-user", [SYSTEM, USER1, a_long, USER2, a_final2],
+                     truncated={2}),
+        Conversation("no-system", [USER1, a_call, t1, a_final, USER2, a_final2]),
+        # mixed appends, after one and after two tool rounds
+        Conversation("tool+user", [SYSTEM, USER1, a_call, t1, {**USER2}, a_final2]),
+        Conversation("round2-tool+user", [SYSTEM, USER1, a_call, t1, a_call2, t3, USER2,
+                                          a_final2]),
+        Conversation("tool+system", [SYSTEM, USER1, a_call, t1, SYSTEM_MID, a_final]),
+        Conversation("round2-tool+system", [SYSTEM, USER1, a_call, t1, a_call2, t3,
+                                            SYSTEM_MID, a_final]),
+        # system / developer messages in the middle of the conversation
+        Conversation("system-mid", [SYSTEM, USER1, a_final, SYSTEM_MID, USER2, a_final2]),
+        Conversation("system-only", [SYSTEM, USER1, a_final, SYSTEM_MID, a_final2]),
+        Conversation("developer-mid", [SYSTEM, USER1, a_final, DEVELOPER, USER2, a_final2]),
+        Conversation("user-after-round2", [USER1, a_call, t1, a_call2, t3, a_final, USER2,
+                                           a_final2]),
     ]
 
 
@@ -111,69 +128,128 @@ def _assistant_indices(msgs: list[dict]) -> list[int]:
     return [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
 
 
-def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict]) -> list[Step]:
+def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict],
+         **kwargs: object) -> list[Step]:
     """Run one conversation through the incremental path, comparing with full renders.
 
-    The 'sampled' tokens of an assistant turn are the template's own rendering of it as
-    history (before anything is appended), through its end-of-turn token (or without it, for
-    a truncated turn). The gateway's prompt for the next call is those recorded tokens + the
-    extension; the truth is the template's full render of the longer conversation.
+    The prompts are chained as the gateway builds them: a call's prompt is the previous
+    call's prompt + its sampled tokens + the extension, or a full render when the previous
+    step could not extend (a new segment). The 'sampled' tokens of an assistant turn are the
+    template's own rendering of it as history, from where the turn begins to the first
+    end-of-turn token (where the engine stops), or without it for a truncated turn. The truth
+    is the template's full render of the longer conversation.
     """
     tok, eog = renderer.tok, renderer.tok.eog_token_ids
     msgs = conv.messages
-    kinds = conv.kind.split(",")
     asst = _assistant_indices(msgs)
     steps: list[Step] = []
     render = renderer.template.render
+    prompt: list[int] | None = None  # what the gateway sent for the current turn
 
     def step(kind: str, status: str, detail: str = "") -> None:
         steps.append(Step(conv.name, variant, kind, status, detail))
 
-    for n, (a, b) in enumerate(zip(asst, asst[1:], strict=False)):
-        kind = kinds[min(n, len(kinds) - 1)]
+    for a, b in zip(asst, asst[1:], strict=False):
+        kind = append_kind(msgs[a + 1:b])
         try:
-            truth = renderer.render_full(msgs[:b], tools)
-            gen = renderer.render_full(msgs[:a], tools)
-            before = tok.encode(render(msgs[:a], tools, add_generation_prompt=False))
-            hist = tok.encode(render(msgs[:a + 1], tools, add_generation_prompt=False))
+            truth = renderer.render_full(msgs[:b], tools, **kwargs)
+            gen = renderer.render_full(msgs[:a], tools, **kwargs)
+            hist = tok.encode(render(msgs[:a + 1], tools, add_generation_prompt=False, **kwargs))
         except TemplateError as exc:
             step(kind, "error", str(exc)[:160])
             break
-        gen_ok = truth[:len(gen)] == gen
-        start = len(gen) if gen_ok else _common(before, hist)
-        # The turn's close is the last end-of-turn token of the history render (earlier ones
-        # belong to earlier turns; a template may re-render those, e.g. Hermes' tool turn).
-        stop_at = next((i for i in range(len(hist) - 1, start - 1, -1) if hist[i] in eog), None)
-        recorded = hist
-        if stop_at is None:
-            # No close inside the turn (GLM): the model's stop token opens the next message.
-            if truth[:len(hist)] == hist and len(truth) > len(hist) and truth[len(hist)] in eog:
-                stop_at, recorded = len(hist), truth
-            else:
-                step(kind, "n/a", "the template writes no end-of-turn token after the turn")
-                continue
+        sent = prompt if prompt is not None else gen
         truncated = a in conv.truncated
-        sampled_end = stop_at if truncated else stop_at + 1
-        stop = None if truncated else recorded[stop_at]
+        gen_ok = hist[:len(gen)] == gen
+        if gen_ok:
+            turn = hist
+            # The engine stops at the first end-of-turn token the model samples: the turn's
+            # close is the first one after the turn begins (Apriel writes "<|end|>\n</s>":
+            # the model samples <|end|>, the rest belongs to the next prompt).
+            stop_at = next((i for i in range(len(gen), len(hist)) if hist[i] in eog), None)
+            if stop_at is None:
+                # No close inside the turn (GLM): the model's stop token opens the next message.
+                if truth[:len(hist)] == hist and len(truth) > len(hist) and \
+                        truth[len(hist)] in eog:
+                    stop_at, turn = len(hist), truth
+                else:
+                    step(kind, "n/a", "the template writes no end-of-turn token after the turn")
+                    prompt = None
+                    continue
+            sampled = turn[len(gen):stop_at if truncated else stop_at + 1]
+            stop = None if truncated else turn[stop_at]
+        else:
+            # The template renders the earlier turns, or the turn's opening, differently once
+            # the reply is there: play the reply's text as sampled after the prompt as sent.
+            got = _sampled_text(renderer, msgs[:a], msgs[a], tools, kwargs)
+            if isinstance(got, str):
+                step(kind, "MISMATCH" if got.startswith("the generation") else "n/a", got)
+                prompt = None
+                continue
+            text, stop_id = got
+            sampled = renderer.encode_fragment(text) + ([] if truncated else [stop_id])
+            stop = None if truncated else stop_id
+        # the model samples on from the prompt it was sent
+        recorded = sent + sampled
         try:
             system = msgs[0] if msgs[0]["role"] in ("system", "developer") else None
-            delta, seam = renderer.extension(msgs[a], msgs[a + 1:b], tools, stop, system)
+            delta, seam = renderer.extension(msgs[a], msgs[a + 1:b], tools, stop, system, **kwargs)
         except NotPrefixPreserving as exc:
             step(kind, "fallback", str(exc)[:160])
+            prompt = None
             continue
         except TemplateError as exc:
             step(kind, "error", str(exc)[:160])
             break
-        incremental = recorded[:sampled_end] + delta
-        note = seam.kind if gen_ok else f"{seam.kind}; generation prompt differs from the turn"
-        if incremental == truth:
+        incremental = recorded + delta
+        note = seam.kind
+        if truncated:
+            note += "; after length"
+        if gen_ok:
+            ok = incremental == truth
+        else:
+            # The prompt's tokens end where the rendered turn's tokens do not (Qwen3.5's
+            # "<think>\n" before "\n</think>"): the model's tokens are kept as sampled, so the
+            # prompt matches the full render in text, and in tokens after the sampled turn.
+            full = render(msgs[:b], tools, add_generation_prompt=True, **kwargs)
+            said = render(msgs[:a], tools, add_generation_prompt=True, **kwargs) + text + (
+                "" if truncated else renderer.eog_text[stop_id]) + seam.text
+            ok = said == full and (not delta or truth[len(truth) - len(delta):] == delta)
+            note += "; tokens kept as sampled where the turn meets the prompt"
+        if ok:
             step(kind, "exact", note)
+            prompt = incremental
         else:
             at = _common(incremental, truth)
             step(kind, "MISMATCH",
                  f"token {at}: incremental {tok.decode(incremental[at:at + 8])!r} vs full "
                  f"{tok.decode(truth[at:at + 8])!r}")
+            prompt = None
     return steps
+
+
+def _sampled_text(renderer: Renderer, history: list[dict], reply: dict, tools: list[dict],
+                  kwargs: dict) -> tuple[str, int] | str:
+    """The reply's text as the template writes it after its generation prompt, and the
+    end-of-turn token that closes it; or why there is none. Used when the prompt's tokens are
+    not a prefix of the rendered history (token boundaries then differ too)."""
+    render = renderer.template.render
+    gen_text = render(history, tools, add_generation_prompt=True, **kwargs)
+    before = render(history, tools, add_generation_prompt=False, **kwargs)
+    hist = render([*history, reply], tools, add_generation_prompt=False, **kwargs)
+    n = min(len(gen_text), len(before))
+    cut = next((i for i in range(n) if gen_text[i] != before[i]), n)
+    opening = gen_text[cut:]
+    at = hist.rfind(opening) if opening else -1
+    if at < 0:
+        return (f"the generation prompt {opening[-40:]!r} is not how the template renders the "
+                "turn in history (the prompt the model saw cannot be the full render's prefix)")
+    body = hist[at + len(opening):]
+    close = min(((body.find(t), i) for i, t in renderer.eog_text.items() if t in body),
+                default=None)
+    if close is None:
+        return "the template writes no end-of-turn token after the turn"
+    return body[:close[0]], close[1]
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -195,9 +271,11 @@ class AuditReport:
         out: dict[str, dict[str, str]] = {}
         for s in self.steps:
             cur = out.setdefault(s.kind, {}).get(s.variant, "exact")
-            worst = min(cur, s.status, key=order.index)
-            out[s.kind][s.variant] = worst
+            out[s.kind][s.variant] = min(cur, s.status, key=order.index)
         return {k: f"{v.get('plain', '-')}/{v.get('think', '-')}" for k, v in out.items()}
+
+    def policy(self) -> Policy:
+        return Policy.from_steps(self.steps)
 
     @property
     def silent_mismatches(self) -> list[Step]:
@@ -207,61 +285,28 @@ class AuditReport:
         return {**asdict(self), "summary": self.summary()}
 
 
+VARIANT_KWARGS: dict[str, dict] = {"plain": {}, "think": {"enable_thinking": True}}
+
+
 def audit(renderer: Renderer, name: str = "", markers: list[str] | None = None) -> AuditReport:
     steps: list[Step] = []
     for variant, reasoning in (("plain", False), ("think", True)):
         for conv in battery(reasoning):
-            steps.extend(play(renderer, conv, variant, TOOLS))
+            # a harness that sends reasoning back runs the model with thinking on
+            kwargs = VARIANT_KWARGS[variant]
+            steps.extend(play(renderer, conv, variant, TOOLS, **kwargs))
     return AuditReport(name, renderer.tok.source, markers or [], steps,
                        _tool_incremental(renderer))
 
 
 def _tool_incremental(renderer: Renderer) -> str:
-    conv = battery(False)[1].messages
+    conv = battery(False)[1].messages  # tool-chain
     try:
         one = renderer.template.render(conv[:4], TOOLS, add_generation_prompt=False)
         two = renderer.template.render(conv[:5], TOOLS, add_generation_prompt=False)
     except TemplateError:
         return "error"
     return "yes" if two.startswith(one) else "batch only"
-
-
-# Which audit kinds a runtime append belongs to.
-KIND_GROUPS = {"tool": ("tool", "tool_batch"), "user": ("user", "user_after_length")}
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Per appended-message kind ('tool' or 'user') and variant ('plain' or 'think': whether
-    the conversation carries reasoning): extend the recorded tokens, or start a new segment."""
-
-    extend: dict[tuple[str, str], bool]
-    reasons: dict[tuple[str, str], str]
-
-    @classmethod
-    def from_report(cls, report: AuditReport) -> Policy:
-        extend, reasons = {}, {}
-        for group, kinds in KIND_GROUPS.items():
-            for variant in ("plain", "think"):
-                bad = [s for s in report.steps if s.kind in kinds and s.variant == variant
-                       and s.status in ("MISMATCH", "fallback")]
-                extend[(group, variant)] = not bad
-                if bad:
-                    reasons[(group, variant)] = f"{bad[0].kind}: {bad[0].status}: {bad[0].detail}"
-        return cls(extend, reasons)
-
-    @classmethod
-    def permissive(cls) -> Policy:
-        return cls({(g, v): True for g in KIND_GROUPS for v in ("plain", "think")}, {})
-
-    def allows(self, kind: str, variant: str) -> bool:
-        return self.extend.get((kind, variant), True)
-
-    def describe(self) -> list[str]:
-        return [f"{kind} messages ({variant}): "
-                + ("extend recorded tokens" if ok else
-                   f"new segment (audit: {self.reasons[(kind, variant)][:100]})")
-                for (kind, variant), ok in sorted(self.extend.items())]
 
 
 def behaviour(report: AuditReport) -> dict[str, str]:
@@ -390,17 +435,28 @@ def corpus_renderer(template_path: str, models_dir: str,
     return Renderer(tok, ChatTemplate(source, tok.special_tokens)), added
 
 
+def battery_kinds() -> list[str]:
+    """The append kinds the battery plays, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for conv in battery(False):
+        asst = _assistant_indices(conv.messages)
+        for a, b in zip(asst, asst[1:], strict=False):
+            seen.setdefault(append_kind(conv.messages[a + 1:b]))
+    return list(seen)
+
+
 def corpus_table(templates_dir: str, models_dir: str) -> str:
-    """Markdown table of the audit over every template in a corpus directory."""
+    """Markdown table of the audit over every template in a corpus directory: per append
+    kind, the worst step without/with reasoning (plain/think)."""
     from pathlib import Path
 
     from .patches import apply_patches
 
     cache: dict[str, LoadedTokenizer] = {}
-    kinds = ["tool", "tool_batch", "user", "user_after_length"]
-    rows = ["| template | tokenizer | patches | " + " | ".join(
-        f"{k} (plain/think)" for k in kinds) + " | one-by-one tool results | gateway policy |",
-        "|" + "---|" * (len(kinds) + 5)]
+    kinds = battery_kinds()
+    rows = ["| template | tokenizer | patches | " + " | ".join(kinds)
+            + " | one-by-one tool results | gateway policy |",
+            "|" + "---|" * (len(kinds) + 5)]
     for path in sorted(Path(templates_dir).glob("*.jinja")):
         renderer, added = corpus_renderer(str(path), models_dir, cache)
         source, applied = apply_patches(renderer.template.source)
@@ -408,9 +464,13 @@ def corpus_table(templates_dir: str, models_dir: str) -> str:
             renderer = Renderer(renderer.tok, ChatTemplate(source, renderer.tok.special_tokens))
         report = audit(renderer, path.stem, added)
         summary = report.summary()
-        policy = Policy.from_report(report)
-        segs = [f"{k}/{v}" for (k, v), ok in sorted(policy.extend.items()) if not ok]
-        tok = report.tokenizer + (f" + {', '.join(added)}" if added else "")
+        policy = report.policy()
+        segs = [f"{k}/{v}" for k in kinds for v in ("plain", "think")
+                if not policy.allows(k, v)]
+        # the tokenizer's file name, not the machine path it was loaded from
+        tok = Path(report.tokenizer.removeprefix("stand-in(").rstrip(")")).name
+        tok = (f"stand-in({tok})" if report.tokenizer.startswith("stand-in(") else tok) + (
+            f" + {', '.join(added)}" if added else "")
         rows.append(f"| {path.stem} | {tok.replace('|', '&#124;')} | {', '.join(applied)} | "
                     + " | ".join(summary.get(k, "-") for k in kinds)
                     + f" | {report.tool_incremental} | "

@@ -112,6 +112,16 @@ class Match:
     new_messages: list[dict]
     hashes: list[bytes]
     matched: int  # how many leading messages match some recorded conversation
+    note: str | None = None  # how an ambiguous parent was chosen
+    stale: str | None = None  # a call it continues that was rendered by another template
+
+
+def _tool_call_ids(m: dict | None) -> list:
+    return [c.get("id") for c in (m or {}).get("tool_calls") or ()]
+
+
+def _reasoning(m: dict | None) -> object:
+    return (m or {}).get("reasoning_content") or (m or {}).get("reasoning")
 
 
 @dataclass
@@ -119,8 +129,12 @@ class SessionTree:
     """The calls of one session, indexed by the conversations they answered."""
 
     nodes: dict[str, Node] = field(default_factory=dict)
-    replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
+    # request+reply hash -> ids of the calls that returned that reply, in recorded order
+    replies: dict[bytes, list[str]] = field(default_factory=dict)
+    requests: dict[bytes, str] = field(default_factory=dict)  # request hash -> latest call
     known: set[bytes] = field(default_factory=set)  # every conversation prefix seen
+    # replies recorded under another template/tokenizer fingerprint: never extended
+    stale: dict[bytes, str] = field(default_factory=dict)
     n_calls: int = 0
     content_format: str = "string"  # how the template reads content (``chat.content``)
     # Chain hash after a message already seen in this session, keyed by the hash before it and
@@ -154,21 +168,92 @@ class SessionTree:
     def match(self, messages: list[dict], root: bytes) -> Match:
         hashes = self.prefix_hashes(root, messages)
         for k in range(len(messages) - 1, 0, -1):
-            call_id = self.replies.get(hashes[k])
-            if call_id is not None:
-                return Match(self.nodes[call_id], messages[k:], hashes, k)
+            ids = self.replies.get(hashes[k])
+            if ids:
+                parent, note = self._choose(ids, messages[k - 1])
+                return Match(parent, messages[k:], hashes, k, note)
         matched = max((k for k, h in enumerate(hashes) if h in self.known), default=0)
-        return Match(None, messages, hashes, matched)
+        stale = next((self.stale[hashes[k]] for k in range(len(messages) - 1, 0, -1)
+                      if hashes[k] in self.stale), None)
+        return Match(None, messages, hashes, matched, stale=stale)
+
+    def _choose(self, ids: list[str], echoed: dict) -> tuple[Node, str | None]:
+        """The call whose reply the harness echoed. Several calls can have returned the same
+        visible reply (retries, siblings); the echo's tool-call IDs and reasoning, where it
+        carries them, pick the one that returned exactly that; among calls that still tie
+        (the same text), the most recently recorded wins."""
+        if len(ids) == 1:
+            return self.nodes[ids[0]], None
+        nodes = [self.nodes[i] for i in ids]
+        picked = nodes
+        if _tool_call_ids(echoed) and any(_tool_call_ids(echoed)):
+            picked = [n for n in picked if _tool_call_ids(n.message) == _tool_call_ids(echoed)]
+        if _reasoning(echoed):
+            picked = [n for n in picked or nodes if _reasoning(n.message) == _reasoning(echoed)]
+        chosen = (picked or nodes)[-1]
+        how = ("its tool-call IDs or reasoning" if 0 < len(picked) < len(nodes) and
+               len(picked) == 1 else "the most recent of those that fit the echo")
+        return chosen, (f"{len(nodes)} recorded calls returned this reply; chose {chosen.id} "
+                        f"by {how}")
 
     def add(self, node: Node, request_hashes: list[bytes], reply_hash: bytes | None) -> list[bytes]:
         """Register a finished call; returns the hashes that were new (to persist)."""
         self.nodes[node.id] = node
         self.n_calls += 1
+        self.requests[request_hashes[-1]] = node.id
         new = [h for h in request_hashes if h not in self.known]
         self.known.update(new)
         if reply_hash is not None:
-            self.replies[reply_hash] = node.id
+            self.replies.setdefault(reply_hash, []).append(node.id)
             if reply_hash not in self.known:
                 self.known.add(reply_hash)
                 new.append(reply_hash)
         return new
+
+
+def _excerpt(a: str, b: str, width: int = 40) -> tuple[str, str]:
+    """Both texts around their first difference."""
+    n = min(len(a), len(b))
+    at = next((i for i in range(n) if a[i] != b[i]), n)
+    lo = max(0, at - width // 2)
+
+    def cut(t: str) -> str:
+        return ("…" if lo else "") + t[lo:lo + width] + ("…" if len(t) > lo + width else "")
+
+    return cut(a), cut(b)
+
+
+def describe_divergence(tree: SessionTree, messages: list[dict], hashes: list[bytes],
+                        matched: int) -> str:
+    """Which message stopped the request from continuing a recorded call, and how: the field
+    that differs with a short excerpt of both sides, where the recorded side is known."""
+    m = messages[matched]
+    role = m.get("role")
+    head = f"messages[{matched}] ({role})"
+    prev = tree.requests.get(hashes[matched])
+    if prev is None:
+        return (f"{head} differs from the recorded conversation at that position (the first "
+                f"{matched} messages match a recorded conversation)")
+    reply = tree.nodes[prev].message or {}
+    if role != "assistant":
+        return (f"{head}: the recorded conversation continues here with the assistant reply "
+                f"of {prev}, which this request leaves out")
+    diffs = []
+    fmt = tree.content_format
+    got, want = _content_key(m.get("content"), fmt), _content_key(reply.get("content"), fmt)
+    if got != want:
+        a, b = _excerpt(str(want), str(got))
+        diffs.append(f"content: recorded {a!r}, sent {b!r}")
+    sent = [[(c.get("function") or {}).get("name"),
+             _arguments((c.get("function") or {}).get("arguments"))]
+            for c in m.get("tool_calls") or ()]
+    rec = [[(c.get("function") or {}).get("name"),
+            _arguments((c.get("function") or {}).get("arguments"))]
+           for c in reply.get("tool_calls") or ()]
+    if sent != rec:
+        a, b = _excerpt(orjson.dumps(rec).decode(), orjson.dumps(sent).decode())
+        diffs.append(f"tool_calls: recorded {a}, sent {b}")
+    if m.get("name") != reply.get("name"):
+        diffs.append(f"name: recorded {reply.get('name')!r}, sent {m.get('name')!r}")
+    what = "; ".join(diffs) or "a field the history key compares"
+    return f"{head} is not the reply {prev} returned: {what}"

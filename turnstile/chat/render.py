@@ -73,18 +73,29 @@ class Renderer:
         """
         head = [system, STAND_IN_USER] if system else [STAND_IN_USER]
         render = self.template.render
-        before = render([*head, assistant], tools, add_generation_prompt=False, **kwargs)
+        # The close is searched in a copy of the reply without end-of-turn marker text in it
+        # (a coding agent may write "<|endoftext|>" into a file): the search must not land
+        # inside the content.
+        probe = _without(assistant, list(self.eog_text.values()))
+        before = render([*head, probe], tools, add_generation_prompt=False, **kwargs)
         before_turn = self._head(head, tools, kwargs, before)
-        after = render([*head, assistant, *new_messages], tools, add_generation_prompt=True,
+        after = render([*head, probe, *new_messages], tools, add_generation_prompt=True,
                        **kwargs)
         if not after.startswith(before):
             at = _first_difference(before, after)
             raise NotPrefixPreserving(
                 f"appending {_roles(new_messages)} changes the rendered history at character "
                 f"{at}: {before[at:at + 40]!r} became {after[at:at + 40]!r}")
-        turn_start = len(before_turn) if before.startswith(before_turn) else 0
+        turn_start = len(before_turn) if before.startswith(before_turn) else None
         close_at, close_text = self._turn_close(before, turn_start)
         tail = after[close_at:]
+        if probe is not assistant:
+            real = render([*head, assistant, *new_messages], tools, add_generation_prompt=True,
+                          **kwargs)
+            if not real.endswith(tail):
+                raise NotPrefixPreserving(
+                    "the reply contains end-of-turn marker text and the template renders the "
+                    "appended messages differently because of it")
         sampled = self.eog_text.get(stop_token_id) if stop_token_id is not None else None
         if sampled is None:
             seam = Seam("synthesized_close", tail)
@@ -114,15 +125,40 @@ class Renderer:
                 self._heads[key] = text
         return text
 
-    def _turn_close(self, rendered: str, start: int) -> tuple[int, str]:
-        """Position and text of the last end-of-generation marker in the assistant turn, or the
-        end of the render when the template closes turns without one."""
+    def _turn_close(self, rendered: str, start: int | None) -> tuple[int, str]:
+        """Position and text of the assistant turn's close: the first end-of-generation marker
+        after the turn begins (the engine stops at the first one the model samples; Apriel
+        writes ``<|end|>\n</s>`` and the model stops at ``<|end|>``), or the end of the
+        render when the template closes turns without one. When the turn's start is unknown
+        (the head renders differently before a reply), the last marker."""
         best, text = len(rendered), ""
         for marker in self.eog_text.values():
-            at = rendered.rfind(marker, start)
-            if at != -1 and (text == "" or at > best):
+            at = rendered.find(marker, start) if start is not None else rendered.rfind(marker)
+            if at == -1:
+                continue
+            if text == "" or (at < best if start is not None else at > best):
                 best, text = at, marker
         return best, text
+
+
+def _without(message: dict, markers: list[str]) -> dict:
+    """``message`` with every marker text in its strings replaced (the same object when none
+    occurs, which is the common case)."""
+    def clean(value: object) -> object:
+        if isinstance(value, str):
+            out = value
+            for mk in markers:
+                if mk in out:
+                    out = out.replace(mk, "\u2063")
+            return out
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    cleaned = clean(message)
+    return message if cleaned == message else cleaned  # type: ignore[return-value]
 
 
 def _first_difference(a: str, b: str) -> int:

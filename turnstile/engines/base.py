@@ -71,6 +71,7 @@ class Finish:
 
     reason: str  # "stop" | "length"
     stop_token_id: int | None = None
+    engine_reason: str | None = None  # the engine's own reason, where the gateway corrected it
     stop_string: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0

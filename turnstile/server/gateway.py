@@ -13,9 +13,9 @@ from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ..chat.audit import Policy
 from ..chat.detokenize import IncrementalDetokenizer
-from ..chat.history import Node, SessionTree, prefix_hashes, root_hash
+from ..chat.history import Node, SessionTree, describe_divergence, prefix_hashes, root_hash
+from ..chat.policy import Policy, append_kind, has_reasoning
 from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
@@ -112,7 +112,9 @@ class Gateway:
             forget(session_id)
 
     def tree(self, session_id: str) -> SessionTree:
-        """The session's call tree, rebuilt from the store the first time after a restart."""
+        """The session's call tree, rebuilt from the store the first time after a restart.
+        Calls rendered under another template/tokenizer fingerprint stay in the tree but are
+        never extended: their tokens are not what this renderer would produce."""
         tree = self._trees.get(session_id)
         if tree is None:
             tree = SessionTree(content_format=self.renderer.template.content_format)
@@ -124,7 +126,10 @@ class Gateway:
                 tree.n_calls += 1
                 tree.known.update(c.prefix_hashes)
                 if c.status == "ok" and c.history_hash is not None:
-                    tree.replies[c.history_hash] = c.id
+                    if c.info.get("fingerprint") == self.renderer.fingerprint:
+                        tree.replies.setdefault(c.history_hash, []).append(c.id)
+                    else:
+                        tree.stale[c.history_hash] = c.id
             self._trees[session_id] = tree
         return tree
 
@@ -137,16 +142,16 @@ class Gateway:
         reason = detail = None
         if parent is not None:
             new = match.new_messages
-            kind = "tool" if all(m.get("role") == "tool" for m in new) else "user"
-            variant = "think" if parent.has_reasoning() else "plain"
+            kind = append_kind(new)
+            # reasoning anywhere on the path, recorded or echoed (after a segment break the
+            # recorded calls may not show it)
+            think = parent.has_reasoning() or has_reasoning(req.messages)
+            variant = "think" if think else "plain"
             if any(m.get("role") == "assistant" for m in new):
                 reason = "unsampled_assistant_message"
                 detail = "the new messages include an assistant turn the model did not sample"
             elif not self.policy.allows(kind, variant):
-                reason = "template_policy"
-                detail = (f"the startup audit found this template does not extend exactly when "
-                          f"{kind} messages are appended ({variant}): "
-                          f"{self.policy.reasons.get((kind, variant), '')[:200]}")
+                reason, detail = "template_policy", self.policy.reason(kind, variant)
             else:
                 try:
                     first = req.messages[0]
@@ -157,18 +162,29 @@ class Gateway:
                 except NotPrefixPreserving as exc:
                     reason, detail = "template_not_prefix_preserving", str(exc)
                 except TemplateError as exc:
-                    raise APIError(400, str(exc), "messages") from exc
+                    # the stand-in conversation failed; the full render decides (400 if the
+                    # template refuses the real conversation too)
+                    reason = "template_not_prefix_preserving"
+                    detail = f"the delta could not be rendered: {exc}"[:300]
                 else:
                     ids = parent.context_ids()
                     d = array("i", delta)
                     ids.extend(d)
-                    return Prompt(ids, d, parent, match.hashes, seam=seam.kind)
+                    return Prompt(ids, d, parent, match.hashes, seam=seam.kind,
+                                  segment_detail=match.note)
+        elif match.stale is not None:
+            reason = "template_changed"
+            detail = (f"the messages continue {match.stale}, recorded under another template/"
+                      f"tokenizer fingerprint; this server renders with "
+                      f"{self.renderer.fingerprint}")
+        elif match.matched == len(req.messages) and tree.requests.get(match.hashes[-1]):
+            reason = "first_call"  # a new root: the same request as an earlier one (a retry)
+            detail = f"a retry: the same messages as {tree.requests[match.hashes[-1]]}"
         elif tree.n_calls == 0:
             reason = "first_call"
         else:
             reason = "history_diverged"
-            detail = (f"messages[{match.matched}] does not continue any recorded call "
-                      f"(the first {match.matched} messages match a recorded conversation)")
+            detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
         try:
             ids = array("i", self.renderer.render_full(req.messages, req.tools,
                                                        **req.template_kwargs))
@@ -284,6 +300,7 @@ class Gateway:
             "engine_url": gen.engine_url,
             "weight_versions": finish.weight_versions if finish else None,
             "stop_string": finish.stop_string if finish else None,
+            "engine_finish_reason": finish.engine_reason if finish else None,
             "usage": {"prompt_tokens": len(prompt.ids), "completion_tokens": len(gen.ids),
                       "cached_tokens": finish.cached_tokens if finish else 0},
             "timings": {"started": started, "latency_s": time.time() - started,
@@ -313,10 +330,15 @@ class Gateway:
         gen.engine_url = getattr(engine, "url", None)
         async for batch in engine.generate(prompt.ids, params, stream=stream):
             if isinstance(batch, Finish):
-                if batch.reason == "stop" and batch.stop_string is None and len(gen.ids):
-                    last = gen.ids[-1]
-                    if last in eog:
-                        batch.stop_token_id = last
+                if batch.stop_string is None and len(gen.ids) and gen.ids[-1] in eog:
+                    # The model sampled an end-of-turn token. An engine that checks the length
+                    # cap before stop tokens (vLLM) calls it "length" when it is the last
+                    # allowed token; it is a stop all the same: the turn is closed, and a
+                    # synthesized close after it would repeat the marker.
+                    if batch.reason == "length":
+                        batch.engine_reason = "length"
+                    batch.reason = "stop"
+                    batch.stop_token_id = gen.ids[-1]
                 gen.finish = batch
                 return
             gen.ids.extend([ev.token_id for ev in batch])
