@@ -433,6 +433,13 @@ def test_a_harness_that_goes_away_mid_stream_leaves_an_aborted_call(ts, fake):
     assert out == sent["choices"][0]["token_ids"][:len(out)]
 
 
+def _until_in_flight(ts: Passthrough) -> None:
+    deadline = time.monotonic() + 30
+    while ts.get("/admin/status")["in_flight"] < 1:
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.02)
+
+
 def test_policy_pause_abort_and_resume(ts, fake):
     sid = ts.session()
     client = ts.client(sid)
@@ -450,7 +457,7 @@ def test_policy_pause_abort_and_resume(ts, fake):
     try:
         t = threading.Thread(target=call, args=("aborted",))
         t.start()
-        time.sleep(0.5)
+        _until_in_flight(ts)  # running (it takes seconds at 0.2 s a token), not just sent
         r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60).json()
         t.join(30)
     finally:
@@ -459,13 +466,19 @@ def test_policy_pause_abort_and_resume(ts, fake):
     assert ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]["status"] == "aborted"
     waiting = threading.Thread(target=call, args=("waited",))
     waiting.start()
+    sent = len(fake.chat_log)
     time.sleep(0.5)
-    assert "waited" not in results  # held at the door while paused
+    # held at the door while paused: unanswered, not past the door (in_flight counts those),
+    # and nothing reached the engine; a call that was merely slow would show in one of them
+    assert "waited" not in results
+    assert ts.get("/admin/status")["in_flight"] == 0 and len(fake.chat_log) == sent
+    resumed = time.time()
     httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"}).raise_for_status()
     waiting.join(30)
     assert results["waited"] == "stop"
     last = ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]
     assert last["status"] == "ok" and last["policy_version"] == "7"
+    assert last["timings"]["started"] >= resumed  # it started only once resumed
 
 
 def test_stripping_keeps_what_the_harness_asked_for():
