@@ -1,0 +1,426 @@
+"""Real agent harnesses, unchanged, against Turnstile on llama-server with SmolLM2-135M-Instruct
+served with the Qwen2.5 chat template (SmolLM2's own never renders tools).
+
+Each harness runs with its own defaults plus what makes a 135M model's run bounded on any CPU:
+a forced tool call where the harness lets us ask for one (``tool_choice``), a logit bias, a
+token cap, a step/turn limit. Only machine-independent properties are asserted: the harness
+raised nothing, every request it sent was answered 200 and recorded, and every call either
+extended a recorded call or started a new segment with a reason (and, past the first, a
+detail). Each test prints its tally (``-s``) for the README table."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import httpx
+import openai
+import pytest
+
+from turnstile import testbed
+from turnstile.chat.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.timeout(900)
+
+QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
+SYSTEM = "You are a helpful assistant. Use the tools."
+TASK = "What is the weather in Paris?"
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "required": ["city"],
+                   "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}}}}]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    return testbed.smollm2_gguf()
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("smollm2") / "llama-server.log"
+    with testbed.llama_server(smollm2, ctx=16384, parallel=2, log=log) as url:
+        yield url
+
+
+def _serve(engine: str, model: Path, data: Path, log: Path, *extra: str) -> tuple:
+    port = testbed.free_port()
+    cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--engine-url", engine,
+           "--model", str(model), "--port", str(port), "--data", str(data), *extra]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    testbed.wait_healthy(url + "/v1/models", proc, timeout=120)
+    return url, proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def gateway(engine: str, smollm2: Path, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("turnstile-harnesses")
+    url, proc = _serve(engine, smollm2, tmp / "data", tmp / "turnstile.log",
+                       "--chat-template", str(testbed.templates_dir() / QWEN25))
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def no_markup(smollm2: Path) -> dict[str, int]:
+    """A bias that keeps the model from writing "<" (so from starting a ``<tool_call>`` on its
+    own): every ordinary token whose text holds one, at -100. A forced call's grammar still
+    admits them (they are then the only tokens allowed); end-of-turn tokens are left alone."""
+    tok = load_tokenizer(str(smollm2))
+    keep = set(tok.tokenizer.get_added_tokens_decoder()) | set(tok.eog_token_ids)
+    return {str(i): -100 for i in range(tok.tokenizer.get_vocab_size())
+            if i not in keep and "<" in tok.decode([i])}
+
+
+class Requests:
+    """Counts the chat completion requests a harness sends, by the status it got back."""
+
+    def __init__(self) -> None:
+        self.status: collections.Counter = collections.Counter()
+
+    def _see(self, response: httpx.Response) -> None:
+        if response.request.url.path.endswith("/chat/completions"):
+            self.status[response.status_code] += 1
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(event_hooks={"response": [self._see]}, timeout=300)
+
+    def async_client(self) -> httpx.AsyncClient:
+        async def see(response: httpx.Response) -> None:
+            self._see(response)
+        return httpx.AsyncClient(event_hooks={"response": [see]}, timeout=300)
+
+    @property
+    def total(self) -> int:
+        return sum(self.status.values())
+
+
+def _session(gateway: str, harness: str) -> dict:
+    r = httpx.post(gateway + "/v1/sessions", json={"metadata": {"harness": harness}})
+    r.raise_for_status()
+    return r.json()
+
+
+def _tally(gateway: str, session: dict, harness: str, sent: int | None) -> dict:
+    """Check the session's records and count chaining; print one line for the README."""
+    calls = httpx.get(f"{gateway}/v1/sessions/{session['id']}/calls", timeout=30).json()["data"]
+    assert calls, f"{harness}: nothing recorded"
+    if sent is not None:
+        assert len(calls) == sent, f"{harness}: {sent} requests answered, {len(calls)} recorded"
+    assert all(c["status"] == "ok" for c in calls), [c["error"] for c in calls]
+    chained = [c for c in calls if c["parent_id"] is not None]
+    new = [c for c in calls if c["parent_id"] is None]
+    assert all(c["segment_reason"] for c in new)
+    assert calls[0]["segment_reason"] == "first_call"
+    reasons = collections.Counter(c["segment_reason"] for c in new)
+    details = [c["segment_detail"] for c in new if c["segment_reason"] != "first_call"]
+    out = {"harness": harness, "calls": len(calls), "chained": len(chained),
+           "new_segments": dict(reasons), "details": details,
+           "finish": dict(collections.Counter(c["finish_reason"] for c in calls))}
+    print("\nHARNESS " + json.dumps(out))
+    return out
+
+
+# ---- the openai client ------------------------------------------------------------------
+
+
+def _turns(create, msgs: list[dict]) -> None:
+    """A forced call, its result, a free answer, a user follow-up: three calls."""
+    msg = create(msgs, tool_choice="required", parallel_tool_calls=False)
+    assert msg["tool_calls"] and len(msg["tool_calls"]) == 1
+    call = msg["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) in ({"city": "Paris"}, {"city": "Oslo"})
+    msgs += [msg, {"role": "tool", "tool_call_id": call["id"], "content": "18 C, sunny"}]
+    msgs.append(create(msgs))
+    msgs.append({"role": "user", "content": "And tomorrow?"})
+    create(msgs)
+
+
+def _start() -> list[dict]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+
+
+def test_openai_client_sync(gateway, no_markup):
+    session, seen = _session(gateway, "openai-sync"), Requests()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
+                           http_client=seen.client())
+
+    def create(msgs: list[dict], **kw: object) -> dict:
+        r = client.chat.completions.create(model="smollm2", messages=msgs, tools=WEATHER,
+                                           max_tokens=64, seed=1, logit_bias=no_markup, **kw)
+        return r.choices[0].message.model_dump(exclude_none=True)
+
+    _turns(create, _start())
+    t = _tally(gateway, session, "openai sync", seen.total)
+    assert (t["chained"], t["new_segments"]) == (2, {"first_call": 1})
+
+
+def test_openai_client_async(gateway, no_markup):
+    session, seen = _session(gateway, "openai-async"), Requests()
+
+    async def run() -> None:
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
+                                    http_client=seen.async_client())
+        msgs = _start()
+        r = await client.chat.completions.create(
+            model="smollm2", messages=msgs, tools=WEATHER, tool_choice="required",
+            parallel_tool_calls=False, max_tokens=64, seed=2)
+        msg = r.choices[0].message
+        msgs += [msg.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "18 C"}]
+        # two concurrent continuations of the same history: siblings, both chained
+        await asyncio.gather(*(client.chat.completions.create(
+            model="smollm2", messages=msgs, tools=WEATHER, max_tokens=16, seed=s,
+            logit_bias=no_markup) for s in (3, 4)))
+
+    asyncio.run(run())
+    t = _tally(gateway, session, "openai async", seen.total)
+    assert (t["chained"], t["new_segments"]) == (2, {"first_call": 1})
+
+
+def test_openai_client_stream(gateway, no_markup):
+    session, seen = _session(gateway, "openai-stream"), Requests()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
+                           http_client=seen.client())
+
+    def create(msgs: list[dict], **kw: object) -> dict:
+        content, calls = "", {}
+        for chunk in client.chat.completions.create(
+                model="smollm2", messages=msgs, tools=WEATHER, max_tokens=64, seed=1,
+                logit_bias=no_markup, stream=True, stream_options={"include_usage": True},
+                **kw):
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for d in choice.delta.tool_calls or ():
+                    c = calls.setdefault(d.index, {"id": "", "type": "function",
+                                                   "function": {"name": "", "arguments": ""}})
+                    c["id"] += d.id or ""
+                    c["function"]["name"] += d.function.name or ""
+                    c["function"]["arguments"] += d.function.arguments or ""
+        msg = {"role": "assistant", "content": content or None}
+        if calls:
+            msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+        return msg
+
+    _turns(create, _start())
+    t = _tally(gateway, session, "openai stream", seen.total)
+    assert (t["chained"], t["new_segments"]) == (2, {"first_call": 1})
+
+
+# ---- OpenAI Agents SDK -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_openai_agents_sdk(gateway, no_markup, streamed):
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    session, seen = _session(gateway, "agents"), Requests()
+    ran = []
+
+    @function_tool
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return f"18 C in {city}"
+
+    async def run() -> object:
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
+                                    http_client=seen.async_client())
+        agent = Agent(
+            name="weather", instructions=SYSTEM, tools=[get_weather],
+            model=OpenAIChatCompletionsModel(model="smollm2", openai_client=client),
+            # forced on the first turn; the SDK resets tool_choice after a tool ran
+            model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False,
+                                         max_tokens=64, extra_body={"logit_bias": no_markup,
+                                                                    "seed": 1}))
+        if not streamed:
+            return await Runner.run(agent, TASK, max_turns=3)
+        result = Runner.run_streamed(agent, TASK, max_turns=3)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    result = asyncio.run(run())
+    assert ran and isinstance(result.final_output, str)
+    label = "Agents SDK run_streamed" if streamed else "Agents SDK Runner.run"
+    t = _tally(gateway, session, label, seen.total)
+    assert (t["chained"], t["new_segments"]) == (1, {"first_call": 1})
+
+
+# ---- LangChain ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_langchain_create_agent(gateway, no_markup, streamed):
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import wrap_model_call
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    session, seen = _session(gateway, "langchain"), Requests()
+    ran = []
+
+    @tool
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return f"18 C in {city}"
+
+    @wrap_model_call
+    def force_first_call(request, handler):  # a tool call on the first turn only
+        if not any(isinstance(m, ToolMessage) for m in request.messages):
+            request = request.override(tool_choice="required",
+                                       model_settings={"parallel_tool_calls": False})
+        return handler(request)
+
+    model = ChatOpenAI(model="smollm2", base_url=session["base_url"], api_key="x",
+                       max_tokens=64, seed=1, logit_bias=no_markup, max_retries=0,
+                       http_client=seen.client(), streaming=streamed)
+    agent = create_agent(model, tools=[get_weather], system_prompt=SYSTEM,
+                         middleware=[force_first_call])
+    out = agent.invoke({"messages": [{"role": "user", "content": TASK}]},
+                       {"recursion_limit": 8})
+    assert ran and out["messages"][-1].type == "ai"
+    label = "LangChain create_agent" + (" (streaming=True)" if streamed else "")
+    t = _tally(gateway, session, label, seen.total)
+    assert (t["chained"], t["new_segments"]) == (1, {"first_call": 1})
+
+
+# ---- inspect-ai --------------------------------------------------------------------------
+
+
+def test_inspect_ai_react(gateway, no_markup, tmp_path, monkeypatch):
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.agent import react
+    from inspect_ai.dataset import Sample
+    from inspect_ai.tool import tool
+
+    session = _session(gateway, "inspect")
+    monkeypatch.setenv("TURNSTILE_API_KEY", "x")
+    monkeypatch.setenv("INSPECT_LOG_DIR", str(tmp_path / "logs"))
+
+    @tool
+    def get_weather():
+        async def execute(city: str) -> str:
+            """Current weather for a city.
+
+            Args:
+                city: The city.
+            """
+            return f"18 C in {city}"
+        return execute
+
+    # The model is kept from calling tools (bias): react() asks it to continue until the
+    # message limit ends the sample; every turn appends a user message to a recorded reply.
+    task = Task(dataset=[Sample(input=TASK, target="18")],
+                solver=react(tools=[get_weather()]), message_limit=7)
+    [log] = inspect_eval(task, model="openai-api/turnstile/smollm2",
+                         model_base_url=session["base_url"], display="none",
+                         log_dir=str(tmp_path / "logs"), max_tokens=24, seed=1,
+                         logit_bias={int(k): v for k, v in no_markup.items()},
+                         max_retries=0, fail_on_error=True)
+    assert log.status == "success", log.error
+    [sample] = log.samples
+    assert sample.error is None
+    model_calls = [e for e in sample.events if e.event == "model"]
+    assert all(e.error is None for e in model_calls)
+    t = _tally(gateway, session, "inspect-ai react()", len(model_calls))
+    assert t["chained"] == len(model_calls) - 1
+
+
+# ---- smolagents --------------------------------------------------------------------------
+
+
+def _smol_model(session: dict, seen: Requests, **kw: object):
+    from smolagents import OpenAIServerModel
+
+    return OpenAIServerModel(model_id="smollm2", api_base=session["base_url"], api_key="x",
+                             client_kwargs={"http_client": seen.client(), "max_retries": 0},
+                             max_tokens=48, seed=1, **kw)
+
+
+def test_smolagents_tool_calling_agent(gateway, smollm2):
+    from smolagents import Tool, ToolCallingAgent
+
+    class Weather(Tool):
+        name = "get_weather"
+        description = "Current weather for a city."
+        inputs = {"city": {"type": "string", "description": "The city.",
+                           "enum": ["Paris", "Oslo"]}}
+        output_type = "string"
+
+        def forward(self, city: str) -> str:
+            return f"18 C in {city}"
+
+    # ToolCallingAgent always asks for tool_choice "required"; a bias on "get" makes the
+    # grammar-forced call get_weather, never final_answer, so the run lasts max_steps.
+    tok = load_tokenizer(str(smollm2))
+    get = tok.encode('"get')[-1]
+    assert tok.decode([get]).strip('"') == "get"
+    session, seen = _session(gateway, "smolagents-tools"), Requests()
+    agent = ToolCallingAgent(tools=[Weather()], model=_smol_model(
+        session, seen, logit_bias={str(get): 100}), max_steps=2, verbosity_level=0)
+    agent.run(TASK)
+    steps = [s for s in agent.memory.steps if getattr(s, "error", None) is not None]
+    assert not [s for s in steps if "Error in generating model output" in str(s.error)]
+    _tally(gateway, session, "smolagents ToolCallingAgent", seen.total)
+    assert seen.status.keys() == {200}
+
+
+def test_smolagents_code_agent(gateway):
+    from smolagents import CodeAgent
+
+    session, seen = _session(gateway, "smolagents-code"), Requests()
+    agent = CodeAgent(tools=[], model=_smol_model(session, seen), max_steps=2,
+                      verbosity_level=0)
+    agent.run(TASK)
+    assert seen.status.keys() == {200}
+    _tally(gateway, session, "smolagents CodeAgent", seen.total)
+
+
+# ---- SmolLM2's own template --------------------------------------------------------------
+
+
+def test_a_template_that_ignores_tools_is_warned_about(engine, smollm2, tmp_path):
+    log = tmp_path / "turnstile.log"
+    url, proc = _serve(engine, smollm2, tmp_path / "data", log)
+    try:
+        session = _session(url, "own-template")
+        client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+        client.chat.completions.create(model="smollm2", messages=_start(), tools=WEATHER,
+                                       max_tokens=2)
+        client.chat.completions.create(model="smollm2", messages=_start(), max_tokens=2)
+        calls = httpx.get(f"{url}/v1/sessions/{session['id']}/calls").json()["data"]
+    finally:
+        _stop(proc)
+    assert "does not render 'tools'" in log.read_text()
+    assert any("does not render 'tools'" in w for w in calls[0]["warnings"])
+    assert "warnings" not in calls[1]
