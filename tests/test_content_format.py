@@ -45,6 +45,16 @@ def test_detected_format_agrees_with_the_templates_behaviour(path) -> None:  # n
     if normalised is not None:
         assert "MARK-A" in normalised and "MARK-B" in normalised
         assert not _repr_in(normalised)
+    # strings, null content and tool results: never a repr either
+    convo = [{"role": "user", "content": "MARK-U"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "call00001", "type": "function",
+                  "function": {"name": "f", "arguments": "{}"}}]},
+             {"role": "tool", "tool_call_id": "call00001", "content": "MARK-T"},
+             {"role": "assistant", "content": "MARK-A"}]
+    whole = _render(source, normalise(convo, fmt))
+    if whole is not None:
+        assert not _repr_in(whole)
 
 
 def test_the_corpus_has_both_kinds() -> None:
@@ -89,7 +99,7 @@ def test_normalise_matches_the_engines_message_shapes() -> None:
     assert s[2] == {"role": "tool", "content": "out", "tool_call_id": "c1", "name": "f"}
     o = normalise(msgs, "openai")
     assert o[0]["content"] == [{"type": "text", "text": "s1"}, {"type": "text", "text": "s2"}]
-    assert o[1]["content"] == [] and o[2]["content"] == [{"type": "text", "text": "out"}]
+    assert o[1]["content"] == "" and o[2]["content"] == "out"  # strings stay strings
     assert msgs[1]["tool_calls"][1]["function"]["arguments"] == "{\"x\":1}"  # not mutated
 
 
@@ -100,7 +110,9 @@ def test_history_keys_follow_what_the_template_sees() -> None:
     glued = {"role": "user", "content": "ab"}
     assert message_key(parts, "string") == message_key(joined, "string")
     assert message_key(parts, "string") != message_key(glued, "string")
-    # a template that reads parts renders two parts differently from one joined string
+    # a template that reads parts renders two parts (or one) differently from a string
     assert message_key(parts, "openai") != message_key(joined, "openai")
     one = {"role": "user", "content": [{"type": "text", "text": "a\nb"}]}
-    assert message_key(one, "openai") == message_key(joined, "openai")
+    assert message_key(one, "openai") != message_key(joined, "openai")
+    assert message_key({"role": "assistant", "content": None}, "openai") == \
+        message_key({"role": "assistant", "content": ""}, "openai")

@@ -443,7 +443,7 @@ def test_reasoning_streams_and_holds_only_close_tag_prefix() -> None:
 
 
 def test_arguments_stream_before_call_closes() -> None:
-    parser = Parser(False, "hermes", id_factory=lambda i: f"id{i}")
+    parser = Parser(False, "hermes", id_factory=lambda i, _n: f"id{i}")
     assert parser.feed('<tool_call>\n{"name": "search", "argu') == []
     assert parser.feed('ments": {"q": "cats') == [
         {
@@ -471,7 +471,7 @@ def test_arguments_stream_before_call_closes() -> None:
 
 
 def test_uncommitted_call_is_emitted_whole_at_close() -> None:
-    parser = Parser(False, "hermes", id_factory=lambda i: f"id{i}")
+    parser = Parser(False, "hermes", id_factory=lambda i, _n: f"id{i}")
     assert parser.feed('<tool_call>{"arguments": {"x": 1}, ') == []
     assert parser.feed('"name": "f"}') == []
     assert parser.feed("</tool_call>") == [
@@ -497,13 +497,13 @@ def test_call_ids() -> None:
     custom.feed(text)
     custom.finish()
     assert all(tc["id"].startswith("chatcmpl-tool-") for tc in custom.result().tool_calls)
-    fixed = parse(text, False, "hermes", id_factory=lambda i: f"call_{i}")
+    fixed = parse(text, False, "hermes", id_factory=lambda i, _n: f"call_{i}")
     assert [tc["id"] for tc in fixed.tool_calls] == ["call_0", "call_1"]
 
 
 def test_to_openai() -> None:
     text = "<think>hm</think>" + call('{"name": "f", "arguments": {"a": 1}}')
-    message = parse(text, True, "hermes", id_factory=lambda i: "call_x")
+    message = parse(text, True, "hermes", id_factory=lambda i, _n: "call_x")
     assert message.to_openai() == {
         "role": "assistant",
         "content": None,

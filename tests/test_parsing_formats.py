@@ -220,7 +220,7 @@ def feed_all(parser: Parser, chunks: list[str]) -> list[list[dict]]:
 
 
 def test_xml_call_name_and_string_value_stream_before_the_call_closes() -> None:
-    parser = Parser(False, "qwen3_coder", tools=TOOLS, id_factory=lambda i: "c0")
+    parser = Parser(False, "qwen3_coder", tools=TOOLS, id_factory=lambda i, n: "c0")
     steps = feed_all(parser, [
         "<tool_call>\n<function=f>\n", "<parameter=s>\nline one\n", "line two\n</param",
         "eter>\n<parameter=n>\n4", "2\n</parameter>\n</function>\n</tool_call>",
@@ -238,7 +238,7 @@ def test_xml_call_name_and_string_value_stream_before_the_call_closes() -> None:
 
 
 def test_json_arguments_stream_verbatim() -> None:
-    parser = Parser(False, "kimi_k2", id_factory=lambda i: "c0")
+    parser = Parser(False, "kimi_k2", id_factory=lambda i, n: "c0")
     steps = feed_all(parser, [
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>",
         '{"q": "ca', 'ts"}<|tool_call_end|>',
@@ -249,7 +249,7 @@ def test_json_arguments_stream_verbatim() -> None:
 
 
 def test_harmony_streams_reasoning_then_call() -> None:
-    parser = Parser(True, "harmony", id_factory=lambda i: "c0")
+    parser = Parser(True, "harmony", id_factory=lambda i, n: "c0")
     steps = feed_all(parser, [
         "<|channel|>analysis<|message|>Let me", " see.<|end|><|start|>assistant",
         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{", '"a": 1}',
@@ -272,7 +272,7 @@ def _pieces(fmt: str) -> list[str]:
 
 
 def _run(fmt: str, chunks: list[str], think: bool, started: bool) -> tuple[list[dict], Any]:
-    parser = Parser(think, fmt, started, tools=TOOLS, id_factory=lambda i: f"c{i}")
+    parser = Parser(think, fmt, started, tools=TOOLS, id_factory=lambda i, _n: f"c{i}")
     deltas = [d for chunk in chunks for d in parser.feed(chunk)] + parser.finish()
     return deltas, parser.result()
 

@@ -409,7 +409,7 @@ def tokenizer_for(name: str) -> LoadedTokenizer:
 # --- parsing helpers ----------------------------------------------------------------------------
 
 
-def ids(i: int) -> str:
+def ids(i: int, _name: str = "") -> str:
     return f"call_{i}"
 
 

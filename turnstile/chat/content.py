@@ -7,10 +7,15 @@ or fails. vLLM (and SGLang, which follows it) decides per template from its Jinj
 and normalises every message before rendering:
 
 - ``"string"`` templates get the text parts joined with ``"\\n"`` (``null`` → ``""``);
-- ``"openai"`` templates get a list of ``{"type": "text", "text": ...}`` parts, a string
-  becoming one part (``null`` → ``[]``);
+- ``"openai"`` templates get parts as a list of ``{"type": "text", "text": ...}``; a string
+  stays a string and ``null`` becomes ``""`` (vLLM also wraps strings into one part, and
+  templates that print ``content`` directly in some branch, such as moonshotai-Kimi-K2's tool
+  results, then put the Python repr of a list into the prompt; every corpus template renders
+  a string as its text);
 - a message keeps only what the template may read: ``role``, ``content``, ``name``, an
-  assistant's ``tool_calls`` (arguments as objects) and reasoning, a tool's ``tool_call_id``.
+  assistant's ``tool_calls`` (arguments as objects) and reasoning, a tool's ``tool_call_id``;
+- for templates that accept only 9-character tool-call IDs (Mistral), a longer ID from another
+  system keeps its last 9 characters, as vLLM's Mistral mode does.
 
 Turnstile renders exactly the same messages, so its prompt is the one the engine would build.
 """
@@ -18,6 +23,7 @@ Turnstile renders exactly the same messages, so its prompt is the one the engine
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Literal
 
@@ -92,6 +98,15 @@ def _aliases(tree: nodes.Template, name: str) -> set[str]:
     return found
 
 
+_ID_LENGTH = re.compile(r"id\s*\|\s*length\s*!=\s*(\d+)")
+
+
+def required_id_length(source: str) -> int | None:
+    """The tool-call ID length a template insists on (``tool_call.id|length != 9``), if any."""
+    m = _ID_LENGTH.search(source)
+    return int(m.group(1)) if m else None
+
+
 def text_parts(content: object) -> list[str]:
     """The texts of ``content`` (validated at the door: a string, ``None`` or text parts)."""
     if content is None:
@@ -101,24 +116,34 @@ def text_parts(content: object) -> list[str]:
     return [p["text"] for p in content if isinstance(p, dict) and p.get("text") is not None]
 
 
-def normalise(messages: list[dict], content_format: ContentFormat) -> list[dict]:
+def normalise(messages: list[dict], content_format: ContentFormat,
+              id_length: int | None = None) -> list[dict]:
     """The messages the template sees, as vLLM builds them (see the module docstring)."""
+    def cut(i: object) -> object:
+        return i[-id_length:] if id_length and isinstance(i, str) and len(i) > id_length else i
+
     out = []
     for m in messages:
-        texts = text_parts(m.get("content"))
-        content: str | list[dict] = (
-            "\n".join(texts) if content_format == "string"
-            else [{"type": "text", "text": t} for t in texts])
+        raw = m.get("content")
+        content: str | list[dict]
+        if raw is None or isinstance(raw, str):
+            content = raw or ""
+        elif content_format == "string":
+            content = "\n".join(text_parts(raw))
+        else:
+            content = [{"type": "text", "text": t} for t in text_parts(raw)]
         msg: dict = {"role": m.get("role"), "content": content}
         role = m.get("role")
         if role == "assistant":
             if m.get("tool_calls") is not None:
                 msg["tool_calls"] = [_call(c) for c in m["tool_calls"]]
+                if id_length:
+                    msg["tool_calls"] = [{**c, "id": cut(c.get("id"))} for c in msg["tool_calls"]]
             reasoning = m.get("reasoning") or m.get("reasoning_content")
             if reasoning is not None:
                 msg["reasoning"] = msg["reasoning_content"] = reasoning
         elif role == "tool" and "tool_call_id" in m:
-            msg["tool_call_id"] = m["tool_call_id"]
+            msg["tool_call_id"] = cut(m["tool_call_id"])
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
         out.append(msg)

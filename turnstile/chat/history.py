@@ -28,6 +28,8 @@ def _content_key(content: object, content_format: str) -> object:
         return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
     if content is not None and not isinstance(content, (str, list)):
         return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+    if content is None or isinstance(content, str):
+        return content or ""
     texts = text_parts(content)
     return "\n".join(texts) if content_format == "string" else texts
 

@@ -28,7 +28,7 @@ try:  # the pieces of render_jinja_template, see the module docstring
 except ImportError:  # pragma: no cover - depends on the transformers version
     _alias_reasoning_fields = _compile_jinja_template = None
 
-from .content import ContentFormat, detect_content_format, normalise
+from .content import ContentFormat, detect_content_format, normalise, required_id_length
 from .tokenizer import LoadedTokenizer
 
 
@@ -43,6 +43,7 @@ class ChatTemplate:
         self.source = source
         # whether the template reads content as a string or as parts (see chat.content)
         self.content_format = content_format or detect_content_format(source)
+        self.id_length = required_id_length(source)  # Mistral: 9-character tool-call IDs
         self.variables = {**(special_tokens or {}), **(extra_kwargs or {})}
         self.fingerprint = hashlib.sha256(source.encode()).hexdigest()[:16]
         self._compiled: Any = None  # compiled on first use (a bad template fails per call)
@@ -73,7 +74,7 @@ class ChatTemplate:
 
     def messages(self, messages: list[dict]) -> list[dict]:
         """The messages as this template receives them in vLLM (``chat.content``)."""
-        return normalise(messages, self.content_format)
+        return normalise(messages, self.content_format, self.id_length)
 
     def _render_plain(self, messages: list[dict], tools: list[dict] | None,
                       add_generation_prompt: bool, variables: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .call_ids import id_factory
 from .parser import Parser
 from .registry import format_class
 
@@ -45,6 +46,7 @@ class FormatChoice:
     reasoning_tags: tuple[str, str] | None
     started_after: tuple[str, ...] = ()
     family: str = ""
+    id_style: str = "openai"  # tool-call IDs the template expects (``parsing.call_ids``)
 
     def reasoning_started(self, prompt: str) -> bool:
         """Whether a completion of ``prompt`` begins inside the reasoning block."""
@@ -59,6 +61,7 @@ class FormatChoice:
         prompt: str = "",
         tools: list[dict[str, Any]] | None = None,
         tool_calls: bool = True,
+        calls_before: int = 0,
         **kwargs: Any,
     ) -> Parser:
         """A Parser for one completion of ``prompt`` (extra kwargs go to ``Parser``).
@@ -71,6 +74,7 @@ class FormatChoice:
         fmt = self.tool_format
         if not tool_calls and fmt is not None and not format_class(fmt).owns_reasoning:
             fmt = None
+        kwargs.setdefault("id_factory", id_factory(self.id_style, calls_before))
         return Parser(
             self.reasoning,
             fmt,
@@ -106,19 +110,22 @@ class Rule:
     started_after: tuple[str, ...] = ()
     reasoning_if: Callable[[str], bool] | None = None
     owns_reasoning: bool = False
+    id_style: str = "openai"
 
     def choice(self, src: str) -> FormatChoice:
+        ids = self.id_style
         if self.owns_reasoning:
-            return FormatChoice(self.tool_format, True, None, (), self.family)
+            return FormatChoice(self.tool_format, True, None, (), self.family, ids)
         if self.tags is None:
-            return FormatChoice(self.tool_format, False, None, (), self.family)
+            return FormatChoice(self.tool_format, False, None, (), self.family, ids)
         if self.reasoning_if is not None:
             reasoning = self.reasoning_if(src)
         else:
             reasoning = all(tag in src for tag in self.tags if tag)
         if not reasoning:
-            return FormatChoice(self.tool_format, False, None, (), self.family)
-        return FormatChoice(self.tool_format, True, self.tags, self.started_after, self.family)
+            return FormatChoice(self.tool_format, False, None, (), self.family, ids)
+        return FormatChoice(self.tool_format, True, self.tags, self.started_after, self.family,
+                            ids)
 
 
 #: Ordered from the most specific marker to the most generic; the first match wins.
@@ -130,7 +137,7 @@ RULES: list[Rule] = [
     Rule("kimi-k3", lambda s: _has(s, "<|open|>", "<|sep|>", "<|close|>"), "kimi_k3",
          ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
          reasoning_if=lambda s: "open_tag('think')" in s or "<|open|>think" in s),
-    Rule("kimi-k2", lambda s: "<|tool_calls_section_begin|>" in s, "kimi_k2"),
+    Rule("kimi-k2", lambda s: "<|tool_calls_section_begin|>" in s, "kimi_k2", id_style="kimi"),
     Rule("deepseek v3.2/v4 DSML", lambda s: "｜DSML｜" in s, "deepseek_dsml"),
     Rule("deepseek v3/r1/v3.1", lambda s: "tool▁call▁begin" in s, "deepseek_v3"),
     Rule("minimax-m3", lambda s: "]<]minimax[>[" in s, "minimax_m3", ("<mm:think>", "</mm:think>")),
@@ -154,7 +161,8 @@ RULES: list[Rule] = [
          ("", "[BEGIN FINAL RESPONSE]"), ("Here are my reasoning steps:",)),
     Rule("apriel", lambda s: _has(s, "<tool_calls>", "<|assistant|>"), "apriel", None),
     Rule("minimax-m1", lambda s: "<tool_calls>" in s, "minimax_m1"),
-    Rule("mistral", lambda s: "[TOOL_CALLS]" in s, "mistral", ("[THINK]", "[/THINK]")),
+    Rule("mistral", lambda s: "[TOOL_CALLS]" in s, "mistral", ("[THINK]", "[/THINK]"),
+         id_style="mistral9"),
     Rule("nemotron-nano-v2", lambda s: "<TOOLCALL>" in s, "nemotron_v2"),
     Rule("firefunction-v2", lambda s: "functools[" in s, "firefunction_v2", None),
     Rule("functionary v3.2", lambda s: _has(s, ">>>all", "recipient"), "functionary_v3_2", None),

@@ -77,8 +77,9 @@ class Parser:
     ``tool_format``: None (no tool parsing) or a registered format name (``"hermes"``).
     ``reasoning_tags``: the block's (open, close) markers when not ``<think>``/``</think>``.
     ``tools``: the request's tools; formats with untyped arguments use their schemas.
-    ``id_factory``: optional ``index -> id`` for deterministic call ids (replays, tests);
-    by default ids are ``call_id_prefix`` + 24 random hex characters.
+    ``id_factory``: optional ``(index, function name) -> id`` (the family's ID style, see
+    ``parsing.call_ids``; deterministic ids in tests); by default ids are ``call_id_prefix``
+    + 24 random hex characters.
 
     ``turnstile.parsing.detect_format`` picks all of these from a chat template.
     """
@@ -90,7 +91,7 @@ class Parser:
         reasoning_started: bool = False,
         call_id_prefix: str = "call_",
         *,
-        id_factory: Callable[[int], str] | None = None,
+        id_factory: Callable[[int, str], str] | None = None,
         reasoning_tags: tuple[str, str] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> None:
@@ -103,7 +104,7 @@ class Parser:
             ThinkSplitter(reasoning_started, open_tag, close_tag) if reasoning and not own else None
         )
         self._format_reasoning = False  # the tool format reported reasoning itself
-        self._id_factory = id_factory or (lambda _i: call_id_prefix + secrets.token_hex(12))
+        self._id_factory = id_factory or (lambda _i, _n: call_id_prefix + secrets.token_hex(12))
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[dict[str, Any]] = []
@@ -189,7 +190,7 @@ class Parser:
             elif isinstance(event, CallStart):
                 self._held_ws = ""
                 index = len(self._calls)
-                call_id = self._id_factory(index)
+                call_id = self._id_factory(index, event.name)
                 self._calls.append({"id": call_id, "name": event.name})
                 self._call_args.append([])
                 out.call_start(index, call_id, event.name)
@@ -229,7 +230,7 @@ def parse(
     tool_format: str | None,
     reasoning_started: bool = False,
     *,
-    id_factory: Callable[[int], str] | None = None,
+    id_factory: Callable[[int, str], str] | None = None,
     reasoning_tags: tuple[str, str] | None = None,
     tools: list[dict[str, Any]] | None = None,
 ) -> ParsedMessage:

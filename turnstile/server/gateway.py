@@ -20,6 +20,7 @@ from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
 from ..parsing import Parser, grammar
+from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
 from ..store.sqlite import CallRecord, Store, new_id
 from .control import PolicyControl
@@ -86,6 +87,17 @@ def _finish_reason(tool_calls: bool, finish: Finish) -> str:
     if finish.reason == "length":
         return "length"
     return "tool_calls" if tool_calls else finish.reason
+
+
+def with_echoed_ids(reply: dict, echoed: dict) -> dict:
+    """Our recorded reply with the tool-call IDs the harness echoed: the tool results that
+    follow refer to those, and templates look names up by them (Solar-Open, Gemma 4)."""
+    ours, theirs = reply.get("tool_calls") or [], echoed.get("tool_calls") or []
+    if len(ours) != len(theirs) or all(a.get("id") == b.get("id") for a, b in
+                                       zip(ours, theirs, strict=True)):
+        return reply
+    calls = [{**a, "id": b.get("id")} for a, b in zip(ours, theirs, strict=True)]
+    return {**reply, "tool_calls": calls}
 
 
 class Gateway:
@@ -156,8 +168,9 @@ class Gateway:
                 try:
                     first = req.messages[0]
                     system = first if first.get("role") in ("system", "developer") else None
+                    reply = with_echoed_ids(parent.message or {}, req.messages[match.matched - 1])
                     delta, seam = self.renderer.extension(
-                        parent.message or {}, new, req.tools, parent.stop_token_id, system,
+                        reply, new, req.tools, parent.stop_token_id, system,
                         **req.template_kwargs)
                 except NotPrefixPreserving as exc:
                     reason, detail = "template_not_prefix_preserving", str(exc)
@@ -350,7 +363,8 @@ class Gateway:
     def _parser(self, req: ChatRequest, tail: str) -> Parser:
         """The parser for this completion; the prompt's tail says whether the generation
         prompt already opened a reasoning block (``enable_thinking`` varies per request)."""
-        return self.parser.parser(tail, tools=req.tools, tool_calls=bool(req.tools))
+        return self.parser.parser(tail, tools=req.tools, tool_calls=bool(req.tools),
+                                  calls_before=calls_before(req.messages))
 
     def _tail(self, prompt: Prompt) -> str:
         """The end of the prompt as text: enough to see an opened reasoning block."""
