@@ -28,6 +28,8 @@ from typing import Any
 
 import orjson
 
+from ..auth import new_capability
+
 SCHEMA_VERSION = 2
 
 SCHEMA = """
@@ -218,6 +220,7 @@ class Store:
                     db.execute(stmt)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                        (str(SCHEMA_VERSION),))
+            self._ensure_capability_column()
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -234,6 +237,15 @@ class Store:
                 db.execute("UPDATE sessions SET group_id = ?, sample_index = ?, task_id = ? "
                            "WHERE id = ?", (fields["group_id"], fields["sample_index"],
                                             fields["task_id"], sid))
+
+    def _ensure_capability_column(self) -> None:
+        # Additive (no version bump): each session's harness capability (the key in its base
+        # URL, turnstile/auth.py). Rows without one (older stores) get one on first use.
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
+        if "capability" not in cols:
+            self._db.execute("ALTER TABLE sessions ADD COLUMN capability TEXT")
+        self._db.execute("CREATE UNIQUE INDEX IF NOT EXISTS sessions_by_capability "
+                         "ON sessions(capability)")
 
     def schema_version(self) -> int:
         with self._lock:
@@ -260,10 +272,36 @@ class Store:
         with self._lock:
             self._db.execute(
                 "INSERT OR IGNORE INTO sessions (id, created, metadata, group_id, sample_index, "
-                "task_id) VALUES (?, ?, ?, ?, ?, ?)",
+                "task_id, capability) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (sid, time.time(), orjson.dumps(meta), f["group_id"], f["sample_index"],
-                 f["task_id"]))
+                 f["task_id"], new_capability()))
         return sid
+
+    def capabilities(self, session_ids: Iterable[str]) -> dict[str, str]:
+        """Session id → its harness capability (one is minted for a row that has none)."""
+        ids = list(session_ids)
+        out: dict[str, str] = {}
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                out.update(self._db.execute(
+                    "SELECT id, capability FROM sessions WHERE capability IS NOT NULL AND id IN "
+                    f"({','.join('?' * len(chunk))})", chunk).fetchall())
+            for sid in ids:
+                if sid not in out:
+                    cap = new_capability()
+                    cur = self._db.execute("UPDATE sessions SET capability = ? WHERE id = ? "
+                                           "AND capability IS NULL", (cap, sid))
+                    if cur.rowcount:
+                        out[sid] = cap
+        return out
+
+    def session_for_capability(self, capability: str) -> str | None:
+        """The id of the session a capability belongs to, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT id FROM sessions WHERE capability = ?",
+                                   (capability,)).fetchone()
+        return row[0] if row else None
 
     def get_session(self, session_id: str) -> dict | None:
         """The session with its rewards (scalar + named, per session and per call)."""
