@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import platform
+import secrets
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,9 @@ IM_END = 151645  # <|im_end|> in the Qwen2 vocabulary
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"
 MODEL_NAME = "bench"
 LITELLM_KEY = "sk-turnstile-bench-0123456789abcdef0123456789"
+# The trainer token every Turnstile the benchmarks start runs with (servers inherit it from the
+# environment; a baseline checkout older than the token ignores it).
+TOKEN = os.environ.setdefault("TURNSTILE_TOKEN", "tst-bench-" + secrets.token_urlsafe(24))
 
 
 def cache_dir() -> Path:
@@ -187,7 +191,7 @@ def start_turnstile(engine_url: str, data: Path, cpu: int | None, log: Path,
     """``src``: run the ``turnstile`` package from another checkout (a baseline commit)."""
     port = free_port()
     s = Server([sys.executable, str(HERE), "turnstile", "--port", str(port), "--engine-url",
-                engine_url, "--data", str(data)], f"http://127.0.0.1:{port}/v1/models", cpu,
+                engine_url, "--data", str(data)], f"http://127.0.0.1:{port}/health", cpu,
                log, env={"TURNSTILE_SRC": src} if src else None, timeout=300)
     return s, f"http://127.0.0.1:{port}"
 
@@ -599,7 +603,10 @@ def _turnstile_app(engine_url: str, data: str, port: int):
 
     gateway = build_gateway(engine_url, str(tiny_qwen2()), data, model_name=MODEL_NAME)
     gateway.engine = VLLMEngine(engine_url, api="generate", logprobs_mode="processed_logprobs")
-    return create_app(gateway, f"http://127.0.0.1:{port}")
+    import inspect
+
+    auth = {"token": TOKEN} if "token" in inspect.signature(create_app).parameters else {}
+    return create_app(gateway, f"http://127.0.0.1:{port}", **auth)
 
 
 def _serve_main(argv: list[str]) -> None:

@@ -50,7 +50,8 @@ async def run_batch(base_url: str, sessions: int, turns: int, max_tokens: int,
         async with sem:
             url = base_url + "/v1"
             if per_session_url:
-                r = await http.post(base_url + "/v1/sessions", json={"metadata": {"i": i}})
+                r = await http.post(base_url + "/v1/sessions", json={"metadata": {"i": i}},
+                                    headers={"authorization": f"Bearer {c.TOKEN}"})
                 url = r.json()["base_url"]
             client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0,
                                         http_client=http)
@@ -106,7 +107,7 @@ def main() -> None:
         ts = c.Server([sys.executable, "-m", "turnstile.cli", "serve", "--engine-url",
                        engine_url, "--model", str(model), "--port", str(tport), "--data",
                        str(wd / "data"), "--served-model-name", "smollm2"],
-                      f"http://127.0.0.1:{tport}/v1/models", PROXY_CPU, wd / "turnstile.log",
+                      f"http://127.0.0.1:{tport}/health", PROXY_CPU, wd / "turnstile.log",
                       timeout=300)
         ts_url = f"http://127.0.0.1:{tport}"
         try:

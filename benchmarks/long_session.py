@@ -125,10 +125,11 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
         clients = {"relay": (relay, openai.AsyncOpenAI(base_url=relay_url + "/v1",
                                                        api_key="x", max_retries=0,
                                                        http_client=http)),
-                   "turnstile": (ts, openai.AsyncOpenAI(base_url=ts_url + "/v1", api_key="x",
+                   "turnstile": (ts, openai.AsyncOpenAI(base_url=ts_url + "/v1", api_key=c.TOKEN,
                                                         max_retries=0, http_client=http))}
         if base is not None:
-            clients["base"] = (base, openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x",
+            clients["base"] = (base, openai.AsyncOpenAI(base_url=base_url + "/v1",
+                                                        api_key=c.TOKEN,
                                                         max_retries=0, http_client=http))
         histories = {name: c.base_messages() for name in [*clients, "inproc"]}
         for turn in range(args.turns):

@@ -282,12 +282,12 @@ def main() -> None:
                     s, url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU,
                                                wd / "turnstile.log")
                     servers.append(s)
-                    targets.append(Target(name, url, s))
+                    targets.append(Target(name, url, s, c.TOKEN))
                     if args.baseline:
                         s, url = c.start_turnstile(fake_url, wd / "data-base", PROXY_CPU,
                                                    wd / "turnstile-base.log", args.baseline)
                         servers.append(s)
-                        targets.append(Target("turnstile-base", url, s))
+                        targets.append(Target("turnstile-base", url, s, c.TOKEN))
                 elif name == "litellm":
                     s, url = c.start_litellm(fake_url, PROXY_CPU, wd / "litellm.log", wd)
                     servers.append(s)

@@ -28,6 +28,7 @@ import openai
 
 import turnstile
 from turnstile import testbed
+from turnstile.auth import load_or_create_token
 from turnstile.cli import build_gateway
 from turnstile.converters import grpo_advantages
 from turnstile.converters.verl import to_verl_batch
@@ -61,8 +62,9 @@ async def rollout(session: turnstile.client.AsyncSession, question: str, answer:
     return reward
 
 
-async def collect(base: str, groups: int, group_size: int, max_tokens: int) -> list:
-    async with turnstile.AsyncClient(base) as ts:
+async def collect(base: str, data: Path, groups: int, group_size: int, max_tokens: int
+                  ) -> list:
+    async with turnstile.AsyncClient(base, data=data) as ts:  # the trainer token under data
         jobs = []
         for g, (question, answer) in enumerate(TASKS[:groups]):
             for i in range(group_size):
@@ -93,9 +95,10 @@ def main() -> None:
         gateway = build_gateway(engine_url, str(model), data, model_name="policy")
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
-        server = _serve(create_app(gateway, base), port)
+        server = _serve(create_app(gateway, base, token=load_or_create_token(data)[0]), port)
         try:
-            trajs = asyncio.run(collect(base, args.groups, args.group_size, args.max_tokens))
+            trajs = asyncio.run(collect(base, data, args.groups, args.group_size,
+                                        args.max_tokens))
         finally:
             server.should_exit = True
     tok = gateway.tok

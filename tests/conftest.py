@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ import httpx
 import pytest
 
 from turnstile import testbed
+from turnstile.auth import read_token
+from turnstile.client import Client
 
 # Subprocesses (examples, benchmarks, servers) import this checkout's turnstile, whatever
 # checkout the shared virtualenv's editable install last pointed at.
@@ -162,12 +165,33 @@ def relay(llama_tiny: str) -> Iterator[Relay]:
 
 
 class Turnstile:
-    """``turnstile serve`` as a real process (so it can be SIGKILLed and restarted)."""
+    """``turnstile serve`` as a real process (so it can be SIGKILLed and restarted).
+
+    It generates its trainer token in ``data/turnstile.token``; ``token``, ``headers`` and
+    ``http`` (an httpx.Client sending it) are the trainer's credentials. Session base URLs
+    (``session()["base_url"]``) carry the session's capability, as a harness gets them."""
 
     def __init__(self, engine_url: str | list[str], model: Path, data: Path, log: Path):
         self.engine_url, self.model, self.data, self.log = engine_url, model, data, log
         self.proc: subprocess.Popen | None = None
         self.url = ""
+        self.token = ""
+        self._http: httpx.Client | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
+
+    @property
+    def http(self) -> httpx.Client:
+        """An httpx client with the trainer's token (give full URLs: ``ts.url + path``)."""
+        if self._http is None or self._http.headers.get("authorization") != \
+                self.headers["authorization"]:
+            self._http = httpx.Client(headers=self.headers, timeout=30)
+        return self._http
+
+    def client(self, **kw: object) -> Client:
+        return Client(self.url, token=self.token, **kw)
 
     def start(self) -> Turnstile:
         port = testbed.free_port()
@@ -179,8 +203,22 @@ class Turnstile:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         out.close()
-        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=120)
+        self.token = self._read_token(self.proc)
+        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=120,
+                             headers=self.headers)
         return self
+
+    def _read_token(self, proc: subprocess.Popen, timeout: float = 60.0) -> str:
+        """The token the server wrote (or reused) under --data: written before it listens."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            tok = read_token(self.data)
+            if tok:
+                return tok
+            if proc.poll() is not None:
+                raise RuntimeError(f"turnstile exited with {proc.returncode}: see {self.log}")
+            time.sleep(0.05)
+        raise TimeoutError(f"no token under {self.data} after {timeout}s")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
@@ -192,12 +230,12 @@ class Turnstile:
                 self.proc.wait()
 
     def session(self, **metadata: object) -> dict:
-        r = httpx.post(self.url + "/v1/sessions", json={"metadata": metadata})
+        r = self.http.post(self.url + "/v1/sessions", json={"metadata": metadata})
         r.raise_for_status()
         return r.json()
 
     def get(self, path: str) -> dict:
-        r = httpx.get(self.url + path, timeout=30)
+        r = self.http.get(self.url + path, timeout=30)
         r.raise_for_status()
         return r.json()
 
@@ -215,6 +253,8 @@ def turnstile_factory(tmp_path: Path) -> Iterator:
     yield make
     for t in started:
         t.stop()
+        if t._http is not None:
+            t._http.close()
 
 
 @pytest.fixture

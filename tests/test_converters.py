@@ -106,7 +106,7 @@ class Truth:
 @pytest.fixture
 def recorded(turnstile, relay):
     """A GRPO group of 3 sessions (one streams its last turn) plus rewards, via the client."""
-    ts = Client(turnstile.url)
+    ts = Client(turnstile.url, token=turnstile.token)
     sessions, truths = [], []
     for i in range(3):
         s = ts.session({"split": "train"}, group_id="grp-7", sample_index=i, task_id="t7")

@@ -90,11 +90,11 @@ def test_unknown_session_and_oversize_body(turnstile):
     r = httpx.post(turnstile.url + "/s/nope/v1/chat/completions",
                    json={"messages": [{"role": "user", "content": "a"}]})
     assert _error(r, 404)["code"] == "session_not_found"
-    _error(httpx.get(turnstile.url + "/v1/sessions/nope/calls"), 404)
-    _error(httpx.get(turnstile.url + "/v1/sessions/nope/trajectories"), 404)
+    _error(turnstile.http.get(turnstile.url + "/v1/sessions/nope/calls"), 404)
+    _error(turnstile.http.get(turnstile.url + "/v1/sessions/nope/trajectories"), 404)
     _error(httpx.get(turnstile.url + "/no/such/route"), 404)
     big = b'{"messages": [{"role": "user", "content": "' + b"x" * (33 << 20) + b'"}]}'
-    r = httpx.post(turnstile.url + "/v1/chat/completions", content=big,
+    r = turnstile.http.post(turnstile.url + "/v1/chat/completions", content=big,
                    headers={"content-type": "application/json"}, timeout=60)
     assert _error(r, 413)["code"] == "request_too_large"
 
@@ -185,7 +185,8 @@ def test_closed_session_refuses_new_calls(turnstile):
     client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
     msgs = [{"role": "user", "content": "hi"}]
     client.chat.completions.create(model="t", messages=msgs, max_tokens=2)
-    assert httpx.post(f"{turnstile.url}/v1/sessions/{session['id']}/close").status_code == 200
+    assert turnstile.http.post(f"{turnstile.url}/v1/sessions/{session['id']}/close",
+                               json={}).status_code == 200
     with pytest.raises(openai.ConflictError) as e:
         client.chat.completions.create(model="t", messages=msgs, max_tokens=2)
     assert e.value.body["code"] == "session_closed"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -49,14 +51,21 @@ def engine(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield url
 
 
+# The trainer's token, given to the servers below through $TURNSTILE_TOKEN; harnesses only
+# get their sessions' base URLs.
+TOKEN = "tst-harness-" + secrets.token_urlsafe(16)
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
 def _serve(engine: str, model: Path, data: Path, log: Path, *extra: str) -> tuple:
     port = testbed.free_port()
     cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--engine-url", engine,
            "--model", str(model), "--port", str(port), "--data", str(data), *extra]
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "TURNSTILE_TOKEN": TOKEN})
     url = f"http://127.0.0.1:{port}"
-    testbed.wait_healthy(url + "/v1/models", proc, timeout=120)
+    testbed.wait_healthy(url + "/v1/models", proc, timeout=120, headers=AUTH)
     return url, proc
 
 
@@ -114,14 +123,16 @@ class Requests:
 
 
 def _session(gateway: str, harness: str) -> dict:
-    r = httpx.post(gateway + "/v1/sessions", json={"metadata": {"harness": harness}})
+    r = httpx.post(gateway + "/v1/sessions", json={"metadata": {"harness": harness}},
+                   headers=AUTH)
     r.raise_for_status()
     return r.json()
 
 
 def _tally(gateway: str, session: dict, harness: str, sent: int | None) -> dict:
     """Check the session's records and count chaining; print one line for the README."""
-    calls = httpx.get(f"{gateway}/v1/sessions/{session['id']}/calls", timeout=30).json()["data"]
+    calls = httpx.get(f"{gateway}/v1/sessions/{session['id']}/calls", timeout=30,
+                      headers=AUTH).json()["data"]
     assert calls, f"{harness}: nothing recorded"
     if sent is not None:
         assert len(calls) == sent, f"{harness}: {sent} requests answered, {len(calls)} recorded"
@@ -418,7 +429,8 @@ def test_a_template_that_ignores_tools_is_warned_about(engine, smollm2, tmp_path
         client.chat.completions.create(model="smollm2", messages=_start(), tools=WEATHER,
                                        max_tokens=2)
         client.chat.completions.create(model="smollm2", messages=_start(), max_tokens=2)
-        calls = httpx.get(f"{url}/v1/sessions/{session['id']}/calls").json()["data"]
+        calls = httpx.get(f"{url}/v1/sessions/{session['id']}/calls",
+                          headers=AUTH).json()["data"]
     finally:
         _stop(proc)
     assert "does not render 'tools'" in log.read_text()

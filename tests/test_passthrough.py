@@ -9,6 +9,8 @@ extends what was sampled. The tree and the drift report must say exactly that.
 
 from __future__ import annotations
 
+import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -28,6 +30,10 @@ from turnstile import testbed
 
 pytestmark = pytest.mark.timeout(120)
 
+# The trainer's token ($TURNSTILE_TOKEN for the servers below); harnesses get base URLs only.
+TOKEN = "tst-passthrough-" + secrets.token_urlsafe(16)
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
 
 class Passthrough:
     """``turnstile serve --mode passthrough`` as a real process."""
@@ -40,8 +46,9 @@ class Passthrough:
                "--engine", engine, "--engine-url", engine_url, "--model", MODEL,
                "--port", str(self.port), "--data", str(data), *extra]
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=60)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "TURNSTILE_TOKEN": TOKEN})
+        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=60, headers=AUTH)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -53,15 +60,19 @@ class Passthrough:
                 self.proc.wait()
 
     def session(self) -> str:
-        r = httpx.post(self.url + "/v1/sessions", json={"metadata": {}})
+        r = httpx.post(self.url + "/v1/sessions", json={"metadata": {}}, headers=AUTH)
         r.raise_for_status()
         return r.json()["id"]
 
+    def base_url(self, sid: str) -> str:
+        """The session's base URL (its capability), as the trainer hands it to a harness."""
+        return self.get(f"/v1/sessions/{sid}")["base_url"]
+
     def client(self, sid: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/s/{sid}/v1", api_key="unused", max_retries=0)
+        return openai.OpenAI(base_url=self.base_url(sid), api_key="unused", max_retries=0)
 
     def get(self, path: str) -> dict:
-        r = httpx.get(self.url + path, timeout=30)
+        r = httpx.get(self.url + path, timeout=30, headers=AUTH)
         r.raise_for_status()
         return r.json()
 
@@ -261,7 +272,7 @@ def test_the_harness_gets_the_engines_own_response(engine, asked, stream):
     if stream:
         body["stream_options"] = {"include_usage": True}
     sid = ts.session()
-    with httpx.stream("POST", f"{ts.url}/s/{sid}/v1/chat/completions", json=body,
+    with httpx.stream("POST", f"{ts.base_url(sid)}/chat/completions", json=body,
                       timeout=30) as via:
         assert via.status_code == 200
         got = _sse(via) if stream else _normalize(orjson.loads(via.read()))
@@ -413,7 +424,7 @@ def test_a_harness_that_goes_away_mid_stream_leaves_an_aborted_call(ts, fake):
     fake.token_delay = 0.1
     try:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        with httpx.stream("POST", f"{ts.url}/s/{sid}/v1/chat/completions", json=body,
+        with httpx.stream("POST", f"{ts.base_url(sid)}/chat/completions", json=body,
                           timeout=30) as r:
             lines = r.iter_lines()
             while not next(lines).startswith("data: {"):
@@ -458,7 +469,8 @@ def test_policy_pause_abort_and_resume(ts, fake):
         t = threading.Thread(target=call, args=("aborted",))
         t.start()
         _until_in_flight(ts)  # running (it takes seconds at 0.2 s a token), not just sent
-        r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60).json()
+        r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60,
+                       headers=AUTH).json()
         t.join(30)
     finally:
         fake.token_delay = 0.0
@@ -473,7 +485,8 @@ def test_policy_pause_abort_and_resume(ts, fake):
     assert "waited" not in results
     assert ts.get("/admin/status")["in_flight"] == 0 and len(fake.chat_log) == sent
     resumed = time.time()
-    httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"}).raise_for_status()
+    httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"},
+               headers=AUTH).raise_for_status()
     waiting.join(30)
     assert results["waited"] == "stop"
     last = ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]

@@ -168,7 +168,7 @@ def test_pause_drain_resume_and_abort(tiny_qwen2, turnstile_factory, tmp_path, n
         t.start()
         _until(lambda: _in_flight(ts) >= 1 and _generating(engine.url), "the call to run")
         paused_at = time.time()
-        r = httpx.post(ts.url + "/admin/pause", json={"mode": "drain"}, timeout=300).json()
+        r = ts.http.post(ts.url + "/admin/pause", json={"mode": "drain"}, timeout=300).json()
         assert r["paused"] and r["in_flight"] == 0
         t.join(30)
         assert results["drained"] == "length"
@@ -188,7 +188,7 @@ def test_pause_drain_resume_and_abort(tiny_qwen2, turnstile_factory, tmp_path, n
             assert _in_flight(ts) == 0 and not _generating(engine.url)
             time.sleep(0.1)
         resumed_at = time.time()
-        r = httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"}).json()
+        r = ts.http.post(ts.url + "/admin/resume", json={"weight_version": "7"}).json()
         assert r == {"paused": False, "weight_version": "7", "engines": r["engines"]}
         t2.join(30)
         assert results["waited"] == "length"
@@ -200,14 +200,14 @@ def test_pause_drain_resume_and_abort(tiny_qwen2, turnstile_factory, tmp_path, n
         t3 = threading.Thread(target=call, args=("aborted", 12000))
         t3.start()
         _until(lambda: _in_flight(ts) >= 1 and _generating(engine.url), "the call to run")
-        r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60).json()
+        r = ts.http.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60).json()
         t3.join(30)
         assert r["in_flight"] == 0 and results["aborted"] == "policy_update"
         assert _calls(ts, s["id"])[-1]["status"] == "aborted"
-        httpx.post(ts.url + "/admin/resume", json={})
+        ts.http.post(ts.url + "/admin/resume", json={})
         call("after", 2)
         assert results["after"] == "length"
-        bad = httpx.post(ts.url + "/admin/pause", json={"mode": "later"})
+        bad = ts.http.post(ts.url + "/admin/pause", json={"mode": "later"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "mode"
     finally:
         engine.kill()

@@ -36,9 +36,10 @@ def _error(r: httpx.Response, status: int, param: str) -> dict:
 
 
 def test_session_lifecycle_with_the_client(turnstile, relay, tmp_path):
-    ts = Client(turnstile.url)
+    ts = Client(turnstile.url, data=turnstile.data)  # reads the token the server wrote there
     s = ts.session({"note": "x"}, group_id="g1", sample_index=0, task_id="task-1")
-    assert s.base_url.endswith(f"/s/{s.id}/v1") and s.status == "open"
+    # The harness's base URL holds the session's capability, not its (listed) id.
+    assert "/s/cap_" in s.base_url and s.id not in s.base_url and s.status == "open"
     other = ts.session(group_id="g1", sample_index=1)
     ts.session(group_id="g2", sample_index=0)
     msgs = _chat(s.base_url, turns=2, seed=1)
@@ -97,9 +98,9 @@ def test_session_lifecycle_with_the_client(turnstile, relay, tmp_path):
 
 
 def test_bad_requests_name_the_field(turnstile):
-    url = turnstile.url
+    url, http = turnstile.url, turnstile.http
     sid = turnstile.session()["id"]
-    post = lambda path, body: httpx.post(f"{url}/v1/sessions/{sid}{path}", json=body)  # noqa: E731
+    post = lambda path, body: http.post(f"{url}/v1/sessions/{sid}{path}", json=body)  # noqa: E731
     _error(post("/rewards", {"reward": "high"}), 400, "reward")
     _error(post("/rewards", {"reward": True}), 400, "reward")
     _error(post("/rewards", {"rewards": {"ok": None}}), 400, "rewards.ok")
@@ -111,25 +112,25 @@ def test_bad_requests_name_the_field(turnstile):
     assert err["code"] == "call_not_found"
     _error(post("/close", {"termination_reason": 3}), 400, "termination_reason")
     _error(post("/close", {"status": "x"}), 400, "status")
-    r = httpx.get(f"{url}/v1/sessions/{sid}/trajectories", params={"mode": "tree"})
+    r = http.get(f"{url}/v1/sessions/{sid}/trajectories", params={"mode": "tree"})
     _error(r, 400, "mode")
-    _error(httpx.get(f"{url}/v1/sessions", params={"status": "done"}), 400, "status")
-    _error(httpx.get(f"{url}/v1/sessions", params={"limit": "0"}), 400, "limit")
-    _error(httpx.get(f"{url}/v1/sessions", params={"grop": "g"}), 400, "grop")
-    _error(httpx.post(f"{url}/v1/sessions", json={"sample_index": -1}), 400, "sample_index")
-    _error(httpx.post(f"{url}/v1/sessions", json={"group_id": 5}), 400, "group_id")
-    _error(httpx.delete(f"{url}/v1/sessions/nope"), 404, "session_id")
-    _error(httpx.post(f"{url}/v1/sessions/nope/rewards", json={"reward": 1}), 404,
+    _error(http.get(f"{url}/v1/sessions", params={"status": "done"}), 400, "status")
+    _error(http.get(f"{url}/v1/sessions", params={"limit": "0"}), 400, "limit")
+    _error(http.get(f"{url}/v1/sessions", params={"grop": "g"}), 400, "grop")
+    _error(http.post(f"{url}/v1/sessions", json={"sample_index": -1}), 400, "sample_index")
+    _error(http.post(f"{url}/v1/sessions", json={"group_id": 5}), 400, "group_id")
+    _error(http.delete(f"{url}/v1/sessions/nope"), 404, "session_id")
+    _error(http.post(f"{url}/v1/sessions/nope/rewards", json={"reward": 1}), 404,
            "session_id")
-    _error(httpx.get(f"{url}/v1/sessions/{sid}/calls/call_x/body"), 404, "call_id")
+    _error(http.get(f"{url}/v1/sessions/{sid}/calls/call_x/body"), 404, "call_id")
     # Nothing above changed the session.
-    s = httpx.get(f"{url}/v1/sessions/{sid}").json()
+    s = http.get(f"{url}/v1/sessions/{sid}").json()
     assert s["rewards"] == {} and s["status"] == "open"
 
 
 def test_async_client_runs_a_group_concurrently(turnstile, relay):
     async def main() -> list:
-        async with AsyncClient(turnstile.url) as ts:
+        async with AsyncClient(turnstile.url, token=turnstile.token) as ts:
             sessions = await asyncio.gather(*(
                 ts.session(group_id="ga", sample_index=i, metadata={"k": i})
                 for i in range(4)))

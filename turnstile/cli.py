@@ -104,6 +104,13 @@ def audit_command(args: argparse.Namespace) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    from .auth import AuthSetupError, server_token
+
+    try:  # before anything slow: a refused start fails at once
+        args.trainer_token, where = server_token(args.data, args.token, args.no_auth, args.host)
+    except AuthSetupError as exc:
+        raise SystemExit(f"turnstile: refusing to start: {exc}") from None
+    print(f"turnstile: {where}", file=sys.stderr)
     if args.mode == "passthrough":  # the engine renders; no tokenizer or template here
         from .server import passthrough
 
@@ -126,7 +133,7 @@ def serve(args: argparse.Namespace) -> None:
                             engine=args.engine, engine_options=options,
                             keep_bodies=args.keep_bodies, tool_parser=args.tool_parser)
     public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(gateway, public, max_body=args.max_body_mb << 20)
+    app = create_app(gateway, public, max_body=args.max_body_mb << 20, token=args.trainer_token)
     p = gateway.parser
     print(f"turnstile: model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
           f"engine {args.engine} at {', '.join(urls)}, records in {args.data}\n"
@@ -160,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8400)
     s.add_argument("--public-url", help="base URL harnesses reach this server at")
+    s.add_argument("--token", help="the trainer's token (default: $TURNSTILE_TOKEN, else the "
+                                   "one in DATA/turnstile.token, generated there with mode "
+                                   "0600 the first time); harnesses get per-session base URLs")
+    s.add_argument("--no-auth", action="store_true",
+                   help="no trainer token: every route open (refused unless --host is a "
+                        "loopback address)")
     s.add_argument("--data", default="turnstile-data", help="directory for the record store")
     s.add_argument("--max-body-mb", type=int, default=32)
     s.add_argument("--log-level", default="warning")

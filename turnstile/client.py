@@ -2,7 +2,7 @@
 close, fetch trajectories as numpy arrays, delete.
 
     import turnstile
-    ts = turnstile.Client("http://127.0.0.1:8400")
+    ts = turnstile.Client("http://127.0.0.1:8400", data="turnstile-data")   # or token="..."
     s = ts.session(group_id="task-7", sample_index=0, metadata={"split": "train"})
     run_harness(base_url=s.base_url)               # any OpenAI-compatible harness
     s.set_reward(1.0, rewards={"format": 0.5})
@@ -12,16 +12,23 @@ close, fetch trajectories as numpy arrays, delete.
 
 :class:`AsyncClient` has the same methods as coroutines, for trainers that drive many rollouts
 concurrently. Both raise :class:`TurnstileError` with the server's OpenAI-shaped error.
+
+Credentials: the client sends the trainer's token: ``token=``, else the ``turnstile.token``
+file of the server's ``data=`` directory, else ``$TURNSTILE_TOKEN``. A session's ``base_url``
+carries its own capability, which allows the harness chat completions on that session only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from .auth import TOKEN_ENV, read_token
 from .store.trajectories import Trajectory
 
 __all__ = ["AsyncClient", "AsyncSession", "Client", "Session", "SessionInfo", "TurnstileError"]
@@ -60,6 +67,17 @@ class SessionInfo:
     def from_json(cls, d: dict) -> SessionInfo:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _auth_headers(token: str | None, data: str | Path | None) -> dict[str, str]:
+    if token is None and data is not None:
+        token = read_token(data)
+        if token is None:
+            raise TurnstileError(0, f"no trainer token under {data} (turnstile.token); pass "
+                                    "token= or start the server with that --data")
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    return {"authorization": f"Bearer {token}"} if token else {}
 
 
 def _raise_for(r: httpx.Response) -> None:
@@ -168,9 +186,11 @@ class Client:
     """Synchronous client. ``http`` lets a caller share or configure the httpx client."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8400", timeout: float = 60.0,
-                 http: httpx.Client | None = None):
+                 http: httpx.Client | None = None, *, token: str | None = None,
+                 data: str | Path | None = None):
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.Client(timeout=timeout)
+        self._headers = _auth_headers(token, data)
 
     def __enter__(self) -> Client:
         return self
@@ -183,7 +203,7 @@ class Client:
         self._http.close()
 
     def _req(self, method: str, path: str, **kw: Any) -> Any:
-        r = self._http.request(method, self.base_url + path, **kw)
+        r = self._http.request(method, self.base_url + path, headers=self._headers, **kw)
         _raise_for(r)
         return r.json()
 
@@ -251,10 +271,12 @@ class AsyncClient:
     """Asynchronous client (httpx.AsyncClient); same methods as :class:`Client`."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8400", timeout: float = 60.0,
-                 http: httpx.AsyncClient | None = None, max_connections: int = 256):
+                 http: httpx.AsyncClient | None = None, max_connections: int = 256, *,
+                 token: str | None = None, data: str | Path | None = None):
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.AsyncClient(
             timeout=timeout, limits=httpx.Limits(max_connections=max_connections))
+        self._headers = _auth_headers(token, data)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -267,7 +289,7 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _req(self, method: str, path: str, **kw: Any) -> Any:
-        r = await self._http.request(method, self.base_url + path, **kw)
+        r = await self._http.request(method, self.base_url + path, headers=self._headers, **kw)
         _raise_for(r)
         return r.json()
 

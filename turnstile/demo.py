@@ -18,6 +18,7 @@ import orjson
 import uvicorn
 
 from . import testbed
+from .auth import load_or_create_token
 from .cli import build_gateway
 from .server.app import create_app
 from .store.trajectories import trajectories
@@ -55,12 +56,14 @@ def run(args: argparse.Namespace) -> None:
         gateway = build_gateway(engine_url, str(model), data, model_name="SmolLM2-135M-Instruct")
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
-        server = _serve(create_app(gateway, base), port)
+        token = load_or_create_token(data)[0]  # as `turnstile serve` does: DATA/turnstile.token
+        server = _serve(create_app(gateway, base, token=token), port)
         try:
             sessions = []
             for i, user_turns in enumerate(CONVERSATIONS[:args.sessions]):
                 s = httpx.post(base + "/v1/sessions",
-                               json={"metadata": {"task": f"demo-{i}", "group": "demo"}}).json()
+                               json={"metadata": {"task": f"demo-{i}", "group": "demo"}},
+                               headers={"authorization": f"Bearer {token}"}).json()
                 client = openai.OpenAI(base_url=s["base_url"], api_key="unused")
                 stream = i == 1
                 msgs: list[dict] = []

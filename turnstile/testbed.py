@@ -254,14 +254,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0,
+                 headers: dict[str, str] | None = None) -> None:
     """Poll ``url`` until it answers 200, failing early if the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was healthy")
         with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as resp:
+            req = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(req, timeout=2) as resp:
                 if resp.status == 200:
                     return
         time.sleep(0.1)

@@ -1,10 +1,12 @@
-"""HTTP routes. Harness-facing: ``/v1/chat/completions`` (also under a session's base URL
-``/s/<id>/v1``) and ``/v1/models``. Trainer-facing: sessions (open, list, reward, close,
-delete), their calls and trajectories (merged or per call)."""
+"""HTTP routes. Harness-facing: ``/v1/chat/completions`` and ``/v1/models`` under a session's
+base URL ``/s/<capability>/v1`` (or with the capability as the API key). Trainer-facing (the
+trainer's token): sessions (open, list, reward, close, delete), their calls and trajectories
+(merged or per call), admin, the OpenAPI document. Credentials: turnstile/auth.py."""
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import math
 import sys
 import time
@@ -16,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from ..auth import CAPABILITY_PREFIX
 from ..engines.base import EngineError
 from ..store.trajectories import MODES, stitch
 from .errors import APIError
@@ -51,7 +54,9 @@ async def _read_json(request: Request, limit: int, required: bool = True) -> obj
                        code="invalid_json") from exc
 
 
-def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> Starlette:
+def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
+               token: str | None) -> Starlette:
+    """``token``: the trainer's token (None: every route open, ``--no-auth``)."""
     store = gateway.store
     # A gateway may validate requests its own way (passthrough leaves most to the engine).
     parse_request = getattr(gateway, "parse_request", parse_chat_request)
@@ -81,12 +86,90 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
             known_sessions.add(sid)
         return sid
 
+    # credentials: the trainer's token, and each session's capability (cached both ways)
+    session_of_cap: dict[str, str] = {}
+    cap_of_session: dict[str, str] = {}
+
+    def capabilities(sids: list[str]) -> dict[str, str]:
+        missing = [s for s in sids if s not in cap_of_session]
+        if missing:
+            for sid, cap in store.capabilities(missing).items():
+                cap_of_session[sid], session_of_cap[cap] = cap, sid
+        return {s: cap_of_session[s] for s in sids if s in cap_of_session}
+
+    def session_for(cap: str) -> str | None:
+        sid = session_of_cap.get(cap)
+        if sid is None and cap.startswith(CAPABILITY_PREFIX):
+            sid = store.session_for_capability(cap)
+            if sid is not None:
+                session_of_cap[cap], cap_of_session[sid] = sid, cap
+        return sid
+
+    def forget_capability(sid: str) -> None:
+        cap = cap_of_session.pop(sid, None)
+        if cap is not None:
+            session_of_cap.pop(cap, None)
+
+    def is_trainer(request: Request) -> bool:
+        if token is None:
+            return True
+        cred = _bearer(request)
+        return cred is not None and hmac.compare_digest(cred.encode(), token.encode())
+
+    def require_trainer(request: Request) -> None:
+        if is_trainer(request):
+            return
+        if _bearer(request) is None:
+            raise APIError(401, "This route needs the trainer's token: Authorization: Bearer "
+                                "<token> (turnstile serve writes it to turnstile.token under "
+                                "--data).", code="missing_token", type_="authentication_error")
+        raise APIError(403, "This credential does not allow this route: a session's "
+                            "capability allows only chat completions and the model list on "
+                            "its own base URL.", code="forbidden", type_="permission_error")
+
+    def trainer(handler):  # noqa: ANN001, ANN202
+        async def guarded(request: Request) -> Response:
+            require_trainer(request)
+            _require_json(request)
+            return await handler(request)
+        return guarded
+
+    def harness_session(request: Request) -> str | None:
+        """The session a harness-facing request acts on (None: /v1/models as the trainer).
+        The key in ``/s/<key>/v1`` is a capability (the trainer may also use a session id);
+        on ``/v1/...`` the session is the bearer capability's, or, for the trainer, the one
+        ``X-Session-Id`` names (created on first use)."""
+        key = request.path_params.get("sid")
+        if key is not None:
+            sid = session_for(key)
+            if sid is not None:
+                return require_session(sid)
+            if is_trainer(request):
+                return require_session(key)
+            # Same answer for a wrong key as for a deleted session: nothing to probe.
+            raise APIError(404, "No session at this base URL (ask the trainer for the "
+                                "session's base_url).", code="session_not_found")
+        if is_trainer(request):
+            if request.url.path.endswith("/models"):
+                return None
+            return ensure_session(request.headers.get("x-session-id") or DEFAULT_SESSION)
+        cred = _bearer(request)
+        sid = session_for(cred) if cred else None
+        if sid is None:
+            raise APIError(401, "Use the session's base URL (/s/<capability>/v1) or send its "
+                                "capability as the API key (Authorization: Bearer "
+                                "<capability>).", code="invalid_api_key",
+                           type_="authentication_error")
+        named = request.headers.get("x-session-id")
+        if named is not None and named != sid:
+            raise APIError(403, "X-Session-Id names another session than this capability's.",
+                           "X-Session-Id", code="forbidden", type_="permission_error")
+        return require_session(sid)
+
     async def chat(request: Request) -> Response:
-        sid = request.path_params.get("sid")
-        if sid is not None:
-            require_session(sid)
-        else:
-            sid = ensure_session(request.headers.get("x-session-id") or DEFAULT_SESSION)
+        _require_json(request)
+        sid = harness_session(request)
+        assert sid is not None
         require_open(sid)
         req = parse_request(await _read_json(request, max_body))
         if not req.stream:
@@ -119,13 +202,15 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         s = s or store.get_session(sid)
         if s is None:  # deleted meanwhile
             raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
-        return {**s, "object": "session", "base_url": f"{public_url}/s/{sid}/v1"}
+        cap = capabilities([sid]).get(sid, sid)
+        return {**s, "object": "session", "base_url": f"{public_url}/s/{cap}/v1"}
 
     async def session(request: Request) -> Response:
         sid = require_session(request.path_params["sid"])
         if request.method == "DELETE":
             known_sessions.discard(sid)
             closed_sessions.discard(sid)
+            forget_capability(sid)
             gateway.forget(sid)
             if not store.delete_session(sid):
                 raise APIError(404, f"No session {sid!r}.", "session_id",
@@ -151,6 +236,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         sessions, more = store.list_sessions(
             group_id=q.get("group", q.get("group_id")), status=status, limit=limit,
             after=q.get("after"), exported=None if exported is None else exported == "true")
+        capabilities([s["id"] for s in sessions])
         data = [session_json(s["id"], s) for s in sessions]
         return _json({"object": "list", "data": data, "has_more": more,
                       "first_id": data[0]["id"] if data else None,
@@ -239,8 +325,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
             t.with_session(s).to_json() for t in stitch(store.calls(sid), mode)]})
 
     async def models(request: Request) -> Response:
-        if "sid" in request.path_params:
-            require_session(request.path_params["sid"])
+        harness_session(request)
         return _json({"object": "list", "data": [{
             "id": gateway.model_name, "object": "model", "created": int(time.time()),
             "owned_by": "turnstile", "max_model_len": gateway.engine.context_length}]})
@@ -287,7 +372,10 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
-        return exc.response()
+        resp = exc.response()
+        if exc.status == 401:
+            resp.headers["www-authenticate"] = 'Bearer realm="turnstile"'
+        return resp
 
     async def on_engine_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, EngineError)
@@ -314,29 +402,49 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20) -> S
         yield
         await gateway.engine.close()
 
+    # Harness routes check the capability themselves; trainer() guards the rest; /health is
+    # open (engine up or not, for probes). Each route is described in openapi.py.
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/s/{sid}/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/s/{sid}/v1/models", models, methods=["GET"]),
-        Route("/v1/sessions", create_session, methods=["POST"]),
-        Route("/v1/sessions", list_sessions, methods=["GET"]),
-        Route("/v1/sessions/{sid}", session, methods=["GET", "DELETE"]),
-        Route("/v1/sessions/{sid}/rewards", rewards, methods=["POST"]),
-        Route("/v1/sessions/{sid}/close", close, methods=["POST"]),
-        Route("/v1/sessions/{sid}/calls", calls, methods=["GET"]),
-        Route("/v1/sessions/{sid}/calls/{cid}/body", call_body, methods=["GET"]),
-        Route("/v1/sessions/{sid}/trajectories", trajs, methods=["GET"]),
+        Route("/v1/sessions", trainer(create_session), methods=["POST"]),
+        Route("/v1/sessions", trainer(list_sessions), methods=["GET"]),
+        Route("/v1/sessions/{sid}", trainer(session), methods=["GET", "DELETE"]),
+        Route("/v1/sessions/{sid}/rewards", trainer(rewards), methods=["POST"]),
+        Route("/v1/sessions/{sid}/close", trainer(close), methods=["POST"]),
+        Route("/v1/sessions/{sid}/calls", trainer(calls), methods=["GET"]),
+        Route("/v1/sessions/{sid}/calls/{cid}/body", trainer(call_body), methods=["GET"]),
+        Route("/v1/sessions/{sid}/trajectories", trainer(trajs), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-        Route("/admin/pause", admin_pause, methods=["POST"]),
-        Route("/admin/resume", admin_resume, methods=["POST"]),
-        Route("/admin/status", admin_status, methods=["GET"]),
+        Route("/admin/pause", trainer(admin_pause), methods=["POST"]),
+        Route("/admin/resume", trainer(admin_resume), methods=["POST"]),
+        Route("/admin/status", trainer(admin_status), methods=["GET"]),
     ]
     from starlette.exceptions import HTTPException
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: on_api_error, EngineError: on_engine_error, HTTPException: on_http_error,
         Exception: on_unexpected})
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, cred = request.headers.get("authorization", "").partition(" ")
+    cred = cred.strip()
+    return cred if scheme.lower() == "bearer" and cred else None
+
+
+def _require_json(request: Request) -> None:
+    """POSTs carry JSON and say so: a browser page can send a form or text/plain cross-site
+    without asking, but not application/json."""
+    if request.method != "POST":
+        return
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise APIError(415, f"Content-Type must be application/json (got {media or 'none'!r}).",
+                       "Content-Type", code="unsupported_media_type",
+                       type_="invalid_request_error")
 
 
 def _session_fields(body: dict) -> dict:

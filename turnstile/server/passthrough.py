@@ -1133,7 +1133,7 @@ def run(args: argparse.Namespace) -> None:
                     keep_bodies=args.keep_bodies, logprobs_mode=args.engine_logprobs_mode,
                     original_logprobs=args.sglang_original_logprobs)
     public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(gateway, public, max_body=args.max_body_mb << 20)
+    app = create_app(gateway, public, max_body=args.max_body_mb << 20, token=args.trainer_token)
     print(f"turnstile: passthrough capture ({dialect} token-ID fields), model "
           f"{gateway.model_name}, engine at {', '.join(urls)}, records in {args.data}",
           file=sys.stderr)
