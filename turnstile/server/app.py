@@ -18,11 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import __version__
 from ..auth import CAPABILITY_PREFIX
 from ..engines.base import EngineError
 from ..store.trajectories import MODES, stitch
 from .errors import APIError
 from .gateway import Gateway
+from .openapi import document as openapi_document
 from .requests import parse_chat_request
 
 DEFAULT_SESSION = "default"
@@ -365,6 +367,9 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
                                    zip(pool, gateway.engine.healthy, strict=True)]
                       if pool else None})
 
+    async def openapi(request: Request) -> Response:
+        return _json(openapi_document(__version__, public_url))
+
     async def health(request: Request) -> Response:
         ok = await gateway.engine.health()
         return _json({"status": "ok" if ok else "engine_unavailable", "engine": ok},
@@ -421,6 +426,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
         Route("/admin/pause", trainer(admin_pause), methods=["POST"]),
         Route("/admin/resume", trainer(admin_resume), methods=["POST"]),
         Route("/admin/status", trainer(admin_status), methods=["GET"]),
+        Route("/openapi.json", trainer(openapi), methods=["GET"]),
     ]
     from starlette.exceptions import HTTPException
 
