@@ -5,8 +5,11 @@ A call stores its prompt as a *delta* against its parent (the parent's prompt + 
 the reused prefix), so a long session costs storage for its new tokens only. Token IDs are
 packed int32 and logprobs float32 blobs: 4 bytes each, no JSON parsing to read them back.
 
-WAL with ``synchronous=NORMAL`` survives a killed process (SIGKILL) after each commit; the
-server commits a call before its response reaches the harness.
+The server commits a call before its response reaches the harness, and only then lets later
+calls extend it. Durability (``synchronous``): ``full`` (the default) syncs the WAL on every
+commit, so an acknowledged call survives a killed process *and* an OS crash or power loss;
+``normal`` syncs at checkpoints only: it survives a killed process (SIGKILL), but the last
+commits can be lost if the machine itself goes down.
 
 Schema versions: 1 = sessions + calls; 2 adds session status/group/sample/task columns, rewards
 and bodies tables (migrated in place, existing columns untouched). docs/schema.md is the
@@ -111,6 +114,14 @@ class SchemaError(RuntimeError):
     """The store file was written by a newer Turnstile (or is not a Turnstile store)."""
 
 
+class SessionGone(LookupError):
+    """The session a call belongs to was deleted (or deleted and re-created) while it ran."""
+
+
+SYNCHRONOUS = ("full", "normal")
+INT32_MAX = 2**31 - 1  # sample_index is an int32 column in exports
+
+
 def pack_ids(ids: Any) -> bytes:
     return ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
 
@@ -191,17 +202,29 @@ class Store:
 
     FILENAME = "turnstile.sqlite3"
 
-    def __init__(self, data_dir: str | Path, keep_bodies: bool = False):
+    def __init__(self, data_dir: str | Path, keep_bodies: bool = False,
+                 synchronous: str = "full", busy_timeout: float = 5.0):
         path = Path(data_dir)
         self.path = path if path.suffix in (".sqlite3", ".sqlite", ".db") else path / self.FILENAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.keep_bodies = keep_bodies
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                   timeout=30.0)
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+        self.synchronous = synchronous
+        self._db = self._connect(busy_timeout)
         self._lock = threading.Lock()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
         self._open_schema()
+        # Calls are written on their own connection (from worker threads): a writer waiting
+        # out a lock held by another process never holds up the reads.
+        self._wdb = self._connect(busy_timeout)
+        self._wlock = threading.Lock()
+
+    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                             timeout=busy_timeout)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+        return db
 
     def _open_schema(self) -> None:
         db = self._db
@@ -254,8 +277,9 @@ class Store:
         return int(row[0])
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._wlock:
             self._db.close()
+            self._wdb.close()
 
     # sessions
 
@@ -416,6 +440,46 @@ class Store:
                 raise
         return n
 
+    _SIGNATURE = ("SELECT (SELECT count(*) FROM calls WHERE session_id = :s), "
+                  "(SELECT max(created) FROM calls WHERE session_id = :s), "
+                  "(SELECT count(*) FROM rewards WHERE session_id = :s), "
+                  "(SELECT max(created) FROM rewards WHERE session_id = :s), "
+                  "(SELECT status || ':' || coalesce(termination_reason, '') FROM sessions "
+                  "WHERE id = :s)")
+
+    def signature(self, session_id: str) -> tuple:
+        """What changes when anything is recorded on a session (calls, rewards, close): an
+        export reads it before the rows, and deletes only sessions that still have it."""
+        with self._lock:
+            return tuple(self._db.execute(self._SIGNATURE, {"s": session_id}).fetchone())
+
+    def delete_unchanged(self, signatures: dict[str, tuple]) -> tuple[int, list[str]]:
+        """Delete the sessions whose :meth:`signature` is still the one given, in one
+        transaction; the others (a call, reward or close landed since) are kept. Returns
+        ``(deleted, kept ids)``."""
+        kept: list[str] = []
+        gone: list[str] = []
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for sid, sig in signatures.items():
+                    now = tuple(db.execute(self._SIGNATURE, {"s": sid}).fetchone())
+                    (gone if now == tuple(sig) else kept).append(sid)
+                n = 0
+                for i in range(0, len(gone), 500):
+                    chunk = gone[i:i + 500]
+                    marks = ",".join("?" * len(chunk))
+                    for table in ("calls", "rewards", "bodies"):
+                        db.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", chunk)
+                    n += db.execute(f"DELETE FROM sessions WHERE id IN ({marks})",
+                                    chunk).rowcount
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return n, kept
+
     def raw_calls(self, session_id: str) -> list[tuple]:
         """The session's call rows as stored (blobs and JSON bytes untouched), for export."""
         with self._lock:
@@ -442,10 +506,22 @@ class Store:
 
     # calls
 
+    def session_created(self, session_id: str) -> float | None:
+        """The session's creation time: it tells a re-created id from the one a call began in."""
+        with self._lock:
+            row = self._db.execute("SELECT created FROM sessions WHERE id = ?",
+                                   (session_id,)).fetchone()
+        return None if row is None else row[0]
+
     def add_call(self, c: CallRecord, request_body: object = None,
-                 response_body: object = None) -> None:
+                 response_body: object = None, session_created: float | None = None) -> None:
         """Record a call; with ``keep_bodies`` also its raw request/response bodies, in the
-        same transaction (without it the bodies are dropped here)."""
+        same transaction (without it the bodies are dropped here).
+
+        With ``session_created`` (the session's creation time when the call began), the
+        session must still be that incarnation: a call that outlived a delete of its session
+        (by this server or by ``export --delete`` in another process) raises
+        :class:`SessionGone` and writes nothing, so a re-created id starts empty."""
         row = (
             c.id, c.session_id, c.seq, c.parent_id, c.segment_reason, c.reused_prefix_len,
             pack_ids(c.prompt_delta), pack_ids(c.completion_ids),
@@ -454,19 +530,24 @@ class Store:
             c.history_hash, b"".join(c.prefix_hashes), orjson.dumps(c.info), c.created,
         )
         keep = self.keep_bodies and (request_body is not None or response_body is not None)
-        with self._lock:
-            if not keep:
-                self._db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
-                return
-            self._db.execute("BEGIN")
+        bodies = (c.id, c.session_id, _pack_body(request_body),
+                  _pack_body(response_body)) if keep else None
+        with self._wlock:
+            db = self._wdb
+            db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
-                self._db.execute("INSERT OR REPLACE INTO bodies VALUES (?, ?, ?, ?)",
-                                 (c.id, c.session_id, _pack_body(request_body),
-                                  _pack_body(response_body)))
-                self._db.execute("COMMIT")
+                if session_created is not None:
+                    row_s = db.execute("SELECT created FROM sessions WHERE id = ?",
+                                       (c.session_id,)).fetchone()
+                    if row_s is None or row_s[0] != session_created:
+                        raise SessionGone(c.session_id)
+                db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
+                if bodies is not None:
+                    db.execute("INSERT OR REPLACE INTO bodies VALUES (?, ?, ?, ?)", bodies)
+                db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
 
     def body(self, call_id: str) -> dict | None:
@@ -503,7 +584,8 @@ def session_fields(metadata: dict, given: dict) -> dict:
         if v is None:
             v = next((metadata[a] for a in aliases if metadata.get(a) is not None), None)
             if name == "sample_index":
-                v = v if isinstance(v, int) and not isinstance(v, bool) else None
+                v = v if isinstance(v, int) and not isinstance(v, bool) and \
+                    0 <= v <= INT32_MAX else None
             elif v is not None and not isinstance(v, str):
                 v = str(v)
         out[name] = v
