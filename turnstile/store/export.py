@@ -15,14 +15,20 @@ Files are partitioned so that a trainer can stream one step's data: by export ba
 (``<table>/batch-<name>/part-00000.parquet``; name the batch after the step), by group
 (``<table>/group-<id>/part-<batch>-00000.parquet``) or not at all. Directory names are not
 ``key=value``, so every reader sees the same columns: the partition key is a column in the
-file. Files appear atomically (written as ``.tmp`` and renamed), so a reader globbing
-``*.parquet`` never sees half a file. Parquet uses zstd; any of pyarrow, pandas, polars and
-``datasets`` reads it without custom code.
+file. Files appear atomically (written as ``.tmp`` and renamed, so a reader globbing
+``*.parquet`` never sees half a file), and all of a batch's files are renamed into place only
+once every one of them is complete: a failed export leaves no files behind. A session that
+cannot be exported (a record written by an older version with a value the columns cannot
+hold) is skipped and reported in ``skipped``, not fatal; it is neither marked exported nor
+deleted. With ``delete``, a session is deleted only if nothing was recorded on it (call,
+reward, close) since the export read it; the others are kept and reported. Parquet uses zstd;
+any of pyarrow, pandas, polars and ``datasets`` reads it without custom code.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -37,7 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from .sqlite import CallRecord, Store, unpack_body
+from .sqlite import INT32_MAX, CallRecord, Store, unpack_body
 from .trajectories import MODES, NO_VERSION, Trajectory, stitch
 
 EXPORT_SCHEMA_VERSION = 1
@@ -57,6 +63,10 @@ class ExportResult:
     files: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
     deleted: int = 0
+    # sessions left out (id, why), values written as null (id, what), sessions --delete kept
+    skipped: list[dict] = field(default_factory=list)
+    warnings: list[dict] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
     session_ids: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
@@ -199,8 +209,7 @@ class _ParquetSink:
 
     def close(self) -> int:
         self.writer.close()
-        os.replace(self.tmp, self.path)
-        return self.path.stat().st_size
+        return self.tmp.stat().st_size
 
 
 class _JsonlSink:
@@ -221,8 +230,7 @@ class _JsonlSink:
 
     def close(self) -> int:
         self.f.close()
-        os.replace(self.tmp, self.path)
-        return self.path.stat().st_size
+        return self.tmp.stat().st_size
 
 
 _JSON_TEXT = {"metadata", "message", "info", "request_body", "response_body"}
@@ -247,11 +255,13 @@ class _TableWriter:
     """One table's files for the current partition, rotated every ``rows_per_file``."""
 
     def __init__(self, out: Path, table: str, fmt: str, schema: Any, batch: str,
-                 rows_per_group: int, rows_per_file: int, level: int, result: ExportResult):
+                 rows_per_group: int, rows_per_file: int, level: int, result: ExportResult,
+                 pending: list[tuple[Path, Path]]):
         self.out, self.table, self.schema, self.batch = out, table, schema, batch
         self.sink_cls = _ParquetSink if fmt == "parquet" else _JsonlSink
         self.rows_per_group, self.rows_per_file, self.level = rows_per_group, rows_per_file, level
         self.result = result
+        self.pending = pending  # (tmp, final) of every complete file, renamed at the end
         self.cols = _Columns(schema)
         self.sink: _ParquetSink | _JsonlSink | None = None
         self.dir: Path | None = None
@@ -286,7 +296,7 @@ class _TableWriter:
             assert self.dir is not None
             self.dir.mkdir(parents=True, exist_ok=True)
             path = self.dir / f"{self.prefix}{self.part:05d}{self.sink_cls.suffix}"
-            if path.exists():
+            if path.exists() or any(path == final for _, final in self.pending):
                 raise FileExistsError(f"{path} exists: export batch {self.batch!r} was "
                                       "written before; pick another --batch name")
             self.sink = self.sink_cls(path, self.schema, self.level)
@@ -297,6 +307,7 @@ class _TableWriter:
         self._flush()
         if self.sink is not None:
             size = self.sink.close()
+            self.pending.append((self.sink.tmp, self.sink.path))
             self.result.bytes[self.table] = self.result.bytes.get(self.table, 0) + size
             self.result.files.setdefault(self.table, []).append(str(self.sink.path))
             self.sink = None
@@ -389,8 +400,12 @@ def _body_text(blob: bytes | None) -> str | None:
 
 
 def _safe(name: str) -> str:
-    """A partition value as a directory name: readable, no separators, reversible enough."""
-    return re.sub(r"[^A-Za-z0-9._-]", lambda m: f"%{ord(m.group()):02X}", name) or "_"
+    """A partition value as a directory name: readable, no separators, reversible enough;
+    a long one is cut and ends in a hash of the whole (file names hold 255 bytes)."""
+    out = re.sub(r"[^A-Za-z0-9._-]", lambda m: f"%{ord(m.group()):02X}", name) or "_"
+    if len(out) > 120:
+        out = out[:96] + "~" + hashlib.sha256(name.encode()).hexdigest()[:20]
+    return out
 
 
 def default_batch_name() -> str:
@@ -459,11 +474,14 @@ def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
         if partition == "group":
             sessions.sort(key=lambda s: (s["group_id"] is None, s["group_id"] or ""))
         schemas = arrow_schemas()
+        pending: list[tuple[Path, Path]] = []
         writers = {t: _TableWriter(out, t, fmt, schemas[t], batch, rows_per_group,
-                                   rows_per_file, compression_level, result) for t in tables}
+                                   rows_per_file, compression_level, result, pending)
+                   for t in tables}
         for t in tables:
             result.rows[t] = result.tokens[t] = 0
         current: object = object()
+        signatures: dict[str, tuple] = {}
         for s in sessions:
             key = s["group_id"] if partition == "group" else None
             if key != current:
@@ -476,16 +494,30 @@ def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
                         w.open_partition(out / t / f"group-{name}", f"part-{batch}-")
                     else:
                         w.open_partition(out / t, f"part-{batch}-")
-            _export_session(st, s, writers, mode, batch, include_bodies, result)
-        for w in writers.values():
-            w.close()
-        result.sessions = len(sessions)
-        result.session_ids = [s["id"] for s in sessions]
+            signature = st.signature(s["id"])  # before the rows: what --delete checks
+            try:
+                _export_session(st, s, writers, mode, batch, include_bodies, result)
+            except Exception as exc:  # noqa: BLE001 - one bad record must not sink the batch
+                result.skipped.append({"session_id": s["id"],
+                                       "error": f"{type(exc).__name__}: {exc}"[:500]})
+                continue
+            signatures[s["id"]] = signature
+        try:
+            for w in writers.values():
+                w.close()
+        except BaseException:
+            for tmp, _ in pending:
+                tmp.unlink(missing_ok=True)
+            raise
+        for tmp, final in pending:  # only now does any file of the batch appear
+            os.replace(tmp, final)
+        result.session_ids = list(signatures)
+        result.sessions = len(result.session_ids)
         result.seconds = time.perf_counter() - started
         if mark_exported:
             st.mark_exported(result.session_ids)
         if delete:  # only now: every file is complete and renamed into place
-            result.deleted = st.delete_sessions(result.session_ids)
+            result.deleted, result.kept = st.delete_unchanged(signatures)
         _write_manifest(out, result, mode, partition, tables)
     finally:
         if own:
@@ -495,25 +527,41 @@ def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
 
 def _export_session(st: Store, s: dict, writers: dict[str, _TableWriter], mode: str,
                     batch: str, include_bodies: bool, result: ExportResult) -> None:
+    """All of one session's rows, or (on an exception) none: everything is built and checked
+    before the first row is handed to a writer."""
     rows = st.raw_calls(s["id"])
     s["n_calls"] = len(rows)
+    si = s.get("sample_index")
+    if si is not None and not (isinstance(si, int) and 0 <= si <= INT32_MAX):
+        result.warnings.append({"session_id": s["id"], "field": "sample_index",
+                                "value": str(si)[:40], "written_as": None})
+        s["sample_index"] = None
     versions: list[int] = []
     infos = [orjson.loads(r[17]) for r in rows]
+    traj_rows = []
     if "trajectories" in writers or "sessions" in writers:
-        trajs = stitch(_records(rows, infos), mode)
-        for t in trajs:
+        for t in stitch(_records(rows, infos), mode):
             t.with_session(s)
             versions += np.unique(t.versions).tolist()
-            if "trajectories" in writers:
-                writers["trajectories"].add(trajectory_row(t, batch))
-                result.rows["trajectories"] += 1
-                result.tokens["trajectories"] += len(t.token_ids)
-    if "sessions" in writers:
-        writers["sessions"].add(session_row(s, batch, versions))
-        result.rows["sessions"] += 1
+            traj_rows.append((trajectory_row(t, batch), len(t.token_ids)))
+    session = session_row(s, batch, versions) if "sessions" in writers else None
+    calls = None
     if "calls" in writers and rows:
         bodies = st.bodies_of(s["id"]) if include_bodies else None
-        writers["calls"].extend(call_columns(rows, infos, s, batch, bodies), len(rows))
+        calls = call_columns(rows, infos, s, batch, bodies)
+        for name in ("seq", "reused_prefix_len", "stop_token_id"):
+            if any(v is not None and not -2**31 <= v <= INT32_MAX for v in calls[name]):
+                raise ValueError(f"a call's {name} does not fit the int32 column")
+    if "trajectories" in writers:
+        for row, n in traj_rows:
+            writers["trajectories"].add(row)
+            result.rows["trajectories"] += 1
+            result.tokens["trajectories"] += n
+    if session is not None:
+        writers["sessions"].add(session)
+        result.rows["sessions"] += 1
+    if calls is not None:
+        writers["calls"].extend(calls, len(rows))
         result.rows["calls"] += len(rows)
         result.tokens["calls"] += sum(len(r[6]) + len(r[7]) for r in rows) // 4
 

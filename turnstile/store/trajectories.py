@@ -17,6 +17,7 @@ sampled or not reported). ``Trajectory.to_json`` gives the API/JSONL shape (NaN/
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ from .sqlite import CallRecord
 
 MODES = ("merged", "per_call")
 NO_VERSION = -1
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -134,15 +137,15 @@ def version_number(v: Any) -> int:
     stays in ``turns[i].weight_version``."""
     if isinstance(v, bool) or v is None:
         return NO_VERSION
-    if isinstance(v, int):
-        return v
     if isinstance(v, float) and v.is_integer():
-        return int(v)
+        v = int(v)
     if isinstance(v, str):
         s = v.strip()
-        if s.lstrip("-").isdigit():
-            return int(s)
-    return NO_VERSION
+        # ASCII digits only: "²".isdigit() is True and "--5" has digits after lstrip("-")
+        v = int(s) if _INTEGER.fullmatch(s) else None
+    if isinstance(v, int) and _INT64_MIN <= v <= _INT64_MAX:
+        return v
+    return NO_VERSION  # a name, a hash, or a number no int64 holds (the raw value is kept)
 
 
 def _completion_versions(c: CallRecord, n: int) -> np.ndarray | int:
