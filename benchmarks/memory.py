@@ -123,7 +123,7 @@ def main() -> None:
         tracemalloc.stop()
         grown = rss() - base_rss
         disk = db_size(gw) - disk0
-        calls = sum(len(t.nodes) for t in gw._trees.values())
+        calls = sum(len(e.tree.nodes) for e in gw._trees.values())
         print(f"\nbuilt in {elapsed:.0f} s: {calls} calls, {total / 1e6:.2f}M recorded tokens")
         rows = [["live Python bytes held by the gateway (tracemalloc)", live, live / total, 12],
                 ["RSS growth (incl. the harness's histories)", grown, grown / total, "-"],

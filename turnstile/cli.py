@@ -17,6 +17,7 @@ from .engines.pool import ReplicaPool
 from .parsing import tool_formats
 from .parsing.detect import FormatChoice, detect_format
 from .server.gateway import Gateway
+from .server.limits import Limits
 from .store.sqlite import Store
 
 
@@ -44,7 +45,8 @@ def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
                   chat_template: str | None = None, model_name: str | None = None,
                   patches: bool = True, audit_template: bool = True,
                   engine: str = "llama-cpp", engine_options: dict | None = None,
-                  keep_bodies: bool = False, tool_parser: str | None = None) -> Gateway:
+                  keep_bodies: bool = False, tool_parser: str | None = None,
+                  synchronous: str = "full", max_trees: int = 1024) -> Gateway:
     renderer, applied = build_renderer(model, chat_template, patches)
     if applied:
         renderer.fingerprint += "+" + "+".join(applied)
@@ -53,8 +55,9 @@ def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
     replicas = [make_engine(engine, u, **(engine_options or {})) for u in urls]
     adapter = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
     name = model_name or Path(model).name
-    return Gateway(renderer, adapter, Store(data, keep_bodies=keep_bodies), name,
-                   detect_parser(renderer.template, tool_parser), policy)
+    store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
+    return Gateway(renderer, adapter, store, name, detect_parser(renderer.template, tool_parser),
+                   policy, max_trees=max_trees)
 
 
 def audit_command(args: argparse.Namespace) -> None:
@@ -131,9 +134,11 @@ def serve(args: argparse.Namespace) -> None:
     gateway = build_gateway(urls, args.model, args.data, args.chat_template,
                             args.served_model_name, patches=not args.no_template_patches,
                             engine=args.engine, engine_options=options,
-                            keep_bodies=args.keep_bodies, tool_parser=args.tool_parser)
+                            keep_bodies=args.keep_bodies, tool_parser=args.tool_parser,
+                            synchronous=args.synchronous, max_trees=args.max_trees)
     public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(gateway, public, max_body=args.max_body_mb << 20, token=args.trainer_token)
+    app = create_app(gateway, public, max_body=args.max_body_mb << 20, token=args.trainer_token,
+                     limits=limits_from(args))
     p = gateway.parser
     print(f"turnstile: model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
           f"engine {args.engine} at {', '.join(urls)}, records in {args.data}\n"
@@ -143,6 +148,11 @@ def serve(args: argparse.Namespace) -> None:
         print(f"turnstile: {line}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 loop="uvloop", http="httptools", access_log=False)
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(max_messages=args.max_messages, max_tools=args.max_tools,
+                  max_string=args.max_string_kb << 10, max_depth=args.max_depth)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,6 +185,22 @@ def main(argv: list[str] | None = None) -> None:
                         "loopback address)")
     s.add_argument("--data", default="turnstile-data", help="directory for the record store")
     s.add_argument("--max-body-mb", type=int, default=32)
+    d = Limits()
+    s.add_argument("--max-messages", type=int, default=d.max_messages,
+                   help="messages in one request (more: 400)")
+    s.add_argument("--max-tools", type=int, default=d.max_tools,
+                   help="tools in one request (more: 400)")
+    s.add_argument("--max-string-kb", type=int, default=d.max_string >> 10,
+                   help="KiB of characters in any one JSON string of a request (more: 400)")
+    s.add_argument("--max-depth", type=int, default=d.max_depth,
+                   help="nesting of objects/arrays in a request (deeper: 400)")
+    s.add_argument("--synchronous", choices=["full", "normal"], default="full",
+                   help="SQLite durability: full (default) syncs every commit, so an "
+                        "acknowledged call survives an OS crash or power loss; normal survives "
+                        "a killed process only (faster)")
+    s.add_argument("--max-trees", type=int, default=1024,
+                   help="session call trees kept in memory (least recently used beyond it are "
+                        "dropped and rebuilt from the store on demand)")
     s.add_argument("--log-level", default="warning")
     s.add_argument("--no-template-patches", action="store_true",
                    help="use the template exactly as shipped (see turnstile/chat/patches.py)")

@@ -126,6 +126,9 @@ def _reasoning(m: dict | None) -> object:
     return (m or {}).get("reasoning_content") or (m or {}).get("reasoning")
 
 
+SEEN_MAX = 1 << 14  # messages whose chain hash a session remembers
+
+
 @dataclass
 class SessionTree:
     """The calls of one session, indexed by the conversations they answered."""
@@ -162,6 +165,8 @@ class SessionTree:
             if nxt is None:
                 nxt = _chain(prev, message_key(m, self.content_format))
                 if key is not None:
+                    if len(seen) >= SEEN_MAX:  # a cache: bounded, whatever requests arrive
+                        seen.clear()
                     seen[key] = nxt
             out.append(nxt)
             prev = nxt

@@ -123,6 +123,11 @@ class LlamaCppEngine(HTTPEngine):
         except aiohttp.ClientError as exc:
             ended = True
             raise EngineError(f"llama-server at {self.url} failed: {exc}", 502) from exc
+        except TimeoutError as exc:
+            # the whole generation ran past the adapter's timeout (a non-streamed request
+            # sends nothing until it is done): a clean 504, the call recorded as an error
+            raise EngineError(f"llama-server at {self.url} did not finish the generation "
+                              f"within {self._timeout.total:.0f} s", 504) from exc
         finally:
             if not ended:
                 self._give_up(resp, None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import hmac
 import math
+import re
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -15,17 +17,21 @@ from collections.abc import AsyncIterator
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
 from ..auth import CAPABILITY_PREFIX
 from ..engines.base import EngineError
+from ..store.sqlite import INT32_MAX, SessionGone
 from ..store.trajectories import MODES, stitch
 from .errors import APIError
-from .gateway import Gateway
+from .gateway import ClientGone, Gateway
+from .limits import Limits
+from .limits import check as check_limits
 from .openapi import document as openapi_document
 from .requests import parse_chat_request
+from .streaming import EventStream, disconnect_watch
 
 DEFAULT_SESSION = "default"
 
@@ -57,9 +63,10 @@ async def _read_json(request: Request, limit: int, required: bool = True) -> obj
 
 
 def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
-               token: str | None) -> Starlette:
+               token: str | None, limits: Limits | None = None) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``)."""
     store = gateway.store
+    limits = limits or Limits()
     # A gateway may validate requests its own way (passthrough leaves most to the engine).
     parse_request = getattr(gateway, "parse_request", parse_chat_request)
     known_sessions: set[str] = set()
@@ -85,7 +92,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
     def ensure_session(sid: str) -> str:
         if sid not in known_sessions:
             store.create_session({"created_by": "x-session-id"}, sid)
-            known_sessions.add(sid)
+            require_session(sid)  # an existing one may be closed (e.g. before a restart)
         return sid
 
     # credentials: the trainer's token, and each session's capability (cached both ways)
@@ -173,12 +180,25 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
         sid = harness_session(request)
         assert sid is not None
         require_open(sid)
-        req = parse_request(await _read_json(request, max_body))
-        if not req.stream:
-            return _json(await gateway.complete(sid, req))
-        chunks = await gateway.stream(sid, req)
-        return StreamingResponse(_sse(chunks), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        body = await _read_json(request, max_body)
+        check_limits(body, limits)  # before anything is built from it
+        req = parse_request(body)
+        try:
+            if not req.stream:
+                try:
+                    if isinstance(gateway, Gateway):  # passthrough: no disconnect watch yet
+                        return _json(await gateway.complete(sid, req,
+                                                            disconnect_watch(request)))
+                    return _json(await gateway.complete(sid, req))
+                except ClientGone:  # nobody to answer; the call is recorded as aborted
+                    return Response(status_code=499)
+            chunks = await gateway.stream(sid, req)
+        except APIError as exc:
+            if exc.code == "session_not_found":  # deleted meanwhile (by another process too)
+                known_sessions.discard(sid)
+                closed_sessions.discard(sid)
+            raise
+        return EventStream(_sse(chunks), chunks)
 
     async def create_session(request: Request) -> Response:
         body = await _read_json(request, max_body, required=False) or {}
@@ -196,8 +216,10 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
         if sid is not None and (not isinstance(sid, str) or not sid or "/" in sid):
             raise APIError(400, "Invalid 'id': expected a non-empty string without '/'.", "id")
         sid = store.create_session(meta, sid, **fields)
-        known_sessions.add(sid)
+        # an id that exists already keeps its state: a closed rollout stays closed
+        known_sessions.discard(sid)
         closed_sessions.discard(sid)
+        require_session(sid)
         return _json(session_json(sid), 201)
 
     def session_json(sid: str, s: dict | None = None) -> dict:
@@ -296,6 +318,8 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
                            "termination_reason")
         store.close_session(sid, reason)
         closed_sessions.add(sid)
+        if isinstance(gateway, Gateway):
+            gateway.closed(sid)  # its call tree is freed (rebuilt from the store if needed)
         return _json(session_json(sid))
 
     async def calls(request: Request) -> Response:
@@ -343,6 +367,10 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
             raise APIError(400, "Invalid 'timeout': expected seconds (a number >= 0).",
                            "timeout")
+        # Turnstile stops admitting (and, for abort, cancels its own calls) before any engine
+        # is told: a call admitted after the engine paused would wait on it (drain) or fail
+        # there as an engine error (abort)
+        gateway.control.close_door(mode)
         engines = await gateway.engine.pause(mode)
         left = await gateway.control.pause(mode, float(timeout))
         return _json({"paused": True, "mode": mode, "in_flight": left, "engines": engines})
@@ -350,9 +378,8 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
     async def admin_resume(request: Request) -> Response:
         body = await _read_json(request, max_body, required=False) or {}
         version = body.get("weight_version") if isinstance(body, dict) else None
-        if version is not None and not isinstance(version, (str, int)):
-            raise APIError(400, "Invalid 'weight_version': expected a string or an integer.",
-                           "weight_version")
+        if version is not None:
+            _weight_version(version)
         engines = await gateway.engine.resume()
         gateway.control.resume(None if version is None else str(version))
         return _json({"paused": False, "weight_version": gateway.control.version,
@@ -389,6 +416,17 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
     async def on_http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
         return APIError(status, str(getattr(exc, "detail", "")) or "Not found").response()
+
+    async def on_store_error(request: Request, exc: Exception) -> Response:
+        # a locked or full store file: retryable, and nothing was half-written
+        return APIError(503, f"The record store is unavailable: {exc}. Retry.",
+                        code="store_busy", type_="server_error").response()
+
+    async def on_session_gone(request: Request, exc: Exception) -> Response:
+        known_sessions.discard(str(exc))
+        closed_sessions.discard(str(exc))
+        return APIError(404, f"Session {exc} was deleted while the call ran; nothing was "
+                             "recorded.", "session_id", code="session_not_found").response()
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
@@ -432,6 +470,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: on_api_error, EngineError: on_engine_error, HTTPException: on_http_error,
+        sqlite3.Error: on_store_error, SessionGone: on_session_gone,
         Exception: on_unexpected})
 
 
@@ -458,17 +497,40 @@ def _session_fields(body: dict) -> dict:
     out: dict = {}
     for name in ("group_id", "task_id"):
         v = body.get(name)
-        if v is not None and not (isinstance(v, str) and v):
-            raise APIError(400, f"Invalid {name!r}: expected a non-empty string.", name)
+        if v is not None and not (isinstance(v, str) and 0 < len(v) <= MAX_ID_LEN):
+            raise APIError(400, f"Invalid {name!r}: expected a non-empty string of at most "
+                                f"{MAX_ID_LEN} characters.", name)
         if name in body:
             out[name] = v
     if "sample_index" in body:
         v = body["sample_index"]
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise APIError(400, "Invalid 'sample_index': expected an integer >= 0.",
-                           "sample_index")
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or
+                              not 0 <= v <= INT32_MAX):
+            raise APIError(400, f"Invalid 'sample_index': expected an integer in [0, "
+                                f"{INT32_MAX}].", "sample_index")
         out["sample_index"] = v
     return out
+
+
+MAX_ID_LEN = 256
+WEIGHT_VERSION = re.compile(r"[A-Za-z0-9._:+/@-]{1,128}")
+
+
+def _weight_version(v: object) -> None:
+    """A weight version is a label (``step-12``, a hash) or an integer; an integer, or a
+    string of digits and dashes, must be a plain int64 (it becomes the per-token
+    ``versions`` value)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        if -(2**63) <= v < 2**63:
+            return
+    elif isinstance(v, str) and WEIGHT_VERSION.fullmatch(v):
+        if not set(v) <= set("0123456789-"):
+            return
+        if re.fullmatch(r"-?[0-9]+", v) and -(2**63) <= int(v) < 2**63:
+            return
+    raise APIError(400, "Invalid 'weight_version': expected an integer in int64 range or a "
+                        "label of 1-128 letters, digits and ._:+/@- (not a malformed number).",
+                   "weight_version")
 
 
 def _number(v: object, param: str) -> float:

@@ -14,12 +14,25 @@ import asyncio
 import time
 
 
+class Ticket:
+    """One admitted call, counted in flight from admission until :meth:`PolicyControl.release`
+    (whichever task ends it: a stream is admitted in the request's task, runs in the
+    response's, and may be finalised by yet another when its client drops it)."""
+
+    __slots__ = ("task", "abort", "released")
+
+    def __init__(self, task: asyncio.Task | None):
+        self.task = task
+        self.abort = False  # pause(abort) came before the call had a task to cancel
+        self.released = False
+
+
 class PolicyControl:
     def __init__(self, version: str | None = None):
         self.version = version
         self._running = asyncio.Event()
         self._running.set()
-        self._in_flight: set[asyncio.Task] = set()
+        self._tickets: set[Ticket] = set()
         self._aborting: set[asyncio.Task] = set()
 
     @property
@@ -28,22 +41,36 @@ class PolicyControl:
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        return len(self._tickets)
 
-    async def admit(self) -> None:
-        """Wait while paused, then count the current task as running."""
+    async def admit(self) -> Ticket:
+        """Wait while paused, then count the call as running."""
         if not self._running.is_set():
             await self._running.wait()
-        self.enter()
+        return self.enter()
 
-    def enter(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._in_flight.add(task)
+    def enter(self) -> Ticket:
+        ticket = Ticket(asyncio.current_task())
+        self._tickets.add(ticket)
+        return ticket
+
+    def bind(self, ticket: Ticket) -> None:
+        """The call now runs in the current task (what ``pause(abort)`` cancels). A ticket
+        marked ``abort`` (paused before it had a running task) is the caller's to refuse."""
+        ticket.task = asyncio.current_task()
+
+    def release(self, ticket: Ticket) -> None:
+        if not ticket.released:
+            ticket.released = True
+            self._tickets.discard(ticket)
+        if ticket.task is not None:
+            self._aborting.discard(ticket.task)
 
     def leave(self) -> None:
+        """Release the current task's calls (for callers that do not keep their ticket)."""
         task = asyncio.current_task()
-        self._in_flight.discard(task)  # type: ignore[arg-type]
+        for t in [t for t in self._tickets if t.task is task]:
+            self.release(t)
         self._aborting.discard(task)  # type: ignore[arg-type]
 
     def aborted(self) -> bool:
@@ -56,18 +83,26 @@ class PolicyControl:
             return True
         return False
 
+    def close_door(self, mode: str = "drain") -> None:
+        """Stop admitting calls at once (before any engine is told to pause: a call admitted
+        after that would wait on a paused engine); with ``abort``, cancel the running ones."""
+        self._running.clear()
+        if mode == "abort":
+            for t in list(self._tickets):
+                if t.task is None or t.task.done():
+                    t.abort = True
+                elif t.task not in self._aborting:
+                    self._aborting.add(t.task)
+                    t.task.cancel()
+
     async def pause(self, mode: str = "drain", timeout: float = 600.0) -> int:
         """Stop admitting calls; drain or abort the running ones. Returns how many are still
         running when it gives up waiting (0 once drained)."""
-        self._running.clear()
-        if mode == "abort":
-            for task in list(self._in_flight):
-                self._aborting.add(task)
-                task.cancel()
+        self.close_door(mode)
         deadline = time.monotonic() + timeout
-        while self._in_flight and time.monotonic() < deadline:
+        while self._tickets and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        return len(self._in_flight)
+        return len(self._tickets)
 
     def resume(self, version: str | None = None) -> None:
         if version is not None:

@@ -8,9 +8,13 @@ It knows nothing about HTTP; ``server.app`` does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+import sys
 import time
 from array import array
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ..chat.detokenize import IncrementalDetokenizer
@@ -22,16 +26,77 @@ from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEve
 from ..parsing import Parser, grammar
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
-from ..store.sqlite import CallRecord, Store, new_id
-from .control import PolicyControl
+from ..store.sqlite import CallRecord, SessionGone, Store, new_id
+from .control import PolicyControl, Ticket
 from .errors import APIError
 from .requests import ChatRequest
 
 POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
 
 
+CLIENT_GONE = "the client disconnected"
+
+
 def _policy_abort() -> APIError:
     return APIError(503, POLICY_ABORT, code="policy_update", type_="engine_unavailable")
+
+
+class ClientGone(Exception):
+    """The harness went away before its (non-streamed) answer was ready."""
+
+
+def store_error(exc: BaseException, session_id: str) -> APIError:
+    """A record that could not be committed, as the harness sees it: nothing was
+    acknowledged, the call did not enter the session's tree, and retrying is safe."""
+    if isinstance(exc, SessionGone):
+        return APIError(404, f"Session {session_id!r} was deleted while the call ran; nothing "
+                             "was recorded.", "session_id", code="session_not_found")
+    text = str(exc)
+    if "full" in text or "disk" in text or isinstance(exc, OSError):
+        return APIError(507, f"The record store could not save the call ({text}); it was not "
+                             "recorded. Free space under --data and retry.",
+                        code="store_full", type_="server_error")
+    return APIError(503, f"The record store is busy ({text}); the call was not recorded. "
+                         "Retry it.", code="store_busy", type_="server_error")
+
+
+class Chunks:
+    """A stream's chunks, and what ends the call when the response is over: also when the
+    response never iterated them (its client went away first), which a plain async generator
+    cannot tell (it runs no ``finally`` when it never started)."""
+
+    def __init__(self, gen: AsyncIterator[dict], end: Callable[[], None]):
+        self._gen, self._end = gen, end
+
+    def __aiter__(self) -> Chunks:
+        return self
+
+    async def __anext__(self) -> dict:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._end()
+
+
+@dataclass
+class _Tree(SessionTree):
+    """A session's tree with the creation time of the session it was built for: a call that
+    began in it is recorded only into that incarnation of the id."""
+
+    created: float | None = None
+
+
+@dataclass
+class _Session:
+    """A cached call tree: the session incarnation it belongs to, and its running calls."""
+
+    tree: SessionTree
+    created: float | None
+    busy: int = 0
+    evict: bool = False  # closed while a call ran: dropped when the last one ends
 
 
 @dataclass
@@ -102,7 +167,7 @@ def with_echoed_ids(reply: dict, echoed: dict) -> dict:
 
 class Gateway:
     def __init__(self, renderer: Renderer, engine: Engine, store: Store, model_name: str,
-                 parser: FormatChoice, policy: Policy | None = None):
+                 parser: FormatChoice, policy: Policy | None = None, max_trees: int = 1024):
         self.renderer = renderer
         self.policy = policy or Policy.permissive()
         self.control = PolicyControl()
@@ -111,7 +176,11 @@ class Gateway:
         self.store = store
         self.model_name = model_name
         self.parser = parser
-        self._trees: dict[str, SessionTree] = {}
+        # Call trees of recent sessions, least recently used first; a tree is rebuilt from the
+        # store when it is needed again (after a restart, an eviction or a close).
+        self.max_trees = max_trees
+        self._trees: OrderedDict[str, _Session] = OrderedDict()
+        self._gone: set[asyncio.Task] = set()  # calls whose harness went away
         self._ignores_tools: bool | None = None
 
     # sessions
@@ -123,26 +192,62 @@ class Gateway:
         if forget is not None:
             forget(session_id)
 
+    def closed(self, session_id: str) -> None:
+        """A closed session takes no more calls: free its tree (now, or when its last running
+        call ends). It is rebuilt from the store if it is ever read again."""
+        entry = self._trees.get(session_id)
+        if entry is not None:
+            if entry.busy:
+                entry.evict = True
+            else:
+                del self._trees[session_id]
+
+    def _hold(self, session_id: str) -> _Session:
+        self.tree(session_id)
+        entry = self._trees[session_id]
+        entry.busy += 1
+        return entry
+
+    def _unhold(self, session_id: str, entry: _Session) -> None:
+        entry.busy -= 1
+        if entry.busy <= 0 and entry.evict and self._trees.get(session_id) is entry:
+            del self._trees[session_id]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Keep at most ``max_trees`` cached trees, dropping the least recently used idle
+        ones (a tree with a running call stays: its call adds to it when it commits)."""
+        if len(self._trees) <= self.max_trees:
+            return
+        for sid in [sid for sid, e in list(self._trees.items())[:-1] if not e.busy]:
+            if len(self._trees) <= self.max_trees:
+                break
+            del self._trees[sid]
+
     def tree(self, session_id: str) -> SessionTree:
         """The session's call tree, rebuilt from the store the first time after a restart.
         Calls rendered under another template/tokenizer fingerprint stay in the tree but are
         never extended: their tokens are not what this renderer would produce."""
-        tree = self._trees.get(session_id)
-        if tree is None:
-            tree = SessionTree(content_format=self.renderer.template.content_format)
-            for c in self.store.calls(session_id):
-                parent = tree.nodes.get(c.parent_id) if c.parent_id else None
-                node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
-                            c.stop_token_id)
-                tree.nodes[c.id] = node
-                tree.n_calls += 1
-                tree.known.update(c.prefix_hashes)
-                if c.status == "ok" and c.history_hash is not None:
-                    if c.info.get("fingerprint") == self.renderer.fingerprint:
-                        tree.replies.setdefault(c.history_hash, []).append(c.id)
-                    else:
-                        tree.stale[c.history_hash] = c.id
-            self._trees[session_id] = tree
+        entry = self._trees.get(session_id)
+        if entry is not None:
+            self._trees.move_to_end(session_id)
+            return entry.tree
+        created = self.store.session_created(session_id)
+        tree = _Tree(content_format=self.renderer.template.content_format, created=created)
+        for c in self.store.calls(session_id):
+            parent = tree.nodes.get(c.parent_id) if c.parent_id else None
+            node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
+                        c.stop_token_id)
+            tree.nodes[c.id] = node
+            tree.n_calls += 1
+            tree.known.update(c.prefix_hashes)
+            if c.status == "ok" and c.history_hash is not None:
+                if c.info.get("fingerprint") == self.renderer.fingerprint:
+                    tree.replies.setdefault(c.history_hash, []).append(c.id)
+                else:
+                    tree.stale[c.history_hash] = c.id
+        self._trees[session_id] = _Session(tree, created)
+        self._trim()
         return tree
 
     # render
@@ -285,10 +390,34 @@ class Gateway:
 
     # record
 
-    def record(self, session_id: str, tree: SessionTree, prompt: Prompt, params: SamplingParams,
-               gen: Generation, status: str, message: dict | None, error: str | None,
-               started: float, extra: dict | None = None, req: ChatRequest | None = None,
-               response: dict | None = None) -> CallRecord:
+    async def record(self, session_id: str, tree: SessionTree, prompt: Prompt,
+                     params: SamplingParams, gen: Generation, status: str,
+                     message: dict | None, error: str | None, started: float,
+                     extra: dict | None = None, req: ChatRequest | None = None,
+                     response: dict | None = None) -> CallRecord:
+        """Commit the call, then (and only then) add it to the session's tree. The write runs
+        off the event loop; if the store fails, the harness gets a clean 503/507/404 and
+        nothing can extend the call. A cancellation while the write runs lets it finish (and
+        the tree follow it) before the cancellation goes on."""
+        rec, fut = self._commit(session_id, tree, prompt, params, gen, status, message, error,
+                                started, extra, req, response)
+        try:
+            await asyncio.shield(fut)
+        except (sqlite3.Error, OSError, SessionGone) as exc:
+            if isinstance(exc, SessionGone):
+                self.forget(session_id)
+            raise store_error(exc, session_id) from exc
+        return rec
+
+    def record_later(self, *args: object, **kw: object) -> None:
+        """Record a call nobody waits for (its harness is gone): the write runs on its own."""
+        self._commit(*args, **kw)  # type: ignore[arg-type]
+
+    def _commit(self, session_id: str, tree: SessionTree, prompt: Prompt,
+                params: SamplingParams, gen: Generation, status: str, message: dict | None,
+                error: str | None, started: float, extra: dict | None = None,
+                req: ChatRequest | None = None, response: dict | None = None
+                ) -> tuple[CallRecord, asyncio.Future]:
         finish = gen.finish
         stop_token = finish.stop_token_id if finish else None
         call_id = new_id("call_")
@@ -296,7 +425,10 @@ class Gateway:
         reply_hash = None
         if status == "ok" and message is not None:
             reply_hash = prefix_hashes(prompt.hashes[-1], [message], tree.content_format)[1]
-        new_hashes = tree.add(node, prompt.hashes, reply_hash)
+        # what tree.add will find new (persisted with the call, for the rebuild)
+        new_hashes = [h for h in prompt.hashes if h not in tree.known]
+        if reply_hash is not None and reply_hash not in tree.known:
+            new_hashes.append(reply_hash)
         info = {
             "model": self.model_name,
             "engine": self.engine.name,
@@ -330,8 +462,24 @@ class Gateway:
             finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
             seam=prompt.seam, status=status, error=error, message=message,
             history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
-        self.store.add_call(rec, request_body=req.raw if req else None, response_body=response)
-        return rec
+        created = getattr(tree, "created", None)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, lambda: self.store.add_call(
+            rec, request_body=req.raw if req else None, response_body=response,
+            session_created=created))
+
+        def committed(f: asyncio.Future) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is None:
+                tree.add(node, prompt.hashes, reply_hash)
+            elif status != "ok":
+                print(f"turnstile: call {call_id} ({status}) of session {session_id} was not "
+                      f"recorded: {exc}", file=sys.stderr)
+
+        fut.add_done_callback(committed)
+        return rec, fut
 
     # the call
 
@@ -377,16 +525,53 @@ class Gateway:
             ids = ids[:-1]
         return ids
 
-    async def complete(self, session_id: str, req: ChatRequest) -> dict:
-        await self.control.admit()  # waits while a weight update has generation paused
+    async def complete(self, session_id: str, req: ChatRequest,
+                       disconnected: Callable[[], Awaitable[object]] | None = None) -> dict:
+        """The whole response. ``disconnected`` returns when the harness goes away: the
+        engine call is then abandoned (the engine stops on the dropped connection), the call
+        recorded as aborted, and :class:`ClientGone` raised."""
+        ticket = await self.control.admit()  # waits while a weight update has paused us
+        entry = self._hold(session_id)
         try:
-            return await self._complete(session_id, req)
+            if disconnected is None:
+                return await self._complete(session_id, req, entry.tree)
+            return await self._watched(session_id, req, entry.tree, ticket, disconnected)
         finally:
-            self.control.leave()
+            self._unhold(session_id, entry)
+            self.control.release(ticket)
 
-    async def _complete(self, session_id: str, req: ChatRequest) -> dict:
+    async def _watched(self, session_id: str, req: ChatRequest, tree: SessionTree,
+                       ticket: Ticket, disconnected: Callable[[], Awaitable[object]]) -> dict:
+        call = asyncio.ensure_future(self._complete(session_id, req, tree, ticket))
+        watch = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            call.cancel()
+            watch.cancel()
+            if self.control.aborted():  # paused with abort before the call had begun
+                raise _policy_abort() from None
+            raise
+        if call.done():
+            watch.cancel()
+            return call.result()
+        self._gone.add(call)
+        call.cancel()
+        try:
+            await call
+        except (asyncio.CancelledError, ClientGone, APIError):
+            pass
+        finally:
+            self._gone.discard(call)
+        raise ClientGone(session_id)
+
+    async def _complete(self, session_id: str, req: ChatRequest, tree: SessionTree,
+                        ticket: Ticket | None = None) -> dict:
+        if ticket is not None:
+            self.control.bind(ticket)  # pause(abort) cancels this task
+            if ticket.abort:
+                raise _policy_abort()
         started = time.time()
-        tree = self.tree(session_id)
         prompt = self.prompt(tree, req)
         tail = self._tail(prompt)
         params = await self.sampling(req, len(prompt.ids), tail)
@@ -395,15 +580,19 @@ class Gateway:
             async for _ in self._events(session_id, prompt, params, gen, stream=False):
                 pass
         except EngineError as exc:
-            self.record(session_id, tree, prompt, params, gen, "error", None, str(exc), started,
-                        req=req)
+            await self.record(session_id, tree, prompt, params, gen, "error", None, str(exc),
+                              started, req=req)
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
         except asyncio.CancelledError:
-            if not self.control.aborted():
-                raise
-            self.record(session_id, tree, prompt, params, gen, "aborted", None,
-                        POLICY_ABORT, started, req=req)
-            raise _policy_abort() from None
+            if self.control.aborted():
+                await self.record(session_id, tree, prompt, params, gen, "aborted", None,
+                                  POLICY_ABORT, started, req=req)
+                raise _policy_abort() from None
+            if asyncio.current_task() in self._gone:
+                await self.record(session_id, tree, prompt, params, gen, "aborted", None,
+                                  CLIENT_GONE, started, req=req)
+                raise ClientGone(session_id) from None
+            raise
         text = _cut_stop(self.tok.decode(self._text_ids(gen)), gen.finish)
         parser = self._parser(req, tail)
         parser.feed(text)
@@ -413,8 +602,9 @@ class Gateway:
         finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
                   "logprobs": self._logprobs(gen) if req.logprobs else None}
-        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
-                          {"parse_status": parsed.parse_status}, req, {"choices": [choice]})
+        rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
+                                started, {"parse_status": parsed.parse_status}, req,
+                                {"choices": [choice]})
         return {
             "id": "chatcmpl-" + rec.id.removeprefix("call_"),
             "object": "chat.completion",
@@ -427,22 +617,45 @@ class Gateway:
     async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
         """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
         the first chunk; the call is recorded before the final chunk is sent."""
-        await self.control.admit()
-        self.control.leave()  # the stream itself runs in the response's task: it enters there
-        started = time.time()
-        tree = self.tree(session_id)
-        prompt = self.prompt(tree, req)
-        tail = self._tail(prompt)
-        params = await self.sampling(req, len(prompt.ids), tail)
-        return self._stream(session_id, req, tree, prompt, params, started, tail)
-
-    async def _stream(self, *args: object) -> AsyncIterator[dict]:
-        self.control.enter()
+        ticket = await self.control.admit()  # in flight from here until the stream ends
+        entry = self._hold(session_id)
         try:
-            async for c in self._stream_chunks(*args):  # type: ignore[arg-type]
-                yield c
+            started = time.time()
+            tree = entry.tree
+            prompt = self.prompt(tree, req)
+            tail = self._tail(prompt)
+            params = await self.sampling(req, len(prompt.ids), tail)
+        except asyncio.CancelledError:
+            self._unhold(session_id, entry)
+            self.control.release(ticket)
+            if self.control.aborted():
+                raise _policy_abort() from None
+            raise
+        except BaseException:
+            self._unhold(session_id, entry)
+            self.control.release(ticket)
+            raise
+        def end() -> None:  # once, whoever ends the stream (or never starts it)
+            if not ticket.released:
+                self._unhold(session_id, entry)
+                self.control.release(ticket)
+
+        return Chunks(self._stream(session_id, req, tree, prompt, params, started, tail,
+                                   ticket, end), end)
+
+    async def _stream(self, session_id: str, req: ChatRequest, tree: SessionTree,
+                      prompt: Prompt, params: SamplingParams, started: float, tail: str,
+                      ticket: Ticket, end: Callable[[], None]) -> AsyncIterator[dict]:
+        self.control.bind(ticket)
+        try:
+            if ticket.abort:  # paused with abort before the stream began: nothing ran
+                raise _policy_abort()
+            async with contextlib.aclosing(self._stream_chunks(
+                    session_id, req, tree, prompt, params, started, tail)) as chunks:
+                async for c in chunks:
+                    yield c
         finally:
-            self.control.leave()
+            end()
 
     async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: SessionTree,
                              prompt: Prompt, params: SamplingParams, started: float, tail: str
@@ -510,14 +723,16 @@ class Gateway:
         finally:
             if status != "ok":
                 # The harness did not get a whole response: keep the tokens, mark the call.
-                self.record(session_id, tree, prompt, params, gen, status, None, error, started,
-                            req=req)
+                # Nobody waits for this write (the stream may be being torn down).
+                self.record_later(session_id, tree, prompt, params, gen, status, None, error,
+                                  started, req=req)
         parsed = parser.result()
         message = parsed.to_openai()
         finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
-        rec = self.record(session_id, tree, prompt, params, gen, "ok", message, None, started,
-                          {"parse_status": parsed.parse_status}, req,
-                          {"choices": [{"message": message, "finish_reason": finish_reason}]})
+        rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
+                                started, {"parse_status": parsed.parse_status}, req,
+                                {"choices": [{"message": message,
+                                              "finish_reason": finish_reason}]})
         yield chunk({}, finish_reason)
         if req.include_usage:
             last = chunk({})
