@@ -234,6 +234,9 @@ def describe_divergence(tree: SessionTree, messages: list[dict], hashes: list[by
                         matched: int) -> str:
     """Which message stopped the request from continuing a recorded call, and how: the field
     that differs with a short excerpt of both sides, where the recorded side is known."""
+    if matched >= len(messages):  # every message matches: nothing new after a recorded turn
+        return (f"all {len(messages)} messages match a recorded conversation, which continues "
+                "past them; the request adds no new message")
     m = messages[matched]
     role = m.get("role")
     head = f"messages[{matched}] ({role})"

@@ -58,15 +58,17 @@ class _Builder:
         """A rule (name or inline expression) for JSON text valid under schema ``s``."""
         if not isinstance(s, dict):
             return "value"
-        if "enum" in s:
+        # A keyword with a value JSON Schema does not allow ("enum": 5, "required": 5,
+        # "properties": []) constrains nothing here, as in validators that ignore it.
+        if isinstance(s.get("enum"), list) and s["enum"]:
             return "( " + " | ".join(_literal(json.dumps(v, ensure_ascii=False))
                                      for v in s["enum"]) + " )"
         if "const" in s:
             return _literal(json.dumps(s["const"], ensure_ascii=False))
         kind = s.get("type")
         if kind == "object":
-            props = s.get("properties") or {}
-            required = [k for k in (s.get("required") or []) if k in props]
+            props = _properties(s)
+            required = _required(s, props)
             if not props:
                 return "object"
             parts = [f'{_literal(json.dumps(k, ensure_ascii=False) + ": ")} {self.schema(props[k])}'
@@ -86,6 +88,16 @@ class _Builder:
 PARALLEL_SEPARATOR = {"hermes": '"\\n"', "qwen3_coder": '"\\n"'}
 
 
+def _properties(s: dict) -> dict:
+    props = s.get("properties")
+    return props if isinstance(props, dict) else {}
+
+
+def _required(s: dict, props: dict) -> list[str]:
+    req = s.get("required")
+    return [k for k in req if isinstance(k, str) and k in props] if isinstance(req, list) else []
+
+
 def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = None,
                       reasoning_close: str | None = None, parallel: bool = False) -> str:
     """GBNF for one call, in ``tool_format``'s syntax, to ``name`` or any tool; with
@@ -102,6 +114,8 @@ def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = No
         if name is not None and fn.get("name") != name:
             continue
         schema = fn.get("parameters") or {"type": "object"}
+        if not isinstance(schema, dict):
+            schema = {"type": "object"}
         fname = str(fn.get("name"))
         if tool_format in XML_CALL:
             alternatives.append(_xml_call(b, fname, schema))
@@ -131,11 +145,11 @@ def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = No
 def _xml_call(b: _Builder, name: str, schema: dict) -> str:
     """``<function=name>`` then one ``<parameter=key>`` block per required parameter, values
     as the template writes them: strings raw, everything else as JSON."""
-    props = schema.get("properties") or {}
+    props = _properties(schema)
     parts = [_literal(f"<function={name}>\n")]
-    for key in [k for k in (schema.get("required") or []) if k in props]:
+    for key in _required(schema, props):
         spec = props[key]
-        if isinstance(spec, dict) and "enum" in spec:
+        if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
             value = "( " + " | ".join(
                 _literal(v if isinstance(v, str) else json.dumps(v)) for v in spec["enum"]) + " )"
         elif isinstance(spec, dict) and spec.get("type") == "string":

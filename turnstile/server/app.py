@@ -12,6 +12,7 @@ import re
 import sqlite3
 import sys
 import time
+import traceback
 from collections.abc import AsyncIterator
 
 import orjson
@@ -161,7 +162,11 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
         if is_trainer(request):
             if request.url.path.endswith("/models"):
                 return None
-            return ensure_session(request.headers.get("x-session-id") or DEFAULT_SESSION)
+            named = request.headers.get("x-session-id") or DEFAULT_SESSION
+            if "/" in named or named in (".", ".."):  # ids must be addressable
+                raise APIError(400, "Invalid 'X-Session-Id': a session id has no '/' and "
+                                    "is not '.' or '..'.", "X-Session-Id")
+            return ensure_session(named)
         cred = _bearer(request)
         sid = session_for(cred) if cred else None
         if sid is None:
@@ -212,6 +217,11 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
             meta = {k: v for k, v in body.items() if k != "id" and k not in fields}
         if not isinstance(meta, dict):
             raise APIError(400, "Invalid 'metadata': expected an object.", "metadata")
+        try:  # stored as JSON: what cannot be written back is refused here, not at insert
+            orjson.dumps(meta)
+        except orjson.JSONEncodeError as exc:
+            raise APIError(400, f"Invalid 'metadata': {exc} (JSON nested at most 255 "
+                                "levels deep, integers within 64 bits).", "metadata") from None
         sid = body.get("id")
         if sid is not None and (not isinstance(sid, str) or not sid or "/" in sid):
             raise APIError(400, "Invalid 'id': expected a non-empty string without '/'.", "id")
@@ -429,6 +439,10 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
                              "recorded.", "session_id", code="session_not_found").response()
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
+        # logged with the route's template, never the path (it may hold a capability)
+        route = getattr(request.scope.get("route"), "path", "?")
+        print(f"turnstile: internal error on {request.method} {route}:\n"
+              + "".join(traceback.format_exception(exc)), file=sys.stderr)
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
 
     @contextlib.asynccontextmanager

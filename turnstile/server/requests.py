@@ -118,6 +118,38 @@ def _check_tool_calls(m: dict, where: str) -> None:
         args = fn.get("arguments")
         if args is not None and not isinstance(args, (str, dict)):
             raise _bad(f"{w}.function.arguments", "expected a JSON string.")
+        if isinstance(args, str) and _json_depth(args) > MAX_ARGUMENTS_DEPTH:
+            raise _bad(f"{w}.function.arguments", f"JSON nested deeper than "
+                                                   f"{MAX_ARGUMENTS_DEPTH} levels.")
+
+
+# Tool-call arguments arrive as JSON text: they are parsed for matching and rendering, and
+# JSON deeper than this is refused (the encoders stop at 255 levels).
+MAX_ARGUMENTS_DEPTH = 64
+
+
+def _json_depth(text: str) -> int:
+    """How deep the brackets of JSON text nest (outside strings); cheap for flat text."""
+    if text.count("[") + text.count("{") <= MAX_ARGUMENTS_DEPTH:
+        return 0
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def _messages(body: dict) -> list[dict]:
@@ -167,6 +199,9 @@ def _tools(body: dict) -> list[dict] | None:
                 not isinstance(t.get("function"), dict) or \
                 not isinstance(t["function"].get("name"), str):
             raise _bad(f"tools[{i}]", "expected {'type': 'function', 'function': {'name': ...}}.")
+        params = t["function"].get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise _bad(f"tools[{i}].function.parameters", "expected a JSON Schema object.")
     return tools or None
 
 
@@ -193,6 +228,8 @@ def _logit_bias(body: dict) -> dict[int, float]:
             tid = int(k)
         except ValueError:
             raise _bad("logit_bias", f"{k!r} is not a token ID.") from None
+        if not 0 <= tid < 2**31:
+            raise _bad("logit_bias", f"{k!r} is not a token ID (0 <= id < 2^31).")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
             raise _bad("logit_bias", f"the bias for {k} must be a number in [-100, 100].")
         out[tid] = float(v)
@@ -281,6 +318,16 @@ def _response_format(body: dict) -> dict | None:
                                        "'json_schema'.")
 
 
+# Template variables Turnstile passes itself: a harness cannot override them.
+RESERVED_TEMPLATE_KWARGS = {
+    "messages": "send 'messages'", "tools": "send 'tools'",
+    "documents": "not supported", "add_generation_prompt": "always true for a completion",
+    "continue_final_message": "not supported", "conversations": "send 'messages'",
+    "chat_template": "start turnstile with --chat-template",
+    "system": "send a system message", "assistant": "reserved", "new_messages": "reserved",
+    "stop_token_id": "reserved"}
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", None,
@@ -301,6 +348,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise _bad("chat_template_kwargs", "expected an object.")
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise _bad(f"chat_template_kwargs.{key}", f"{key!r} is set by Turnstile itself "
+                       f"({RESERVED_TEMPLATE_KWARGS[key]}).")
     seed = _int(body, "seed", -(2**63))
     effort = body.get("reasoning_effort")
     if effort is not None:
