@@ -18,6 +18,7 @@ SCRIPTS = {
     "long_session.py": "Turnstile / relay",
     "memory.py": "bytes / recorded token",
     "end_to_end.py": "Turnstile / direct wall time",
+    "soak.py": "RSS after close",
 }
 
 
