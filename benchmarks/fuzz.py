@@ -148,6 +148,8 @@ class Fuzzer:
         self.rng = random.Random(seed)
         self.stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.failures: list[dict] = []
+        self.resets: list[dict] = []  # connection errors answered on a second attempt
+        self.last_label = ""
         self.n = 0
         self.pool: list[dict] = []  # real sessions: id, capability, a call id
         self.rss: list[float] = []
@@ -196,15 +198,26 @@ class Fuzzer:
         if raw is not None:
             hdr.setdefault("content-type", "application/json")
         t0 = time.monotonic()
-        try:
-            r = self.http.request(method, self.url + path, content=raw, params=query,
-                                  headers=hdr)
-            status = r.status_code
-            text = r.text[:300] if status >= 500 else ""
-        except httpx.TimeoutException:
-            status, text = -1, f"no answer in {TIMEOUT}s"
-        except httpx.TransportError as exc:
-            status, text = -2, f"{type(exc).__name__}: {exc}"
+        for attempt in (0, 1):
+            try:
+                r = self.http.request(method, self.url + path, content=raw, params=query,
+                                      headers=hdr)
+                status = r.status_code
+                text = r.text[:300] if status >= 500 else ""
+            except httpx.TimeoutException:
+                status, text = -1, f"no answer in {TIMEOUT}s"
+            except httpx.TransportError as exc:
+                status, text = -2, f"{type(exc).__name__}: {exc}"
+                if attempt == 0:
+                    # A kept-alive connection the server had closed: counted, and the request
+                    # is sent again once on a new connection (a second failure is a failure).
+                    self.resets.append({"route": label, "error": text,
+                                        "after": self.last_label})
+                    self.http.close()
+                    self.http = httpx.Client(timeout=TIMEOUT)
+                    continue
+            break
+        self.last_label = label
         self.n += 1
         self.stats[label][status] += 1
         if status >= 500 or status < 0:
@@ -328,6 +341,7 @@ def _fuzz(url, pid, requests, seed, schemathesis, GenerationMode, given, setting
                                            r.status_code, r.text[:300]))
     fz.rss.append(rss_mb(pid))
     return {"requests": fz.n, "wall_s": wall, "stats": fz.stats, "failures": fz.failures,
+            "resets": fz.resets,
             "after": after_failures, "rss_mb": fz.rss, "sessions_checked":
             len(page.json()["data"]) if page.status_code == 200 else 0}
 
@@ -348,6 +362,8 @@ def report(res: dict) -> str:
                    f"# Fuzz: {res['requests']} requests in {res['wall_s']:.0f} s")]
     out.append(f"server RSS: start {rss[0]:.0f} MB, max {max(rss):.0f} MB, end {rss[-1]:.0f} MB "
                f"({len(rss)} samples)")
+    out.append(f"connections reset by the server, answered on a new connection: "
+               f"{len(res['resets'])}" + "".join(f"\n  {r}" for r in res["resets"][:10]))
     out.append(f"afterwards: {res['sessions_checked']} sessions re-read (record, calls, both "
                f"trajectory modes): {len(res['after'])} failures")
     for f in res["failures"][:20]:

@@ -208,7 +208,7 @@ class Turnstile:
                              headers=self.headers)
         return self
 
-    def _read_token(self, proc: subprocess.Popen, timeout: float = 60.0) -> str:
+    def _read_token(self, proc: subprocess.Popen, timeout: float = 120.0) -> str:
         """The token the server wrote (or reused) under --data: written before it listens."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -217,10 +217,10 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
             meta = {k: v for k, v in body.items() if k != "id" and k not in fields}
         if not isinstance(meta, dict):
             raise APIError(400, "Invalid 'metadata': expected an object.", "metadata")
-        try:  # stored as JSON: what cannot be written back is refused here, not at insert
-            orjson.dumps(meta)
+        try:  # stored and served as JSON (inside a list page): refused here if it cannot be
+            orjson.dumps([[[[meta]]]])
         except orjson.JSONEncodeError as exc:
-            raise APIError(400, f"Invalid 'metadata': {exc} (JSON nested at most 255 "
+            raise APIError(400, f"Invalid 'metadata': {exc} (JSON nested at most 250 "
                                 "levels deep, integers within 64 bits).", "metadata") from None
         sid = body.get("id")
         if sid is not None and (not isinstance(sid, str) or not sid or "/" in sid):
