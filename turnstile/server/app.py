@@ -223,8 +223,10 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
             raise APIError(400, f"Invalid 'metadata': {exc} (JSON nested at most 250 "
                                 "levels deep, integers within 64 bits).", "metadata") from None
         sid = body.get("id")
-        if sid is not None and (not isinstance(sid, str) or not sid or "/" in sid):
-            raise APIError(400, "Invalid 'id': expected a non-empty string without '/'.", "id")
+        if sid is not None and (not isinstance(sid, str) or not sid or "/" in sid
+                                or sid in (".", "..")):  # ids must be addressable in a path
+            raise APIError(400, "Invalid 'id': expected a non-empty string without '/' (and "
+                                "not '.' or '..').", "id")
         sid = store.create_session(meta, sid, **fields)
         # an id that exists already keeps its state: a closed rollout stays closed
         known_sessions.discard(sid)
