@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from .chat.audit import audit
-from .chat.policy import Policy
 from .chat.patches import apply_patches
+from .chat.policy import Policy
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer

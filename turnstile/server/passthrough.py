@@ -601,6 +601,9 @@ class PassthroughGateway:
     """The gateway interface ``server.app`` drives (``complete``, ``stream``, ``forget``,
     ``parse_request``, ``store``, ``engine``, ``control``, ``model_name``), in capture mode."""
 
+    # The engine renders; whether its template reads ``tools`` is not Turnstile's to know.
+    template_ignores_tools = False
+
     def __init__(self, engine: Any, store: Store, model_name: str, dialect: str = "vllm"):
         """``engine``: a :class:`PassthroughEngine`, or a replica pool of them."""
         self.engine = engine

@@ -1,0 +1,350 @@
+"""Differential conformance: generated harness conversations through the real gateway code, for
+every corpus template.
+
+Hypothesis builds conversations out of the shapes harnesses send (text parts, mixed appends,
+system/developer messages mid-conversation, parallel calls, renamed IDs, reasoning echoed or
+dropped, ``null``/``""`` content, a stop token at the length cap, stop by length, end-of-turn
+marker text inside content). Each call goes through ``Gateway.complete`` with an engine that
+records what it received and answers with the tokens the test chose: the model is played by the
+template itself (it samples exactly its template's rendering of a reply) or by random tokens of
+the real vocabulary.
+
+The truth is the template's own full render of the conversation (with each echoed reply being
+the reply we returned), as an engine builds it. For every call that extended a recorded call:
+the prompt the engine received equals that render in text, and its new tokens equal the render's
+last tokens. Anything else must be a new segment with a reason. Zero silent mismatches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from turnstile import testbed
+from turnstile.chat.audit import TOOLS, audit, corpus_renderer
+from turnstile.chat.patches import apply_patches
+from turnstile.chat.render import Renderer
+from turnstile.chat.template import ChatTemplate, TemplateError
+from turnstile.engines.base import Finish, SamplingParams, TokenEvent
+from turnstile.parsing.detect import detect_format
+from turnstile.server.errors import APIError
+from turnstile.server.gateway import Gateway
+from turnstile.server.requests import parse_chat_request
+from turnstile.store.sqlite import Store
+
+pytestmark = pytest.mark.timeout(900)
+
+TEMPLATES = sorted(p.stem for p in testbed.templates_dir().glob("*.jinja"))
+# templates with their own real vocabulary: random tokens are meaningful there
+REAL_VOCAB = ["Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder", "Qwen3.5-4B", "Qwen-Qwen3-0.6B",
+              "meta-llama-Llama-3.1-8B-Instruct", "google-gemma-4-31B-it",
+              "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "microsoft-Phi-3.5-mini-instruct"]
+CHECKED: dict[str, int] = {}  # template -> calls checked (printed at the end)
+
+
+class ScriptedEngine:
+    """An engine that records every prompt it receives and answers with the next script."""
+
+    name = "scripted"
+    context_length = 1 << 20
+    url = None
+
+    def __init__(self) -> None:
+        self.received: list[list[int]] = []
+        self.next: tuple[list[int], str] = ([], "stop")
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def refresh(self) -> None: ...
+    def forget(self, session_id: str) -> None: ...
+    def pick(self, session_id: str) -> ScriptedEngine:
+        return self
+
+    def logprob_warning(self, params: SamplingParams) -> str | None:
+        return None
+
+    async def generate(self, prompt_ids, params: SamplingParams, stream: bool = False
+                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
+        self.received.append(list(prompt_ids))
+        ids, reason = self.next
+        if ids:
+            yield [TokenEvent(t, -1.0) for t in ids]
+        yield Finish(reason=reason, logprob_kind="processed_logprobs")
+
+
+@cache
+def _setup(name: str) -> tuple[Renderer, object, object]:
+    r, _ = corpus_renderer(str(testbed.templates_dir() / f"{name}.jinja"),
+                           str(testbed.models_dir()), {})
+    source, applied = apply_patches(r.template.source)
+    if applied:
+        r = Renderer(r.tok, ChatTemplate(source, r.tok.special_tokens))
+    return r, audit(r, name).policy(), detect_format(r.template.source)
+
+
+def _gateway(name: str, tmp: Path) -> tuple[Gateway, ScriptedEngine]:
+    renderer, policy, choice = _setup(name)
+    engine = ScriptedEngine()
+    return Gateway(renderer, engine, Store(tmp), name, choice, policy), engine  # type: ignore[arg-type]
+
+
+# What a harness does between calls, and how the model replies.
+REPLY = st.sampled_from(["text", "call", "calls2", "text_eot", "call_eot"])
+FINISH = st.sampled_from(["stop", "stop", "length", "stop_at_cap"])
+ECHO = st.sampled_from(["same", "null_content", "empty_content", "drop_reasoning", "rename_ids",
+                        "reserialize", "parts"])
+APPEND = st.sampled_from(["next", "next+user", "next+system", "user", "system+user",
+                          "developer+user", "user_parts", "rewrite"])
+TURN = st.fixed_dictionaries({"reply": REPLY, "finish": FINISH, "echo": ECHO, "append": APPEND,
+                              "reasoning": st.booleans()})
+PLAN = st.fixed_dictionaries({"system": st.booleans(), "parts": st.booleans(),
+                              "turns": st.lists(TURN, min_size=2, max_size=5),
+                              "seed": st.integers(0, 2**31)})
+
+
+def _marker(renderer: Renderer) -> str:
+    return next(iter(renderer.eog_text.values()), "<|endoftext|>")
+
+
+def _reply(turn: dict, renderer: Renderer, n: int, think: bool) -> dict:
+    eot = _marker(renderer) if turn["reply"].endswith("_eot") else ""
+    m: dict = {"role": "assistant", "content": None}
+    if turn["reply"].startswith("text"):
+        m["content"] = f"Answer {n}: print('{eot}') is fine."
+    else:
+        k = 2 if turn["reply"] == "calls2" else 1
+        m["content"] = ""
+        m["tool_calls"] = [
+            {"id": f"call{n}{i:04d}", "type": "function", "function": {
+                "name": TOOLS[i]["function"]["name"],
+                "arguments": json.dumps({"city": f"Paris{eot}" if eot else f"City {n}"})}}
+            for i in range(k)]
+    if think:
+        m["reasoning_content"] = f"Thinking about step {n}."
+    return m
+
+
+SENTINEL = "\u2063"
+
+
+@cache
+def _plain(name: str):  # noqa: ANN202 - a tokenizers.Tokenizer
+    """The vocabulary with special tokens encoded as ordinary text: how a model writes a
+    marker's text inside its content (it cannot sample the marker token itself: the engine
+    would stop there)."""
+    from tokenizers import Tokenizer
+
+    renderer = _setup(name)[0]
+    plain = Tokenizer.from_str(renderer.tok.tokenizer.to_str())
+    plain.encode_special_tokens = True
+    return plain
+
+
+def _sampled(name: str, history: list[dict], reply: dict, kwargs: dict
+             ) -> tuple[str, list[int]] | None:
+    """The template-played model: the reply's text as the template writes it, as tokens, with
+    the end-of-turn token; marker text inside the reply is written as ordinary tokens. None
+    when the template does not write such a turn."""
+    from turnstile.chat.audit import _sampled_text
+
+    renderer = _setup(name)[0]
+    marker = _marker(renderer)
+    probe = json.loads(json.dumps(reply).replace(json.dumps(marker)[1:-1], SENTINEL))
+    try:
+        got = _sampled_text(renderer, history, probe, TOOLS, kwargs)
+    except TemplateError:
+        return None
+    if isinstance(got, str):
+        return None
+    text, stop = got
+    real = renderer.template.render([*history, reply], TOOLS, add_generation_prompt=False,
+                                    **kwargs)
+    if text.replace(SENTINEL, marker) not in real:
+        return None  # the template writes the marker text differently (escaped, CDATA)
+    ids: list[int] = []
+    for i, piece in enumerate(text.split(SENTINEL)):
+        if i:
+            ids += _plain(name).encode(marker, add_special_tokens=False).ids
+        if piece:
+            ids += renderer.encode_fragment(piece)
+    return text.replace(SENTINEL, marker), ids + [stop]
+
+
+def _echo(message: dict, how: str) -> dict:
+    m = json.loads(json.dumps(message))
+    if how == "null_content" and not m.get("content"):
+        m["content"] = None
+    elif how == "empty_content" and m.get("content") is None:
+        m["content"] = ""
+    elif how == "drop_reasoning":
+        m.pop("reasoning_content", None)
+    elif how == "rename_ids":
+        for i, c in enumerate(m.get("tool_calls") or ()):
+            c["id"] = f"renamed-by-the-harness-{i:06d}"
+    elif how == "reserialize":
+        for c in m.get("tool_calls") or ():
+            c["function"]["arguments"] = json.dumps(json.loads(c["function"]["arguments"]),
+                                                    indent=1)
+    elif how == "parts" and m.get("content"):
+        m["content"] = [{"type": "text", "text": m["content"]}]
+    return m
+
+
+def _appended(turn: dict, echoed: dict, n: int, parts: bool) -> list[dict]:
+    user = {"role": "user", "content": f"Next question {n}?"}
+    if parts or turn["append"] == "user_parts":
+        user["content"] = [{"type": "text", "text": f"Next question {n}"},
+                           {"type": "text", "text": "please."}]
+    results = [{"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
+                "content": f'{{"temp_c": {10 + n}}}'} for c in echoed.get("tool_calls") or ()]
+    system = {"role": "system", "content": "Be brief."}
+    kind = turn["append"]
+    if kind.startswith("next"):
+        head = results or [user]
+        return head + ([user] if kind == "next+user" and results else []) + \
+            ([system] if kind == "next+system" else [])
+    if kind == "system+user":
+        return results + [system, user]
+    if kind == "developer+user":
+        return results + [{"role": "developer", "content": "Be brief."}, user]
+    return results + [user]
+
+
+def _check(renderer: Renderer, gw: Gateway, engine: ScriptedEngine, session: str,
+           truth_msgs: list[dict], kwargs: dict, random_model: bool) -> None:
+    rec = gw.store.calls(session)[-1]
+    if rec.parent_id is None:
+        assert rec.segment_reason, "a new segment without a reason"
+        return
+    sent = engine.received[-1]
+    full_text = renderer.template.render(truth_msgs, TOOLS, add_generation_prompt=True,
+                                         **kwargs)
+    full = renderer.render_full(truth_msgs, TOOLS, **kwargs)
+    delta = list(rec.prompt_delta)
+    tok = renderer.tok
+    where = f"call {rec.seq} ({rec.seam}): "
+    assert not delta or full[len(full) - len(delta):] == delta, \
+        where + f"delta {tok.decode(delta)!r} is not the full render's tail " \
+        f"{tok.decode(full[len(full) - len(delta):])!r}"
+    parent = gw.tree(session).nodes[rec.parent_id]
+    if random_model:
+        last = parent.completion_ids[-1] if len(parent.completion_ids) else None
+        assert not (delta and last in tok.eog_token_ids and delta[0] == last), \
+            where + "the close was repeated after a sampled stop token"
+    else:
+        assert tok.decode(sent) == tok.decode(tok.encode(full_text)), \
+            where + f"prompt text differs from the full render:\n{tok.decode(sent)[-300:]!r}" \
+            f"\n{full_text[-300:]!r}"
+    CHECKED[gw.model_name] = CHECKED.get(gw.model_name, 0) + 1
+
+
+def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
+    renderer, _, _ = _setup(name)
+    gw, engine = _gateway(name, tmp)
+    tok = renderer.tok
+    rng = random.Random(plan["seed"])
+    session = f"s{plan['seed']}"
+    gw.store.create_session({}, session)
+    think = any(t["reasoning"] for t in plan["turns"])
+    kwargs = {"enable_thinking": True} if think else {}
+    msgs: list[dict] = [{"role": "system", "content": "You are terse."}] if plan["system"] \
+        else []
+    msgs.append({"role": "user", "content": "What's the weather?"})
+    truth = list(msgs)
+    specials = set(tok.tokenizer.get_added_tokens_decoder()) | set(tok.eog_token_ids)
+    ordinary = [i for i in range(100, min(tok.tokenizer.get_vocab_size(), 20000))
+                if i not in specials]
+    for n, turn in enumerate(plan["turns"]):
+        body = {"messages": msgs, "tools": TOOLS, "chat_template_kwargs": kwargs}
+        reply = _reply(turn, renderer, n, turn["reasoning"])
+        if random_model:
+            ids = [rng.choice(ordinary) for _ in range(rng.randint(1, 12))]
+            stop = next(iter(tok.eog_token_ids))
+        else:
+            got = _sampled(name, truth, reply, kwargs)
+            if got is None:
+                return
+            _, ids = got
+            ids, stop = ids[:-1], ids[-1]
+        finish = turn["finish"]
+        if finish == "length":
+            engine.next = (ids[:max(1, len(ids) // 2)], "length")
+        elif finish == "stop_at_cap":  # the engine checks the cap first (vLLM): "length"
+            engine.next = (ids + [stop], "length")
+        else:
+            engine.next = (ids + [stop], "stop")
+        try:
+            out = asyncio.run(gw.complete(session, parse_chat_request(body)))
+        except APIError as exc:
+            assert exc.status == 400, exc
+            note(f"the template refused: {exc}")
+            return
+        if gw.store.calls(session)[-1].parent_id is None:
+            # A new segment is a full render of the messages as sent; calls that extend it
+            # continue from that, with the replies we recorded.
+            truth = list(msgs)
+        _check(renderer, gw, engine, session, truth, kwargs, random_model)
+        returned = out["choices"][0]["message"]
+        if not random_model:
+            # The test's model only makes sense while our parse renders back to what it
+            # sampled (a reply cut by length may not be the rendering of any message).
+            again = _sampled(name, truth, {**returned}, kwargs)
+            cut = engine.next[0] if finish == "length" else ids
+            if again is None or again[1][:-1] != cut:
+                return
+        echoed = _echo(returned, turn["echo"])
+        recorded = {**returned}
+        if echoed.get("tool_calls"):
+            recorded["tool_calls"] = [{**a, "id": b["id"]} for a, b in
+                                      zip(returned["tool_calls"], echoed["tool_calls"],
+                                          strict=True)]
+        new = _appended(turn, echoed, n, plan["parts"])
+        if turn["append"] == "rewrite":  # compaction: history rewritten, a new segment
+            msgs = msgs[:1] + [{"role": "user", "content": f"Summary of {n} turns."}]
+            truth = list(msgs)
+            continue
+        msgs = msgs + [echoed] + new
+        truth = truth + [recorded] + new
+
+
+SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_played_model_never_mismatches_silently(name: str, tmp_path: Path) -> None:
+    counter = iter(range(10**6))
+
+    @SETTINGS
+    @given(PLAN)
+    def run(plan: dict) -> None:
+        play(name, plan, tmp_path / f"run{next(counter)}", random_model=False)
+
+    run()
+
+
+@pytest.mark.parametrize("name", REAL_VOCAB)
+def test_random_tokens_on_real_vocabularies_never_mismatch_silently(name: str,
+                                                                   tmp_path: Path) -> None:
+    counter = iter(range(10**6))
+
+    @SETTINGS
+    @given(PLAN)
+    def run(plan: dict) -> None:
+        play(name, plan, tmp_path / f"run{next(counter)}", random_model=True)
+
+    run()
+
+
+def test_zz_report_how_much_was_checked() -> None:
+    total = sum(CHECKED.values())
+    print(f"\nconformance: {total} extended calls checked over {len(CHECKED)} templates")
+    assert len(CHECKED) >= 30 and total > 500
