@@ -34,9 +34,10 @@ IM_END = 151645  # <|im_end|> in the Qwen2 vocabulary
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"
 MODEL_NAME = "bench"
 LITELLM_KEY = "sk-turnstile-bench-0123456789abcdef0123456789"
-# The trainer token every Turnstile the benchmarks start runs with (servers inherit it from the
-# environment; a baseline checkout older than the token ignores it).
-TOKEN = os.environ.setdefault("TURNSTILE_TOKEN", "tst-bench-" + secrets.token_urlsafe(24))
+# The trainer token every Turnstile the benchmarks start runs with (given to each server as
+# $TURNSTILE_TOKEN; a baseline checkout older than the token ignores it). Not set in this
+# process's environment: importing this module (tests do) changes nothing for other servers.
+TOKEN = os.environ.get("TURNSTILE_TOKEN") or "tst-bench-" + secrets.token_urlsafe(24)
 
 
 def cache_dir() -> Path:
@@ -192,7 +193,8 @@ def start_turnstile(engine_url: str, data: Path, cpu: int | None, log: Path,
     port = free_port()
     s = Server([sys.executable, str(HERE), "turnstile", "--port", str(port), "--engine-url",
                 engine_url, "--data", str(data)], f"http://127.0.0.1:{port}/health", cpu,
-               log, env={"TURNSTILE_SRC": src} if src else None, timeout=300)
+               log, env={"TURNSTILE_TOKEN": TOKEN, **({"TURNSTILE_SRC": src} if src else {})},
+               timeout=300)
     return s, f"http://127.0.0.1:{port}"
 
 

@@ -108,7 +108,7 @@ def main() -> None:
                        engine_url, "--model", str(model), "--port", str(tport), "--data",
                        str(wd / "data"), "--served-model-name", "smollm2"],
                       f"http://127.0.0.1:{tport}/health", PROXY_CPU, wd / "turnstile.log",
-                      timeout=300)
+                      env={"TURNSTILE_TOKEN": c.TOKEN}, timeout=300)
         ts_url = f"http://127.0.0.1:{tport}"
         try:
             # warm-up: both paths once (model pages, prompt cache, connections)

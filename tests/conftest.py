@@ -201,7 +201,9 @@ class Turnstile:
                *(a for u in urls for a in ("--engine-url", u)),
                "--model", str(self.model), "--port", str(port), "--data", str(self.data)]
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        # no $TURNSTILE_TOKEN: the server uses (or generates) the token file under --data
+        env = {k: v for k, v in os.environ.items() if k != "TURNSTILE_TOKEN"}
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         out.close()
         self.token = self._read_token(self.proc)
         testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=120,
