@@ -203,8 +203,13 @@ class SessionTree:
         return chosen, (f"{len(nodes)} recorded calls returned this reply; chose {chosen.id} "
                         f"by {how}")
 
-    def add(self, node: Node, request_hashes: list[bytes], reply_hash: bytes | None) -> list[bytes]:
-        """Register a finished call; returns the hashes that were new (to persist)."""
+    def add(self, node: Node, request_hashes: list[bytes], reply_hash: bytes | None,
+            echo_hash: bytes | None = None) -> list[bytes]:
+        """Register a finished call; returns the hashes that were new (to persist).
+        ``echo_hash``: another echo of the reply that continues it (the stop string put back)."""
+        if echo_hash is not None:
+            self.replies.setdefault(echo_hash, []).append(node.id)
+            self.known.add(echo_hash)
         self.nodes[node.id] = node
         self.n_calls += 1
         self.requests[request_hashes[-1]] = node.id

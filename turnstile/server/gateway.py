@@ -244,6 +244,10 @@ class Gateway:
             if c.status == "ok" and c.history_hash is not None:
                 if c.info.get("fingerprint") == self.renderer.fingerprint:
                     tree.replies.setdefault(c.history_hash, []).append(c.id)
+                    if c.info.get("stop_echo_hash"):
+                        echo = bytes.fromhex(c.info["stop_echo_hash"])
+                        tree.replies.setdefault(echo, []).append(c.id)
+                        tree.known.add(echo)
                 else:
                     tree.stale[c.history_hash] = c.id
         self._trees[session_id] = _Session(tree, created)
@@ -422,9 +426,14 @@ class Gateway:
         stop_token = finish.stop_token_id if finish else None
         call_id = new_id("call_")
         node = Node(call_id, prompt.parent, prompt.delta, gen.ids, message, stop_token)
-        reply_hash = None
+        reply_hash = echo_hash = None
         if status == "ok" and message is not None:
             reply_hash = prefix_hashes(prompt.hashes[-1], [message], tree.content_format)[1]
+            if finish and finish.stop_string and isinstance(message.get("content"), str):
+                # Harnesses that stop on a string put it back (smolagents' "</code>"): the
+                # sampled tokens hold it, so that echo continues this call too.
+                again = {**message, "content": message["content"] + finish.stop_string}
+                echo_hash = prefix_hashes(prompt.hashes[-1], [again], tree.content_format)[1]
         # what tree.add will find new (persisted with the call, for the rebuild)
         new_hashes = [h for h in prompt.hashes if h not in tree.known]
         if reply_hash is not None and reply_hash not in tree.known:
@@ -446,6 +455,7 @@ class Gateway:
             "weight_versions": finish.weight_versions if finish else None,
             "stop_string": finish.stop_string if finish else None,
             "engine_finish_reason": finish.engine_reason if finish else None,
+            "stop_echo_hash": echo_hash.hex() if echo_hash else None,
             "usage": {"prompt_tokens": len(prompt.ids), "completion_tokens": len(gen.ids),
                       "cached_tokens": finish.cached_tokens if finish else 0},
             "timings": {"started": started, "latency_s": time.time() - started,
@@ -473,7 +483,7 @@ class Gateway:
                 return
             exc = f.exception()
             if exc is None:
-                tree.add(node, prompt.hashes, reply_hash)
+                tree.add(node, prompt.hashes, reply_hash, echo_hash)
             elif status != "ok":
                 print(f"turnstile: call {call_id} ({status}) of session {session_id} was not "
                       f"recorded: {exc}", file=sys.stderr)
