@@ -723,7 +723,12 @@ class Gateway:
                 yield chunk(d)
             status, error = "ok", None
         except EngineError as exc:
-            status, error = "error", str(exc)
+            # The harness is still there: the error record is written before it hears of
+            # the failure, so a read right after the error finds the call.
+            status = "recorded"
+            with contextlib.suppress(APIError):
+                await self.record(session_id, tree, prompt, params, gen, "error", None,
+                                  str(exc), started, req=req)
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
         except asyncio.CancelledError:
             if not self.control.aborted():
@@ -731,7 +736,7 @@ class Gateway:
             error = POLICY_ABORT
             raise _policy_abort() from None
         finally:
-            if status != "ok":
+            if status not in ("ok", "recorded"):
                 # The harness did not get a whole response: keep the tokens, mark the call.
                 # Nobody waits for this write (the stream may be being torn down).
                 self.record_later(session_id, tree, prompt, params, gen, status, None, error,
