@@ -1,7 +1,12 @@
 """Turnstile: an OpenAI-compatible gateway that records the exact tokens an RL policy
 saw and sampled."""
 
+import os
 from typing import Any
+
+# Turnstile uses transformers for tokenizers and templates only, never its models: its advice
+# that PyTorch is missing is noise on every command (set the variable to "" to see it again).
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 __version__ = "0.1.0"
 

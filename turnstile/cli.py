@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway in front of an engine")
-    s.add_argument("--engine", choices=KINDS, default="llama-cpp")
+    s.add_argument("--engine", choices=KINDS, default="llama-cpp",
+                   help="the inference engine behind --engine-url (default: llama-cpp)")
     s.add_argument("--mode", choices=["token-in", "passthrough"], default="token-in",
                    help="token-in: render prompts here and send token IDs (exact); passthrough: "
                         "forward messages to the engine's /v1/chat/completions and record the "
@@ -173,9 +174,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="GGUF file, Hugging Face model directory, or hub id in the local cache "
                         "(passthrough: the model name to report, as the engine serves it)")
     s.add_argument("--chat-template", help="Jinja file overriding the model's template")
-    s.add_argument("--served-model-name")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8400)
+    s.add_argument("--served-model-name",
+                   help="the model name reported to harnesses (default: the --model's name)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    s.add_argument("--port", type=int, default=8400, help="port to listen on (default: 8400)")
     s.add_argument("--public-url", help="base URL harnesses reach this server at")
     s.add_argument("--token", help="the trainer's token (default: $TURNSTILE_TOKEN, else the "
                                    "one in DATA/turnstile.token, generated there with mode "
@@ -183,8 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--no-auth", action="store_true",
                    help="no trainer token: every route open (refused unless --host is a "
                         "loopback address)")
-    s.add_argument("--data", default="turnstile-data", help="directory for the record store")
-    s.add_argument("--max-body-mb", type=int, default=32)
+    s.add_argument("--data", default="turnstile-data",
+                   help="directory for the record store, created if missing (default: "
+                        "./turnstile-data)")
+    s.add_argument("--max-body-mb", type=int, default=32,
+                   help="largest request body in MiB (larger: 413; default: 32)")
     d = Limits()
     s.add_argument("--max-messages", type=int, default=d.max_messages,
                    help="messages in one request (more: 400)")
@@ -201,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--max-trees", type=int, default=1024,
                    help="session call trees kept in memory (least recently used beyond it are "
                         "dropped and rebuilt from the store on demand)")
-    s.add_argument("--log-level", default="warning")
+    s.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error", "critical"],
+                   help="server log verbosity (default: warning)")
     s.add_argument("--no-template-patches", action="store_true",
                    help="use the template exactly as shipped (see turnstile/chat/patches.py)")
     s.add_argument("--tool-parser", choices=[*tool_formats(), "none"],
@@ -226,13 +234,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="audit every template of the test-bed corpus; print a Markdown table")
     a.add_argument("--tokenizer", help="model to take the tokenizer from when auditing a "
                                        ".jinja file (default: a Qwen2 stand-in)")
-    a.add_argument("--no-template-patches", action="store_true")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--no-template-patches", action="store_true",
+                   help="audit the template exactly as shipped")
+    a.add_argument("--json", action="store_true", help="print the audit as JSON")
     a.set_defaults(func=audit_command)
 
     d = sub.add_parser("demo", help="SmolLM2 on llama-server, a few sessions, what was recorded")
     d.add_argument("--data", help="record store directory (default: a temporary one)")
-    d.add_argument("--sessions", type=int, default=4)
+    d.add_argument("--sessions", type=int, default=4,
+                   help="how many agent sessions to run (default: 4)")
     d.set_defaults(func=lambda a: __import__("turnstile.demo", fromlist=["run"]).run(a))
 
     t = sub.add_parser("testbed", help="build/unpack llama-server, tokenizers, templates, models")

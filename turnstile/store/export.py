@@ -621,12 +621,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="turnstile-data",
                    help="store directory (or .sqlite3 file) to read")
     p.add_argument("--out", required=True, help="directory to write the tables under")
-    p.add_argument("--format", choices=FORMATS, default="parquet")
+    p.add_argument("--format", choices=FORMATS, default="parquet",
+                   help="file format (default: parquet)")
     p.add_argument("--tables", default=",".join(TABLES),
                    help="comma-separated subset of " + ",".join(TABLES))
     p.add_argument("--mode", choices=MODES, default="merged",
                    help="trajectories: one sample per root-to-leaf path, or per call")
-    p.add_argument("--partition", choices=PARTITIONS, default="batch")
+    p.add_argument("--partition", choices=PARTITIONS, default="batch",
+                   help="file layout: one folder per batch, per group, or flat (default: "
+                        "batch)")
     p.add_argument("--batch", help="name of this export batch (e.g. step-000012); "
                                    "default: a UTC timestamp")
     p.add_argument("--group", action="append", help="only this group (repeatable)")
@@ -640,7 +643,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after --delete, shrink the store file (rewrites it)")
     p.add_argument("--with-bodies", action="store_true",
                    help="add kept raw request/response bodies to the calls table")
-    p.add_argument("--rows-per-file", type=int, default=100_000)
+    p.add_argument("--rows-per-file", type=int, default=100_000,
+                   help="rows per written file before starting the next (default: 100000)")
 
 
 def cli(args: argparse.Namespace) -> None:
