@@ -12,7 +12,6 @@ import re
 
 from .base import Region, malformed
 from .harmony import ChannelParser
-from .registry import register_tool_format
 from .types import Event
 from .xmlcalls import XmlCalls, XmlSpec
 
@@ -63,7 +62,6 @@ class _AtemBody(Region):
         return n, False
 
 
-@register_tool_format("glimmer")
 class GlimmerToolParser(ChannelParser):
     """ATEM messages."""
 
