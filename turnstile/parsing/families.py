@@ -91,14 +91,8 @@ DS_V3_SPEC = TaggedSpec(
 def _dsml(region: str) -> XmlSpec:
     """DeepSeek V3.2 (``function_calls``) / V4 (``tool_calls``) DSML; ``string="false"`` marks
     a JSON value."""
-    return XmlSpec(
-        call_open='<｜DSML｜invoke name="',
-        name_ends=('">',),
-        param_open='<｜DSML｜parameter name="',
-        param_head_end='">',
-        param_close="</｜DSML｜parameter>",
-        call_close="</｜DSML｜invoke>",
-        region_close=f"</｜DSML｜{region}>",
+    return XmlSpec.attribute_tags(
+        "｜DSML｜invoke", "｜DSML｜parameter", f"</｜DSML｜{region}>",
         param_re=re.compile(r'\s*(?P<key>[^"<>]+?)\s*(?:"\s+string="(?P<string>true|false))?'),
     )
 
@@ -169,38 +163,19 @@ FAMILIES: tuple[Family, ...] = (
     Family("minimax_m3", MiniMaxM3ToolParser,
            (Template("minimax-m3", has("]<]minimax[>["), ("<mm:think>", "</mm:think>")),)),
     # <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>…
-    Family("minimax_m2", Regions({"<minimax:tool_call>": XmlSpec(
-        call_open='<invoke name="',
-        name_ends=('">',),
-        param_open='<parameter name="',
-        param_head_end='">',
-        param_close="</parameter>",
-        call_close="</invoke>",
-        region_close="</minimax:tool_call>",
+    Family("minimax_m2", Regions({"<minimax:tool_call>": XmlSpec.attribute_tags(
+        "invoke", "parameter", "</minimax:tool_call>",
     )}), (Template("minimax-m2", has("<minimax:tool_call>")),)),
     # <seed:tool_call>\n<function=NAME>\n<parameter=K>V</parameter>\n</function>\n
     # </seed:tool_call>; non-string values are Python reprs ({'a': 1}), see base.convert_value
-    Family("seed_oss", Regions({"<seed:tool_call>": XmlSpec(
-        call_open="<function=",
-        name_ends=(">",),
-        param_open="<parameter=",
-        param_head_end=">",
-        param_close="</parameter>",
-        call_close="</function>",
-        region_close="</seed:tool_call>",
-    )}), (Template("seed-oss", has("<seed:tool_call>"), ("<seed:think>", "</seed:think>")),)),
+    Family("seed_oss", Regions({"<seed:tool_call>": XmlSpec.function_tags("</seed:tool_call>")}),
+           (Template("seed-oss", has("<seed:tool_call>"), ("<seed:think>", "</seed:think>")),)),
     # Hunyuan 3: the GLM key/value shape with :opensource tags, <tool_calls:opensource>\n
     # <tool_call:opensource>NAME<tool_sep:opensource>\n<arg_key:opensource>K</arg_key:opensource>
     # \n<arg_value:opensource>V</arg_value:opensource>\n</tool_call:opensource>…
-    Family("hy3", Regions({"<tool_calls:opensource>": XmlSpec(
-        call_open="<tool_call:opensource>",
-        name_ends=("<tool_sep:opensource>",),
-        param_open="<arg_key:opensource>",
-        param_head_end="</arg_key:opensource>",
-        value_open="<arg_value:opensource>",
-        param_close="</arg_value:opensource>",
-        call_close="</tool_call:opensource>",
-        region_close="</tool_calls:opensource>",
+    Family("hy3", Regions({"<tool_calls:opensource>": XmlSpec.key_value_tags(
+        ":opensource", "<tool_call:opensource>", ("<tool_sep:opensource>",),
+        "</tool_calls:opensource>",
     )}), (Template("hunyuan-3", has(":opensource", "tool_call"),
                    ("<think:opensource>", "</think:opensource>"),
                    think_if=lambda s: "think" in s),)),
@@ -263,14 +238,8 @@ FAMILIES: tuple[Family, ...] = (
                  and "<parameter=" not in s, None),)),
     # MiniCPM5: <function name="NAME"><param name="K">V</param></function>, no wrapper; text
     # holding <, & or a newline is in <![CDATA[…]]>; non-strings are Python reprs
-    Family("minicpm5", Regions({'<function name="': XmlSpec(
-        call_open=None,
-        name_ends=('">',),
-        param_open='<param name="',
-        param_head_end='">',
-        param_close="</param>",
-        call_close="</function>",
-        cdata=True,
+    Family("minicpm5", Regions({'<function name="': XmlSpec.attribute_tags(
+        "function", "param", opened=True, cdata=True,
     )}), (Template("minicpm5", has("<function name=", "<param name=")),)),
     # Granite 3.x: <|tool_call|>[{"name": …, "arguments": {…}}, …]; 3.3 with reasoning wraps
     # its answer in <response>…</response> (dropped). Granite 4 writes Hermes calls.
@@ -282,26 +251,12 @@ FAMILIES: tuple[Family, ...] = (
                      or "<|function_call|>" in s, None),)),
     # GLM-4.5+ (Laguna, Spark-X2.5, Ling-3.0): <tool_call>NAME\n<arg_key>K</arg_key>\n
     # <arg_value>V</arg_value>\n</tool_call>; GLM-4.7 and Laguna drop the newlines
-    Family("glm45", Regions({"<tool_call>": XmlSpec(
-        call_open=None,
-        name_ends=("\n",),
-        param_open="<arg_key>",
-        param_head_end="</arg_key>",
-        value_open="<arg_value>",
-        param_close="</arg_value>",
-        call_close="</tool_call>",
-    )}), (Template("glm-4.5+", has("<tool_call>", "<arg_key>")),)),
+    Family("glm45", Regions({"<tool_call>": XmlSpec.key_value_tags()}),
+           (Template("glm-4.5+", has("<tool_call>", "<arg_key>")),)),
     # Qwen3-Coder, Qwen3.5/3.6, Nemotron-3-Nano, StepFun-3.5: <tool_call>\n<function=NAME>\n
     # <parameter=K>\nV\n</parameter>\n</function>\n</tool_call>, one block per call
-    Family("qwen3_coder", Regions({"<tool_call>": XmlSpec(
-        call_open="<function=",
-        name_ends=(">",),
-        param_open="<parameter=",
-        param_head_end=">",
-        param_close="</parameter>",
-        call_close="</function>",
-        region_close="</tool_call>",
-        trim_newline=True,
+    Family("qwen3_coder", Regions({"<tool_call>": XmlSpec.function_tags(
+        "</tool_call>", trim_newline=True,
     )}), (Template("qwen3-coder xml", has("<tool_call>", "<function=", "<parameter=")),),
         grammar=XmlGrammar("<tool_call>\n", "</tool_call>", "<function={name}>\n",
                            "<parameter={key}>\n", "\n</parameter>\n", "</function>\n",
