@@ -150,7 +150,7 @@ def test_parser_modules_exist_only_for_code_and_carry_their_family_name() -> Non
     assert modules == with_code
     for f in families():
         if f.name in with_code:
-            assert f.parser_class().__module__ == f"turnstile.parsing.{f.name}"
+            assert f.parser_class.__module__ == f"turnstile.parsing.{f.name}"
 
 
 @pytest.mark.timeout(300)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from functools import cached_property
+from typing import ClassVar, cast
 
 from .base import Region, RegionParser
 from .jsonlist import JsonCallList, ListSpec
@@ -65,6 +66,7 @@ class Regions:
     markers: tuple[str, ...] = ()
 
     def all_markers(self) -> tuple[str, ...]:
+        """Every literal marker of the shape, each once (the parser class's ``markers``)."""
         found: list[str] = [*self.opens, *self.drops]
         for kind in self.opens.values():
             if isinstance(kind, XmlSpec):
@@ -150,13 +152,14 @@ class Family:
     id_style: str = "openai"
     patches: tuple[TemplatePatch, ...] = ()
 
+    @cached_property
     def parser_class(self) -> type[ToolCallParser]:
         """The class to instantiate per completion (built once for a ``Regions`` shape)."""
         if not isinstance(self.parser, Regions):
             return self.parser
         shape = self.parser
         title = "".join(part.title() for part in self.name.split("_"))
-        return type(f"{title}ToolParser", (ShapedParser,), {
+        cls = type(f"{title}ToolParser", (ShapedParser,), {
             "__doc__": f"``{self.name}`` tool calls (declared in ``families``).",
             "__module__": __name__,
             "shape": shape,
@@ -164,3 +167,4 @@ class Family:
             "drops": shape.drops,
             "markers": shape.all_markers(),
         })
+        return cast("type[ToolCallParser]", cls)

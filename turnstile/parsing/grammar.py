@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from .family import JsonGrammar, XmlGrammar
-from .registry import family, tool_formats
+from .registry import family
 
 _JSON_RULES = r"""
 value ::= object | array | string | number | "true" | "false" | "null"
@@ -31,9 +31,10 @@ integer ::= "-"? ( "0" | [1-9] [0-9]* )
 
 def shape(tool_format: str | None) -> JsonGrammar | XmlGrammar | None:
     """How the family writes a forced call (its record's ``grammar``), or None."""
-    if tool_format is None or tool_format not in tool_formats():
+    try:
+        return family(tool_format).grammar if tool_format is not None else None
+    except ValueError:  # not a declared family
         return None
-    return family(tool_format).grammar
 
 
 def supports(tool_format: str | None) -> bool:

@@ -24,7 +24,7 @@ def register_family(family: Family, before: str | None = None) -> Family:
         return family
     if known is not None:
         raise ValueError(f"tool format {family.name!r} is already declared")
-    cls = family.parser_class()
+    cls = family.parser_class
     cls.names = (family.name,)
     items = [(n, f) for n, f in _FAMILIES.items() if n != family.name]
     at = len(items) if before is None else [n for n, _ in items].index(before)
