@@ -18,21 +18,26 @@ import pytest
 
 from turnstile.chat.patches import apply_patches
 from turnstile.parsing import (
+    Event,
     Family,
     JsonGrammar,
     Parser,
     Regions,
     Template,
     TemplatePatch,
+    Text,
+    ToolCallParser,
     create_tool_parser,
     detect_format,
     families,
     register_family,
+    register_tool_format,
     tool_formats,
     unregister_family,
 )
 from turnstile.parsing.grammar import supports, tool_call_grammar
 from turnstile.parsing.jsonlist import ListSpec
+from turnstile.parsing.registry import family
 
 ACME = Family(
     "acme",
@@ -135,6 +140,26 @@ def test_names_are_declared_once() -> None:
         register_family(Family("hermes", ACME.parser))
     with pytest.raises(ValueError, match="unknown tool format"):
         create_tool_parser("acme")
+
+
+def test_register_tool_format_declares_a_family_without_detection() -> None:
+    """The older decorator still works: the class becomes a family with no template or
+    grammar, chosen only by name (``--tool-parser``)."""
+
+    @register_tool_format("acme_plain")
+    class Plain(ToolCallParser):
+        def feed(self, text: str) -> list[Event]:
+            return [Text(text)]
+
+        def finish(self) -> list[Event]:
+            return []
+
+    try:
+        assert Plain.names == ("acme_plain",) and "acme_plain" in tool_formats()
+        assert family("acme_plain").detect == () and not supports("acme_plain")
+        assert isinstance(create_tool_parser("acme_plain"), Plain)
+    finally:
+        unregister_family("acme_plain")
 
 
 # Modules of the parsing package that are shared machinery, not a family's parser.
