@@ -140,6 +140,9 @@ def test_names_are_declared_once() -> None:
         register_family(Family("hermes", ACME.parser))
     with pytest.raises(ValueError, match="unknown tool format"):
         create_tool_parser("acme")
+    with pytest.raises(ValueError, match="unknown tool format"):
+        register_family(ACME, before="no_such_family")
+    assert "acme" not in tool_formats()
 
 
 def test_register_tool_format_declares_a_family_without_detection() -> None:

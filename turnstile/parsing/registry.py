@@ -24,6 +24,8 @@ def register_family(family: Family, before: str | None = None) -> Family:
         return family
     if known is not None:
         raise ValueError(f"tool format {family.name!r} is already declared")
+    if before is not None and before not in _FAMILIES:
+        raise ValueError(f"unknown tool format {before!r}")
     cls = family.parser_class
     cls.names = (family.name,)
     items = [(n, f) for n, f in _FAMILIES.items() if n != family.name]
