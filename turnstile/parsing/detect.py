@@ -1,10 +1,10 @@
 """Pick the parsing setup for a model from its chat template source.
 
 The template is the one artefact every model ships that spells out its tool-call and reasoning
-syntax, so a few unambiguous markers in it identify the family. Rules are ordered from the most
-specific marker to the most generic (``<tool_call>`` is shared by Hermes, GLM and Qwen3-Coder,
-which are told apart by what sits inside it). The expected result for every template of the
-llama.cpp corpus is pinned in ``tests/test_parsing_roundtrip.py``.
+syntax, so a few unambiguous markers in it identify the family. Each family declares its kinds
+of template (``family.Template``) in ``families``; they are tried in table order, the first
+match wins. The expected result for every template of the llama.cpp corpus is pinned in
+``tests/test_parsing_roundtrip.py``.
 
 Usage (once per template, then once per request)::
 
@@ -18,15 +18,15 @@ reasoning block (``<think>\\n`` from ``enable_thinking``) is a per-request fact.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .call_ids import id_factory
+from .family import THINK, Family, Template
 from .parser import Parser
-from .registry import format_class
+from .registry import families, format_class
 
-THINK = ("<think>", "</think>")
+__all__ = ["FALLBACK", "THINK", "FormatChoice", "detect_format"]
 
 
 @dataclass(frozen=True)
@@ -90,103 +90,34 @@ class FormatChoice:
         return dataclasses.replace(self, tool_format=tool_format, family=label)
 
 
-def _has(src: str, *needles: str) -> bool:
-    return all(n in src for n in needles)
+#: What a template no family recognises gets: plain text, with ``<think>`` if it writes both tags.
+FALLBACK = Template("no tool-call syntax recognised", lambda src: True)
 
 
-@dataclass(frozen=True)
-class Rule:
-    """One family: how to recognise its template and what to parse it with.
-
-    Reasoning is on when the template contains both ``tags`` (or when ``reasoning_if`` says so,
-    for templates that assemble their tags from variables). Formats whose syntax carries its own
-    reasoning channel (Harmony, Glimmer) have ``tags`` None and ``owns_reasoning``.
-    """
-
-    family: str
-    matches: Callable[[str], bool]
-    tool_format: str | None
-    tags: tuple[str, str] | None = THINK
-    started_after: tuple[str, ...] = ()
-    reasoning_if: Callable[[str], bool] | None = None
-    owns_reasoning: bool = False
-    id_style: str = "openai"
-
-    def choice(self, src: str) -> FormatChoice:
-        ids = self.id_style
-        if self.owns_reasoning:
-            return FormatChoice(self.tool_format, True, None, (), self.family, ids)
-        if self.tags is None:
-            return FormatChoice(self.tool_format, False, None, (), self.family, ids)
-        if self.reasoning_if is not None:
-            reasoning = self.reasoning_if(src)
-        else:
-            reasoning = all(tag in src for tag in self.tags if tag)
-        if not reasoning:
-            return FormatChoice(self.tool_format, False, None, (), self.family, ids)
-        return FormatChoice(self.tool_format, True, self.tags, self.started_after, self.family,
-                            ids)
-
-
-#: Ordered from the most specific marker to the most generic; the first match wins.
-RULES: list[Rule] = [
-    Rule("gpt-oss harmony", lambda s: _has(s, "<|channel|>", "<|message|>", "functions."),
-         "harmony", None, owns_reasoning=True),
-    Rule("muse glimmer (ATEM)", lambda s: "<atem:function_calls>" in s, "glimmer", None,
-         owns_reasoning=True),
-    Rule("kimi-k3", lambda s: _has(s, "<|open|>", "<|sep|>", "<|close|>"), "kimi_k3",
-         ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
-         reasoning_if=lambda s: "open_tag('think')" in s or "<|open|>think" in s),
-    Rule("kimi-k2", lambda s: "<|tool_calls_section_begin|>" in s, "kimi_k2", id_style="kimi"),
-    Rule("deepseek v3.2/v4 DSML", lambda s: "｜DSML｜" in s, "deepseek_dsml"),
-    Rule("deepseek v3/r1/v3.1", lambda s: "tool▁call▁begin" in s, "deepseek_v3"),
-    Rule("minimax-m3", lambda s: "]<]minimax[>[" in s, "minimax_m3", ("<mm:think>", "</mm:think>")),
-    Rule("minimax-m2", lambda s: "<minimax:tool_call>" in s, "minimax_m2"),
-    Rule("seed-oss", lambda s: "<seed:tool_call>" in s, "seed_oss",
-         ("<seed:think>", "</seed:think>")),
-    Rule("hunyuan-3", lambda s: _has(s, ":opensource", "tool_call"), "hy3",
-         ("<think:opensource>", "</think:opensource>"), reasoning_if=lambda s: "think" in s),
-    Rule("gemma-4", lambda s: "<|tool_call>" in s, "gemma4", ("<|channel>thought", "<channel|>")),
-    Rule("lfm2", lambda s: "<|tool_call_start|>" in s or "<|tool_list_start|>" in s
-         or _has(s, "List of tools: [", "<|im_start|>"), "lfm2"),
-    Rule("solar-open", lambda s: "<|tool_call:begin|>" in s, "solar_open",
-         ("<|think|>", "<|end|>")),
-    Rule("apertus", lambda s: "<|tools_prefix|>" in s, "apertus",
-         ("<|inner_prefix|>", "<|inner_suffix|>")),
-    Rule("cohere command-r7b/a", lambda s: "<|START_ACTION|>" in s, "cohere",
-         ("<|START_THINKING|>", "<|END_THINKING|>")),
-    Rule("cohere command-r tool_use",
-         lambda s: _has(s, "Action:", "```json", "<|CHATBOT_TOKEN|>"), "command_r", None),
-    Rule("apriel-1.6", lambda s: _has(s, "<tool_calls>", "Here are my reasoning steps:"), "apriel",
-         ("", "[BEGIN FINAL RESPONSE]"), ("Here are my reasoning steps:",)),
-    Rule("apriel", lambda s: _has(s, "<tool_calls>", "<|assistant|>"), "apriel", None),
-    Rule("minimax-m1", lambda s: "<tool_calls>" in s, "minimax_m1"),
-    Rule("mistral", lambda s: "[TOOL_CALLS]" in s, "mistral", ("[THINK]", "[/THINK]"),
-         id_style="mistral9"),
-    Rule("nemotron-nano-v2", lambda s: "<TOOLCALL>" in s, "nemotron_v2"),
-    Rule("firefunction-v2", lambda s: "functools[" in s, "firefunction_v2", None),
-    Rule("functionary v3.2", lambda s: _has(s, ">>>all", "recipient"), "functionary_v3_2", None),
-    Rule("functionary v3.1",
-         lambda s: _has(s, "<function=", "</function>", "<|start_header_id|>")
-         and "<parameter=" not in s, "functionary_v3_1", None),
-    Rule("minicpm5", lambda s: _has(s, "<function name=", "<param name="), "minicpm5"),
-    Rule("granite 3.x", lambda s: "<|tool_call|>" in s, "granite"),
-    Rule("gigachat", lambda s: _has(s, "function call", "<|role_sep|>")
-         or "<|function_call|>" in s, "gigachat", None),
-    Rule("glm-4.5+", lambda s: _has(s, "<tool_call>", "<arg_key>"), "glm45"),
-    Rule("qwen3-coder xml", lambda s: _has(s, "<tool_call>", "<function=", "<parameter="),
-         "qwen3_coder"),
-    Rule("hermes", lambda s: "<tool_call>" in s, "hermes"),
-    # SmolLM3 models emit Hermes calls; the corpus copy of its template omits the tools part.
-    Rule("smollm3", lambda s: "SmolLM" in s, "hermes"),
-    Rule("llama-3.x json", lambda s: "<|start_header_id|>" in s
-         and ("<|python_tag|>" in s or '"parameters": ' in s), "llama3_json", None),
-]
-FALLBACK = Rule("no tool-call syntax recognised", lambda s: True, None)
+def _choice(fam: Family | None, template: Template, src: str) -> FormatChoice:
+    """The setup ``template`` of ``fam`` implies for this template source."""
+    fmt = fam.name if fam is not None else None
+    ids = fam.id_style if fam is not None else "openai"
+    label = template.label
+    if fmt is not None and format_class(fmt).owns_reasoning:
+        return FormatChoice(fmt, True, None, (), label, ids)
+    tags = template.think
+    if tags is None:
+        return FormatChoice(fmt, False, None, (), label, ids)
+    if template.think_if is not None:
+        reasoning = template.think_if(src)
+    else:
+        reasoning = all(tag in src for tag in tags if tag)
+    if not reasoning:
+        return FormatChoice(fmt, False, None, (), label, ids)
+    return FormatChoice(fmt, True, tags, template.started_after, label, ids)
 
 
 def detect_format(template_source: str) -> FormatChoice:
     """The parsing setup for a chat template (see the module docstring)."""
     src = template_source or ""
-    rule = next((r for r in RULES if r.matches(src)), FALLBACK)
-    return rule.choice(src)
+    for fam in families():
+        for template in fam.detect:
+            if template.matches(src):
+                return _choice(fam, template, src)
+    return _choice(None, FALLBACK, src)

@@ -3,7 +3,7 @@
 Arguments use Gemma's own notation, not JSON: bare keys, strings between ``<|"|>`` markers,
 ``true``/``false``, Python-style numbers and ``None``, nested ``{}``/``[]``. The call is announced
 at its name and its arguments converted when the object closes. Reasoning is
-``<|channel>thought\\n…<channel|>`` (see ``detect``).
+``<|channel>thought\\n…<channel|>`` (see ``families``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import re
 from typing import Any
 
 from .base import Region, RegionParser, malformed
-from .registry import register_tool_format
 from .types import STATUS_MALFORMED_TOOL_CALL, ArgsDelta, CallEnd, CallStart, Event, Issue
 
 OPEN = "<|tool_call>"
@@ -184,7 +183,6 @@ class _GemmaCall(Region):
         return used, True
 
 
-@register_tool_format("gemma4")
 class Gemma4ToolParser(RegionParser):
     """``<|tool_call>call:name{…}<tool_call|>`` calls."""
 

@@ -12,20 +12,11 @@ import re
 
 from .base import Region, malformed
 from .harmony import ChannelParser
-from .registry import register_tool_format
 from .types import Event
 from .xmlcalls import XmlCalls, XmlSpec
 
 CALLS = "<atem:function_calls>"
-SPEC = XmlSpec(
-    call_open='<atem:invoke name="',
-    name_ends=('">',),
-    param_open='<atem:parameter name="',
-    param_head_end='">',
-    param_close="</atem:parameter>",
-    call_close="</atem:invoke>",
-    region_close="</atem:function_calls>",
-)
+SPEC = XmlSpec.attribute_tags("atem:invoke", "atem:parameter", "</atem:function_calls>")
 ENDS = ("<|eom|>", "<|eot|>")
 _RECIPIENT = re.compile(r"\s*to=(\S*)\s*")
 
@@ -63,7 +54,6 @@ class _AtemBody(Region):
         return n, False
 
 
-@register_tool_format("glimmer")
 class GlimmerToolParser(ChannelParser):
     """ATEM messages."""
 

@@ -14,13 +14,8 @@ from __future__ import annotations
 
 import json
 
-# How each family writes one call, as (before, the call given its name and an arguments rule
-# builder, after). JSON families wrap a JSON object; Qwen3-Coder/Qwen3.5 write XML parameters.
-JSON_CALL = {
-    "hermes": ('"<tool_call>\\n"', "arguments", '"\\n</tool_call>"'),
-    "llama3_json": ("", "parameters", ""),
-}
-XML_CALL = {"qwen3_coder"}
+from .family import JsonGrammar, XmlGrammar
+from .registry import family
 
 _JSON_RULES = r"""
 value ::= object | array | string | number | "true" | "false" | "null"
@@ -34,8 +29,17 @@ integer ::= "-"? ( "0" | [1-9] [0-9]* )
 """
 
 
+def shape(tool_format: str | None) -> JsonGrammar | XmlGrammar | None:
+    """How the family writes a forced call (its record's ``grammar``), or None."""
+    try:
+        return family(tool_format).grammar if tool_format is not None else None
+    except ValueError:  # not a declared family
+        return None
+
+
 def supports(tool_format: str | None) -> bool:
-    return tool_format in JSON_CALL or tool_format in XML_CALL
+    """Whether a call in ``tool_format`` can be forced."""
+    return shape(tool_format) is not None
 
 
 def _literal(text: str) -> str:
@@ -107,6 +111,9 @@ def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = No
     ``reasoning_close``: the generation prompt left a reasoning block open (``<think>\\n``);
     the model may finish its reasoning (text, then this tag) before the call.
     """
+    form = shape(tool_format)
+    if form is None:
+        raise ValueError(f"no grammar for tool format {tool_format!r}")
     b = _Builder()
     alternatives = []
     for t in tools:
@@ -117,36 +124,33 @@ def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = No
         if not isinstance(schema, dict):
             schema = {"type": "object"}
         fname = str(fn.get("name"))
-        if tool_format in XML_CALL:
-            alternatives.append(_xml_call(b, fname, schema))
+        if isinstance(form, XmlGrammar):
+            alternatives.append(_xml_call(b, form, fname, schema))
         else:
-            _, key, _ = JSON_CALL[tool_format]
             head = _literal('{"name": ' + json.dumps(fname, ensure_ascii=False)
-                            + f', "{key}": ')
+                            + f', "{form.args_key}": ')
             alternatives.append(f'{head} {b.schema(schema)} "}}"')
     if not alternatives:
         raise ValueError(f"no tool named {name!r}")
-    if tool_format in XML_CALL:
-        before, after = '"<tool_call>\\n"', '"</tool_call>"'
-    else:
-        before, after = JSON_CALL[tool_format][0], JSON_CALL[tool_format][2]
+    before = _literal(form.before) if form.before else ""
+    after = _literal(form.after) if form.after else ""
     think = ""
     if reasoning_close:
         # reasoning text may hold "<" but not a closing tag before the real close
         think = f'( [^<] | "<" [^/] )* {_literal(reasoning_close)} "\\n\\n" '
     call = f"call ::= {before} ( {' | '.join(alternatives)} ) {after}"
     more = ""
-    if parallel and tool_format in PARALLEL_SEPARATOR:
-        more = f" ( {PARALLEL_SEPARATOR[tool_format]} call )*"
+    if parallel and form.separator is not None:
+        more = f" ( {_literal(form.separator)} call )*"
     root = f"root ::= {think}call{more}"
     return "\n".join([root, call, *b.rules]) + _JSON_RULES
 
 
-def _xml_call(b: _Builder, name: str, schema: dict) -> str:
-    """``<function=name>`` then one ``<parameter=key>`` block per required parameter, values
-    as the template writes them: strings raw, everything else as JSON."""
+def _xml_call(b: _Builder, form: XmlGrammar, name: str, schema: dict) -> str:
+    """The call's open tag, then one parameter block per required parameter, values as the
+    template writes them: strings raw, everything else as JSON."""
     props = _properties(schema)
-    parts = [_literal(f"<function={name}>\n")]
+    parts = [_literal(form.call_open.replace("{name}", name))]
     for key in _required(schema, props):
         spec = props[key]
         if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
@@ -156,6 +160,7 @@ def _xml_call(b: _Builder, name: str, schema: dict) -> str:
             value = "[^<]*"
         else:
             value = b.schema(spec)
-        parts += [_literal(f"<parameter={key}>\n"), value, _literal("\n</parameter>\n")]
-    parts.append(_literal("</function>\n"))
+        parts += [_literal(form.param_open.replace("{key}", key)), value,
+                  _literal(form.param_close)]
+    parts.append(_literal(form.call_close))
     return b.rule(" ".join(parts))

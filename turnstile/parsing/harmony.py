@@ -16,7 +16,6 @@ from typing import ClassVar
 
 from .base import Region, find_first, malformed
 from .markers import split_safe
-from .registry import register_tool_format
 from .tagged import TaggedJsonCall, TaggedSpec
 from .types import Event, Reasoning, Text, ToolCallParser
 
@@ -132,7 +131,6 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 HARMONY_ENDS = ("<|end|>", "<|call|>", "<|return|>")
 
 
-@register_tool_format("harmony")
 class HarmonyToolParser(ChannelParser):
     """gpt-oss Harmony messages."""
 

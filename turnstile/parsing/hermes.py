@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from .jsoncalls import CallHead, ValueScanner, match_call_head, parse_call_object
 from .markers import split_safe
-from .registry import register_tool_format
 from .types import (
     STATUS_MALFORMED_TOOL_CALL,
     ArgsDelta,
@@ -49,7 +48,6 @@ _WHOLE = "whole"  # uncommitted, buffering until </tool_call> to parse the call 
 HEAD_LIMIT = 1024
 
 
-@register_tool_format("hermes")
 class HermesToolParser(ToolCallParser):
     """Incremental Hermes tool-call parser (see the module docstring for the policy)."""
 

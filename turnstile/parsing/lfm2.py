@@ -12,7 +12,6 @@ import json
 
 from .base import Region, RegionParser, find_first, literal_node, malformed, parse_expression
 from .markers import split_safe
-from .registry import register_tool_format
 from .types import STATUS_MALFORMED_TOOL_CALL, ArgsDelta, CallEnd, CallStart, Event, Issue
 
 OPEN = "<|tool_call_start|>"
@@ -161,7 +160,6 @@ class _CallList(Region):
         return len(piece), False
 
 
-@register_tool_format("lfm2")
 class Lfm2ToolParser(RegionParser):
     """``<|tool_call_start|>[f(a=1), …]<|tool_call_end|>`` lists."""
 

@@ -7,7 +7,7 @@
   ``[TOOL_CALLS]`` per call.
 
 The form is told by the first character after the marker. Reasoning models write
-``[THINK]…[/THINK]`` (see ``detect``).
+``[THINK]…[/THINK]`` (see ``families``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import re
 
 from .base import Region, RegionParser
 from .jsonlist import JsonCallList, ListSpec
-from .registry import register_tool_format
 from .tagged import TaggedJsonCall, TaggedSpec
 from .types import Event
 
@@ -49,7 +48,6 @@ class _MistralCall(Region):
         return self._inner.advance(buf, final, out)
 
 
-@register_tool_format("mistral")
 class MistralToolParser(RegionParser):
     """``[TOOL_CALLS]`` in either form."""
 

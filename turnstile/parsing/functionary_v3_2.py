@@ -1,9 +1,6 @@
-"""MeetKai Functionary tool calls.
+"""MeetKai Functionary v3.2 tool calls (v3.1 is a row of ``families``).
 
-``functionary_v3_1`` (Llama-3.1 based): ``<function=NAME>{args}</function>``, several in a row,
-and ``<|python_tag|>code`` for the code interpreter (a call to ``python``).
-
-``functionary_v3_2``: messages ``>>>RECIPIENT\\nBODY``; recipient ``all`` is text for the user,
+Messages ``>>>RECIPIENT\\nBODY``; recipient ``all`` is text for the user,
 any other is a call whose body is its JSON arguments (``python`` may carry raw code). The
 generation prompt already ends with the first ``>>>``.
 """
@@ -11,36 +8,11 @@ generation prompt already ends with the first ``>>>``.
 from __future__ import annotations
 
 import json
-import re
 
 from .base import Region, RegionParser, find_first, malformed
-from .llama3 import PYTHON_TAG, PythonTag
 from .markers import split_safe
-from .registry import register_tool_format
 from .tagged import TaggedJsonCall, TaggedSpec
 from .types import ArgsDelta, CallEnd, CallStart, Event, Text
-
-FUNCTION = "<function="
-V31_SPEC = TaggedSpec(
-    headers=(re.compile(r"\s*(?P<name>[^\s<>{}]+)\s*>\s*"),),
-    closes=("</function>",),
-    aborts=(FUNCTION, PYTHON_TAG),
-)
-
-
-@register_tool_format("functionary_v3_1")
-class FunctionaryV31ToolParser(RegionParser):
-    """``<function=name>{…}</function>`` and ``<|python_tag|>``."""
-
-    openers = (FUNCTION, PYTHON_TAG)
-    drops = ("<|eom_id|>", "<|eot_id|>")  # end-of-turn tokens, should the stop token remain
-    markers = (FUNCTION, "</function>", PYTHON_TAG, *drops)
-
-    def open_region(self, marker: str) -> Region:
-        if marker == PYTHON_TAG:
-            return PythonTag(marker)
-        return TaggedJsonCall(marker, V31_SPEC)
-
 
 NEXT = ">>>"
 V32_ARGS = TaggedSpec(aborts=(NEXT,))
@@ -98,7 +70,6 @@ class _V32Message(Region):
         return len(code), True
 
 
-@register_tool_format("functionary_v3_2")
 class FunctionaryV32ToolParser(RegionParser):
     """``>>>recipient`` messages."""
 

@@ -15,7 +15,6 @@ import json
 
 from .base import Region, RegionParser, literal_node, malformed, parse_expression
 from .jsonlist import JsonCallList, ListSpec
-from .registry import register_tool_format
 from .types import ArgsDelta, CallEnd, CallStart, Event
 
 PYTHON_TAG = "<|python_tag|>"
@@ -88,7 +87,6 @@ class PythonTag(Region):
         return used, True
 
 
-@register_tool_format("llama3_json")
 class Llama3ToolParser(RegionParser):
     """Llama 3.x JSON tool calls and ``<|python_tag|>``."""
 

@@ -1,15 +1,9 @@
-"""MiniMax tool calls, three generations.
+"""MiniMax-M3 tool calls (M1 and M2 are rows of ``families``).
 
-``minimax_m1``: ``<tool_calls>\\n{"name": …, "arguments": {…}}\\n{…}\\n</tool_calls>``, one JSON
-object per line.
-
-``minimax_m2``: ``<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="K">V</parameter>
-\\n</invoke>\\n</minimax:tool_call>`` (values as text, see ``xmlcalls``).
-
-``minimax_m3``: every tag is preceded by the separator ``]<]minimax[>[`` and argument values are
+Every tag is preceded by the separator ``]<]minimax[>[`` and argument values are
 nested tags, objects as child elements and lists as ``<item>`` elements:
 ``…<tool_call>\\n…<invoke name="NAME">…<city>Paris…</city>…<days>…<item>1…</item>…</days>…
-</invoke>\\n…</tool_call>``. Reasoning is ``<mm:think>…</mm:think>`` (see ``detect``).
+</invoke>\\n…</tool_call>``. Reasoning is ``<mm:think>…</mm:think>`` (see ``families``).
 """
 
 from __future__ import annotations
@@ -18,8 +12,6 @@ import re
 from typing import Any
 
 from .base import ArgsWriter, Region, RegionParser, convert_value, malformed
-from .jsonlist import JsonCallList, ListSpec
-from .registry import register_tool_format
 from .types import (
     STATUS_MALFORMED_TOOL_CALL,
     ArgsDelta,
@@ -29,43 +21,6 @@ from .types import (
     Issue,
     schema_types,
 )
-from .xmlcalls import XmlCalls, XmlSpec
-
-M1_SPEC = ListSpec(closes=("</tool_calls>",), bare=True, seps=",")
-
-
-@register_tool_format("minimax_m1")
-class MiniMaxM1ToolParser(RegionParser):
-    """``<tool_calls>`` with one JSON call per line."""
-
-    openers = ("<tool_calls>",)
-    markers = ("<tool_calls>", "</tool_calls>")
-
-    def open_region(self, marker: str) -> Region:
-        return JsonCallList(marker, M1_SPEC)
-
-
-M2_SPEC = XmlSpec(
-    call_open='<invoke name="',
-    name_ends=('">',),
-    param_open='<parameter name="',
-    param_head_end='">',
-    param_close="</parameter>",
-    call_close="</invoke>",
-    region_close="</minimax:tool_call>",
-)
-
-
-@register_tool_format("minimax_m2")
-class MiniMaxM2ToolParser(RegionParser):
-    """``<minimax:tool_call>`` sections."""
-
-    openers = ("<minimax:tool_call>",)
-    markers = ("<minimax:tool_call>", *M2_SPEC.markers)
-
-    def open_region(self, marker: str) -> Region:
-        return XmlCalls(marker, M2_SPEC, self.tools)
-
 
 NS = "]<]minimax[>["
 M3_OPEN = NS + "<tool_call>"
@@ -126,7 +81,6 @@ class _M3Calls(Region):
         return len(body), at < 0
 
 
-@register_tool_format("minimax_m3")
 class MiniMaxM3ToolParser(RegionParser):
     """MiniMax-M3 separator-tagged calls."""
 

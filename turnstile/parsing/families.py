@@ -1,0 +1,354 @@
+"""Every model family Turnstile parses, declared once (the record is ``family.Family``).
+
+The registry, ``detect`` and ``grammar`` are derived from this table. Its order is the
+detection order: the first family with a matching template wins, so families are listed from
+the most specific marker to the most generic (``<tool_call>`` is shared by GLM, Qwen3-Coder and
+Hermes, which are told apart by what sits inside it). The expected result for every template
+of the llama.cpp corpus is pinned in ``tests/test_parsing_roundtrip.py``.
+
+A family whose syntax one of the shared regions describes (``tagged``, ``jsonlist``,
+``xmlcalls``) is a ``Regions`` row here and nothing else; one that needs code of its own has a
+module named after it (``hermes``, ``mistral``, ``harmony``, ``glimmer``, ``gemma4``, ``lfm2``,
+``llama3_json``, ``functionary_v3_2``, ``minimax_m3``) and its row names the class.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .family import (
+    Family,
+    JsonGrammar,
+    Regions,
+    Template,
+    TemplatePatch,
+    XmlGrammar,
+    has,
+)
+from .functionary_v3_2 import FunctionaryV32ToolParser
+from .gemma4 import Gemma4ToolParser
+from .glimmer import GlimmerToolParser
+from .harmony import HarmonyToolParser
+from .hermes import HermesToolParser
+from .jsonlist import ListSpec
+from .lfm2 import Lfm2ToolParser
+from .llama3_json import ENDS as LLAMA3_ENDS
+from .llama3_json import PYTHON_TAG, Llama3ToolParser, PythonTag
+from .minimax_m3 import MiniMaxM3ToolParser
+from .mistral import MistralToolParser
+from .tagged import TaggedSpec
+from .xmlcalls import XmlSpec
+
+# --- specs shared by more than one row, or long enough to read apart -------------------------
+
+# Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+# <|tool_call_argument_begin|>{args}<|tool_call_end|>…<|tool_calls_section_end|>
+K2_CALL, K2_END = "<|tool_call_begin|>", "<|tool_call_end|>"
+K2_ARGS = "<|tool_call_argument_begin|>"
+K2_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+K2_SPEC = TaggedSpec(
+    headers=(
+        re.compile(r"\s*(?:functions\.)?(?P<name>[^\s<>{}]+?)(?::\d+)?\s*" + re.escape(K2_ARGS)
+                   + r"\s*"),
+    ),
+    closes=(K2_END,),
+    aborts=(K2_CALL, K2_SECTION[1]),
+)
+
+# Kimi-K3: a tagged message; <|open|>think<|sep|>…<|close|>think<|sep|> is reasoning (opened by
+# the generation prompt), response tags are dropped, and the tools section holds
+# <|open|>call tool="NAME" index="1"<|sep|><|open|>argument key="K" type="string"<|sep|>V
+# <|close|>argument<|sep|>…<|close|>call<|sep|>.
+K3_THINK = ("<|open|>think<|sep|>", "<|close|>think<|sep|>")
+K3_SPEC = XmlSpec(
+    call_open='<|open|>call tool="',
+    name_ends=("<|sep|>",),
+    name_re=re.compile(r'\s*(?P<name>[^"<>]+)"(?:\s+index="[^"]*")?\s*'),
+    param_open='<|open|>argument key="',
+    param_head_end="<|sep|>",
+    param_re=re.compile(r'\s*(?P<key>[^"<>]+)"(?:\s+type="(?P<type>[^"]*)")?\s*'),
+    param_close="<|close|>argument<|sep|>",
+    call_close="<|close|>call<|sep|>",
+    region_close="<|close|>tools<|sep|>",
+)
+
+# DeepSeek V3/R1/V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>HEADER{args}TAIL
+# <｜tool▁call▁end｜>…<｜tool▁calls▁end｜>, HEADER function<｜tool▁sep｜>NAME\n```json\n (V3, R1 and
+# its distills, TAIL \n```) or NAME<｜tool▁sep｜> (V3.1).
+DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+DS_CALL, DS_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+DS_V3_SPEC = TaggedSpec(
+    headers=(
+        re.compile(r"\s*function" + DS_SEP + r"(?P<name>[^\n`]+?)\s*```(?:json)?\s*"),
+        re.compile(r"\s*(?P<name>[^\s<>{}]+?)\s*" + DS_SEP + r"\s*"),
+    ),
+    closes=(DS_END,),
+    tail=re.compile(r"\s*(?:```)?\s*"),
+    aborts=(DS_CALL, DS_CALLS[1]),
+)
+
+
+def _dsml(region: str) -> XmlSpec:
+    """DeepSeek V3.2 (``function_calls``) / V4 (``tool_calls``) DSML; ``string="false"`` marks
+    a JSON value."""
+    return XmlSpec.attribute_tags(
+        "｜DSML｜invoke", "｜DSML｜parameter", f"</｜DSML｜{region}>",
+        param_re=re.compile(r'\s*(?P<key>[^"<>]+?)\s*(?:"\s+string="(?P<string>true|false))?'),
+    )
+
+
+# Solar-Open: <|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{args}
+# <|tool_call:end|>…<|calls|>; a content message after reasoning restarts with
+# <|begin|>assistant<|content|>, dropped.
+SOLAR_CALL = "<|tool_call:begin|>"
+SOLAR_SPEC = TaggedSpec(
+    headers=(
+        re.compile(
+            r"\s*[^<>{}]*<\|tool_call:name\|>\s*(?P<name>[^\s<>{}]+)\s*<\|tool_call:args\|>\s*"
+        ),
+    ),
+    closes=("<|tool_call:end|>",),
+    aborts=(SOLAR_CALL, "<|calls|>"),
+)
+
+# Cohere: Command-R7B/A/Cohere2 write [{"tool_call_id": "0", "tool_name": NAME, "parameters":
+# {…}}, …] in <|START_ACTION|>; the Command-R/R+ tool-use template writes Action: ```json[…]```.
+COHERE_KEYS = {"name_keys": ("tool_name", "name"), "args_keys": ("parameters", "arguments")}
+
+# Functionary v3.1 (Llama-3.1 based): <function=NAME>{args}</function>, several in a row, and
+# <|python_tag|>code for the code interpreter (a call to ``python``).
+FUNCTION = "<function="
+FUNCTIONARY_V31_SPEC = TaggedSpec(
+    headers=(re.compile(r"\s*(?P<name>[^\s<>{}]+)\s*>\s*"),),
+    closes=("</function>",),
+    aborts=(FUNCTION, PYTHON_TAG),
+)
+
+# GigaChat3 ends its text turn and opens a ``function call`` message; GigaChat3.1 writes
+# <|function_call|>. Either way one JSON call object per turn.
+GIGACHAT_V3, GIGACHAT_V31 = "<|message_sep|>\n\nfunction call<|role_sep|>", "<|function_call|>"
+GIGACHAT_SPEC = ListSpec(bare=True, seps="")
+
+# Qwen3 writes an assistant turn's <think> block only while the turn is last or has reasoning.
+QWEN3_STABLE_THINK = TemplatePatch(
+    name="qwen3-stable-think-block",
+    why="Qwen3 writes an assistant turn's <think> block only while the turn is last or has "
+        "reasoning (`loop.last`), so appending a tool result re-renders the turn it follows. "
+        "Writing the block whenever the turn follows the last user query keeps it stable; "
+        "the render of ordinary chats is unchanged.",
+    old="{%- if loop.last or (not loop.last and reasoning_content) %}",
+    new="{%- if true %}",
+)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(  # gpt-oss
+        "harmony", HarmonyToolParser,
+        detect=(Template("gpt-oss harmony", has("<|channel|>", "<|message|>", "functions."),
+                         think=None),),
+    ),
+    Family(  # Muse Glimmer
+        "glimmer", GlimmerToolParser,
+        detect=(Template("muse glimmer (ATEM)", has("<atem:function_calls>"), think=None),),
+    ),
+    Family(
+        "kimi_k3",
+        Regions({"<|open|>tools<|sep|>": K3_SPEC},
+                drops=("<|open|>response<|sep|>", "<|close|>response<|sep|>",
+                       "<|close|>message<|sep|>"),
+                markers=K3_THINK),
+        detect=(Template("kimi-k3", has("<|open|>", "<|sep|>", "<|close|>"), think=K3_THINK,
+                         think_if=lambda s: "open_tag('think')" in s or "<|open|>think" in s),),
+    ),
+    Family(
+        "kimi_k2",
+        Regions({K2_CALL: K2_SPEC}, drops=K2_SECTION, markers=(K2_ARGS,)),
+        detect=(Template("kimi-k2", has("<|tool_calls_section_begin|>")),),
+        id_style="kimi",
+    ),
+    Family(
+        "deepseek_dsml",
+        Regions({f"<｜DSML｜{r}>": _dsml(r) for r in ("function_calls", "tool_calls")}),
+        detect=(Template("deepseek v3.2/v4 DSML", has("｜DSML｜")),),
+    ),
+    Family(
+        "deepseek_v3",
+        Regions({DS_CALL: DS_V3_SPEC}, drops=DS_CALLS, markers=(DS_SEP,)),
+        detect=(Template("deepseek v3/r1/v3.1", has("tool▁call▁begin")),),
+    ),
+    Family(
+        "minimax_m3", MiniMaxM3ToolParser,
+        detect=(Template("minimax-m3", has("]<]minimax[>["), think=("<mm:think>", "</mm:think>")),),
+    ),
+    # <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>…
+    Family(
+        "minimax_m2",
+        Regions({"<minimax:tool_call>": XmlSpec.attribute_tags(
+            "invoke", "parameter", "</minimax:tool_call>")}),
+        detect=(Template("minimax-m2", has("<minimax:tool_call>")),),
+    ),
+    # <seed:tool_call>\n<function=NAME>\n<parameter=K>V</parameter>\n</function>\n
+    # </seed:tool_call>; non-string values are Python reprs ({'a': 1}), see base.convert_value
+    Family(
+        "seed_oss",
+        Regions({"<seed:tool_call>": XmlSpec.function_tags("</seed:tool_call>")}),
+        detect=(Template("seed-oss", has("<seed:tool_call>"),
+                         think=("<seed:think>", "</seed:think>")),),
+    ),
+    # Hunyuan 3: the GLM key/value shape with :opensource tags, <tool_calls:opensource>\n
+    # <tool_call:opensource>NAME<tool_sep:opensource>\n<arg_key:opensource>K</arg_key:opensource>
+    # \n<arg_value:opensource>V</arg_value:opensource>\n</tool_call:opensource>…
+    Family(
+        "hy3",
+        Regions({"<tool_calls:opensource>": XmlSpec.key_value_tags(
+            ":opensource", "<tool_call:opensource>", ("<tool_sep:opensource>",),
+            "</tool_calls:opensource>")}),
+        detect=(Template("hunyuan-3", has(":opensource", "tool_call"),
+                         think=("<think:opensource>", "</think:opensource>"),
+                         think_if=lambda s: "think" in s),),
+    ),
+    Family(
+        "gemma4", Gemma4ToolParser,
+        detect=(Template("gemma-4", has("<|tool_call>"),
+                         think=("<|channel>thought", "<channel|>")),),
+    ),
+    Family(
+        "lfm2", Lfm2ToolParser,
+        detect=(Template("lfm2", lambda s: "<|tool_call_start|>" in s or "<|tool_list_start|>" in s
+                         or has("List of tools: [", "<|im_start|>")(s)),),
+    ),
+    Family(
+        "solar_open",
+        Regions({SOLAR_CALL: SOLAR_SPEC},
+                drops=("<|tool_calls|>", "<|calls|>", "<|begin|>assistant", "<|content|>"),
+                markers=("<|tool_call:name|>", "<|tool_call:args|>", "<|think|>", "<|end|>")),
+        detect=(Template("solar-open", has(SOLAR_CALL), think=("<|think|>", "<|end|>")),),
+    ),
+    # Apertus: <|tools_prefix|>[{"NAME": {args}}, …]<|tools_suffix|>, the name as the key
+    Family(
+        "apertus",
+        Regions({"<|tools_prefix|>": ListSpec(closes=("<|tools_suffix|>",), keyed=True)},
+                markers=("<|inner_prefix|>", "<|inner_suffix|>")),
+        detect=(Template("apertus", has("<|tools_prefix|>"),
+                         think=("<|inner_prefix|>", "<|inner_suffix|>")),),
+    ),
+    Family(
+        "cohere",
+        Regions({"<|START_ACTION|>": ListSpec(closes=("<|END_ACTION|>",), **COHERE_KEYS)},
+                drops=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+                markers=("<|START_THINKING|>", "<|END_THINKING|>")),
+        detect=(Template("cohere command-r7b/a", has("<|START_ACTION|>"),
+                         think=("<|START_THINKING|>", "<|END_THINKING|>")),),
+    ),
+    Family(
+        "command_r",
+        Regions({"Action:": ListSpec(closes=("```",), prefix=("```json", "```"), lenient=True,
+                                     **COHERE_KEYS)}),
+        detect=(Template("cohere command-r tool_use",
+                         has("Action:", "```json", "<|CHATBOT_TOKEN|>"), think=None),),
+    ),
+    # Apriel: <tool_calls>[{"name": …, "arguments": {…}}, …]</tool_calls>. Apriel-1.6 reasons
+    # first without an opening tag and answers after [BEGIN FINAL RESPONSE].
+    Family(
+        "apriel",
+        Regions({"<tool_calls>": ListSpec(closes=("</tool_calls>",))},
+                drops=("[END FINAL RESPONSE]",), markers=("[BEGIN FINAL RESPONSE]",)),
+        detect=(
+            Template("apriel-1.6", has("<tool_calls>", "Here are my reasoning steps:"),
+                     think=("", "[BEGIN FINAL RESPONSE]"),
+                     started_after=("Here are my reasoning steps:",)),
+            Template("apriel", has("<tool_calls>", "<|assistant|>"), think=None),
+        ),
+    ),
+    # MiniMax-M1: <tool_calls>\n{"name": …, "arguments": {…}}\n{…}\n</tool_calls>, one per line
+    Family(
+        "minimax_m1",
+        Regions({"<tool_calls>": ListSpec(closes=("</tool_calls>",), bare=True, seps=",")}),
+        detect=(Template("minimax-m1", has("<tool_calls>")),),
+    ),
+    Family(
+        "mistral", MistralToolParser,
+        detect=(Template("mistral", has("[TOOL_CALLS]"), think=("[THINK]", "[/THINK]")),),
+        id_style="mistral9",
+    ),
+    # Nemotron-Nano-v2: <TOOLCALL>[{"name": …, "arguments": {…}}]</TOOLCALL>
+    Family(
+        "nemotron_v2",
+        Regions({"<TOOLCALL>": ListSpec(closes=("</TOOLCALL>",))}),
+        detect=(Template("nemotron-nano-v2", has("<TOOLCALL>")),),
+    ),
+    # FireFunction-v2: functools[{"name": …, "arguments": {…}}, …], the list ends the message
+    Family(
+        "firefunction_v2",
+        Regions({"functools": ListSpec()}),
+        detect=(Template("firefunction-v2", has("functools["), think=None),),
+    ),
+    Family(
+        "functionary_v3_2", FunctionaryV32ToolParser,
+        detect=(Template("functionary v3.2", has(">>>all", "recipient"), think=None),),
+    ),
+    Family(
+        "functionary_v3_1",
+        Regions({FUNCTION: FUNCTIONARY_V31_SPEC, PYTHON_TAG: PythonTag},
+                drops=LLAMA3_ENDS),  # end-of-turn tokens, should the stop token remain
+        detect=(Template("functionary v3.1",
+                         lambda s: has("<function=", "</function>", "<|start_header_id|>")(s)
+                         and "<parameter=" not in s, think=None),),
+    ),
+    # MiniCPM5: <function name="NAME"><param name="K">V</param></function>, no wrapper; text
+    # holding <, & or a newline is in <![CDATA[…]]>; non-strings are Python reprs
+    Family(
+        "minicpm5",
+        Regions({'<function name="': XmlSpec.attribute_tags("function", "param", opened=True,
+                                                            cdata=True)}),
+        detect=(Template("minicpm5", has("<function name=", "<param name=")),),
+    ),
+    # Granite 3.x: <|tool_call|>[{"name": …, "arguments": {…}}, …]; 3.3 with reasoning wraps
+    # its answer in <response>…</response> (dropped). Granite 4 writes Hermes calls.
+    Family(
+        "granite",
+        Regions({"<|tool_call|>": ListSpec()}, drops=("<response>", "</response>")),
+        detect=(Template("granite 3.x", has("<|tool_call|>")),),
+    ),
+    Family(
+        "gigachat",
+        Regions({GIGACHAT_V3: GIGACHAT_SPEC, GIGACHAT_V31: GIGACHAT_SPEC},
+                markers=("<|message_sep|>", "<|role_sep|>")),
+        detect=(Template("gigachat", lambda s: has("function call", "<|role_sep|>")(s)
+                         or "<|function_call|>" in s, think=None),),
+    ),
+    # GLM-4.5+ (Laguna, Spark-X2.5, Ling-3.0): <tool_call>NAME\n<arg_key>K</arg_key>\n
+    # <arg_value>V</arg_value>\n</tool_call>; GLM-4.7 and Laguna drop the newlines
+    Family(
+        "glm45",
+        Regions({"<tool_call>": XmlSpec.key_value_tags()}),
+        detect=(Template("glm-4.5+", has("<tool_call>", "<arg_key>")),),
+    ),
+    # Qwen3-Coder, Qwen3.5/3.6, Nemotron-3-Nano, StepFun-3.5: <tool_call>\n<function=NAME>\n
+    # <parameter=K>\nV\n</parameter>\n</function>\n</tool_call>, one block per call
+    Family(
+        "qwen3_coder",
+        Regions({"<tool_call>": XmlSpec.function_tags("</tool_call>", trim_newline=True)}),
+        detect=(Template("qwen3-coder xml", has("<tool_call>", "<function=", "<parameter=")),),
+        grammar=XmlGrammar("<tool_call>\n", "</tool_call>", "<function={name}>\n",
+                           "<parameter={key}>\n", "\n</parameter>\n", "</function>\n",
+                           separator="\n"),
+    ),
+    # Hermes-2/3, Qwen2.5/3, QwQ, Granite 4, MiMo, Bielik, Reka, SmolLM3
+    Family(
+        "hermes", HermesToolParser,
+        detect=(
+            Template("hermes", has("<tool_call>")),
+            # SmolLM3 models emit Hermes calls; the corpus copy of its template omits the tools
+            Template("smollm3", has("SmolLM")),
+        ),
+        grammar=JsonGrammar("<tool_call>\n", "arguments", "\n</tool_call>", separator="\n"),
+        patches=(QWEN3_STABLE_THINK,),
+    ),
+    Family(
+        "llama3_json", Llama3ToolParser,
+        detect=(Template("llama-3.x json", lambda s: "<|start_header_id|>" in s
+                         and ("<|python_tag|>" in s or '"parameters": ' in s), think=None),),
+        grammar=JsonGrammar("", "parameters", ""),  # one call per turn: templates refuse more
+    ),
+)
