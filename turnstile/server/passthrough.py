@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import math
 import sys
 import time
@@ -46,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import orjson
 
 from ..chat.history import prefix_hashes, root_hash
@@ -62,11 +60,19 @@ from ..engines.http import HTTPEngine, error_message, sse_data, version_tuple
 from ..store.sqlite import CallRecord, Store, new_id
 from .control import PolicyControl
 from .errors import APIError
+from .lineage import (
+    LineageIndex,
+    Node,
+    common_prefix,
+    describe,
+    divergence,
+    extends,
+    new_node,
+)
 from .requests import ChatRequest
 
 CHAT = "/v1/chat/completions"
 DIALECTS = ("vllm", "sglang")
-WINDOW = 6  # tokens shown on each side of a divergence
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
                  "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
@@ -221,111 +227,13 @@ class PassthroughEngine(HTTPEngine):
         return None
 
 
-# The session's call tree, indexed by token prefix.
-
-
-@dataclass(eq=False)
-class _Node:
-    """A recorded ``ok`` call: its tokens as a delta against its parent (memory grows with
-    new tokens only) and a digest of its whole prompt + completion."""
-
-    id: str
-    parent: _Node | None
-    delta: array
-    completion: array
-    seq: int
-    full_len: int
-    digest: bytes
-
-    def path(self) -> list[_Node]:
-        out: list[_Node] = []
-        node: _Node | None = self
-        while node is not None:
-            out.append(node)
-            node = node.parent
-        out.reverse()
-        return out
-
-    def full(self) -> array:
-        """Prompt + completion: the prefix a child call extends."""
-        out = array("i")
-        for node in self.path():
-            out.extend(node.delta)
-            out.extend(node.completion)
-        return out
-
-
-def _digest(*parts: bytes | memoryview) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    for p in parts:
-        h.update(p)
-    return h.digest()
-
-
-@dataclass
-class _Index:
-    nodes: dict[str, _Node] = field(default_factory=dict)
-    by_len: dict[int, list[_Node]] = field(default_factory=dict)
-    leaves: dict[str, _Node] = field(default_factory=dict)
-    replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
-    n_calls: int = 0
-
-    def add(self, node: _Node) -> None:
-        self.nodes[node.id] = node
-        self.by_len.setdefault(node.full_len, []).append(node)
-        self.leaves[node.id] = node
-        if node.parent is not None:
-            self.leaves.pop(node.parent.id, None)
-
-    def parent_of(self, prompt: array) -> _Node | None:
-        """The recorded call whose prompt + completion is the longest prefix of ``prompt``
-        (the latest one when several are equal). One pass of hashing over the prompt finds
-        candidates at every recorded length; the winner is then compared token for token."""
-        lengths = sorted(n for n in self.by_len if 0 < n <= len(prompt))
-        raw = memoryview(prompt.tobytes())
-        h = hashlib.blake2b(digest_size=16)
-        pos, found = 0, []
-        for n in lengths:
-            h.update(raw[pos * 4:n * 4])
-            pos = n
-            d = h.digest()
-            found += [c for c in self.by_len[n] if c.digest == d]
-        for cand in sorted(found, key=lambda c: (c.full_len, c.seq), reverse=True):
-            if cand.full().tobytes() == raw[:cand.full_len * 4]:
-                return cand
-        return None
-
-    def closest(self, prompt: array) -> tuple[_Node, int] | None:
-        """The recorded conversation sharing the longest token prefix with ``prompt`` (a leaf:
-        every call's tokens are a prefix of its descendants') and that prefix's length."""
-        p = np.frombuffer(prompt, dtype=np.int32)
-        best: tuple[_Node, int] | None = None
-        for leaf in self.leaves.values():
-            common = _common_prefix(p, leaf.full())
-            if best is None or (common, leaf.seq) > (best[1], best[0].seq):
-                best = (leaf, common)
-        return best
-
-
-def _extends(node: _Node, prompt: array) -> bool:
-    return node.full_len <= len(prompt) and \
-        node.full().tobytes() == memoryview(prompt.tobytes())[:node.full_len * 4]
-
-
-def _common_prefix(p: np.ndarray, other: array) -> int:
-    q = np.frombuffer(other, dtype=np.int32)
-    n = min(len(p), len(q))
-    diff = np.flatnonzero(p[:n] != q[:n])
-    return int(diff[0]) if diff.size else n
-
-
 @dataclass
 class _Link:
     """Where a prompt joins the session's tree."""
 
     prompt: array
     hashes: list[bytes]
-    parent: _Node | None = None
+    parent: Node | None = None
     reason: str | None = None
     detail: str | None = None
     drift: dict | None = None
@@ -613,7 +521,7 @@ class PassthroughGateway:
         self.model_name = model_name
         self.dialect = dialect
         self.control = PolicyControl()
-        self._index: dict[str, _Index] = {}
+        self._index: dict[str, LineageIndex] = {}
 
     # sessions
 
@@ -622,24 +530,11 @@ class PassthroughGateway:
         if hasattr(self.engine, "forget"):
             self.engine.forget(session_id)
 
-    def index(self, session_id: str) -> _Index:
+    def index(self, session_id: str) -> LineageIndex:
         """The session's token index, rebuilt from the store the first time after a restart."""
         idx = self._index.get(session_id)
         if idx is None:
-            idx = _Index()
-            for c in self.store.calls(session_id):
-                idx.n_calls = max(idx.n_calls, c.seq + 1)
-                if c.status != "ok":
-                    continue
-                parent = idx.nodes.get(c.parent_id) if c.parent_id else None
-                prefix = parent.full() if parent else array("i")
-                node = _Node(c.id, parent, c.prompt_delta, c.completion_ids, c.seq,
-                             len(prefix) + len(c.prompt_delta) + len(c.completion_ids),
-                             _digest(prefix.tobytes(), c.prompt_delta.tobytes(),
-                                     c.completion_ids.tobytes()))
-                idx.add(node)
-                if c.history_hash is not None:
-                    idx.replies[c.history_hash] = c.id
+            idx = LineageIndex.from_calls(self.store.calls(session_id))
             self._index[session_id] = idx
         return idx
 
@@ -720,7 +615,7 @@ class PassthroughGateway:
     def _hashes(self, req: ChatRequest) -> list[bytes]:
         return prefix_hashes(root_hash(req.tools, req.template_kwargs), req.messages)
 
-    async def link(self, idx: _Index, req: ChatRequest, hashes: list[bytes],
+    async def link(self, idx: LineageIndex, req: ChatRequest, hashes: list[bytes],
                    prompt: array, engine: PassthroughEngine) -> _Link:
         """Parent by exact token prefix; otherwise a new segment, with where it diverged.
 
@@ -735,7 +630,7 @@ class PassthroughGateway:
                 continued = idx.nodes[cid]
                 break
         parent = idx.parent_of(prompt)
-        if parent is not None and (continued is None or _extends(continued, prompt)):
+        if parent is not None and (continued is None or extends(continued, prompt)):
             link.parent = parent
             return link
         if not idx.nodes:
@@ -743,7 +638,7 @@ class PassthroughGateway:
             return link
         if continued is not None:
             compared = continued
-            common = _common_prefix(np.frombuffer(prompt, dtype=np.int32), continued.full())
+            common = common_prefix(prompt, continued.full())
             link.reason = "drift"
         else:
             compared, common = idx.closest(prompt)  # type: ignore[misc]
@@ -751,73 +646,32 @@ class PassthroughGateway:
                                                      for m in req.messages)
                            else "new_conversation")
         link.drift = await self._where(compared, common, prompt, engine)
-        link.detail = self._describe(link.reason, link.drift)
+        link.detail = describe(link.reason, link.drift)
         return link
 
-    async def _where(self, compared: _Node, i: int, prompt: array,
+    async def _where(self, compared: Node, i: int, prompt: array,
                      engine: PassthroughEngine) -> dict:
-        """Where ``prompt`` leaves ``compared``'s prompt + completion: the call and the part of
-        it holding token ``i``, and the tokens (and text) on both sides around it."""
-        full = compared.full()
-        at, region, offset, start = compared, "completion", 0, 0
-        for node in compared.path():
-            end_delta = start + len(node.delta)
-            end = end_delta + len(node.completion)
-            if i < end or node is compared:
-                at = node
-                region, offset = (("prompt_delta", i - start) if i < end_delta
-                                  else ("completion", i - end_delta))
-                break
-            start = end
-        lo = max(0, i - WINDOW)
-        recorded = full[lo:i + WINDOW].tolist()
-        received = prompt[lo:i + WINDOW].tolist()
+        """:func:`divergence`, with the text of the tokens on both sides (the engine's)."""
+        d = divergence(compared, i, prompt)
+        recorded, received = d["recorded"]["ids"], d["received"]["ids"]
+        k = i - d["window_start"]
         texts = await asyncio.gather(*(engine.detokenize(ids) for ids in (
-            recorded, received, recorded[i - lo:], received[i - lo:])))
+            recorded, received, recorded[k:], received[k:])))
         tails = texts[2:]
         same = None
         if None not in tails:
             short, long_ = sorted(tails, key=len)  # type: ignore[arg-type]
             same = bool(short) and long_.startswith(short)
-        return {
-            "call_id": compared.id, "call_seq": compared.seq,
-            "index": i, "matched": i,
-            "recorded_len": len(full), "received_len": len(prompt),
-            "at_call_id": at.id, "at_call_seq": at.seq, "region": region, "offset": offset,
-            "window_start": lo,
-            "recorded": {"ids": recorded, "text": texts[0], "text_from_index": tails[0]},
-            "received": {"ids": received, "text": texts[1], "text_from_index": tails[1]},
-            # the text goes on the same from the divergence: a retokenization, not an edit
-            "same_text": same,
-        }
-
-    @staticmethod
-    def _describe(reason: str, d: dict) -> str:
-        i = d["index"]
-        what = {"drift": "the messages continue call {c}, but the engine's prompt does not "
-                         "extend its prompt + completion",
-                "history_diverged": "the messages continue no recorded call; the closest "
-                                    "recorded conversation is call {c}",
-                "new_conversation": "a conversation with no assistant turn; the closest "
-                                    "recorded one is call {c}"}[reason].format(c=d["call_id"])
-        if i >= d["received_len"]:
-            where = (f"the prompt ({i} tokens) is a prefix of call {d['call_id']}'s prompt + "
-                     f"completion ({d['recorded_len']} tokens)")
-        else:
-            where = f"prompt token {i} is the first that differs ({i} tokens match)"
-        part = "completion" if d["region"] == "completion" else "prompt delta"
-        out = (f"{what}: {where}, at token {d['offset']} of call {d['at_call_id']}'s {part}; "
-               f"from token {d['window_start']} recorded {d['recorded']['ids']} vs received "
-               f"{d['received']['ids']}")
-        if d["recorded"]["text"] is not None and d["received"]["text"] is not None:
-            out += f", text {d['recorded']['text']!r} vs {d['received']['text']!r}"
-            if d["same_text"]:
-                out += " (same text, different tokens: retokenization)"
-        return out
+        d["recorded"].update(text=texts[0], text_from_index=tails[0])
+        d["received"].update(text=texts[1], text_from_index=tails[1])
+        # the text goes on the same from the divergence: a retokenization, not an edit
+        d["same_text"] = same
+        return d
 
     # recording
 
-    def _record(self, session_id: str, idx: _Index, link: _Link | None, choice: _Choice | None,
+    def _record(self, session_id: str, idx: LineageIndex, link: _Link | None,
+                choice: _Choice | None,
                 cap: _Capture | None, status: str, error: str | None, started: float,
                 body: dict, added: list[str], response: object = None,
                 notes: list[str] | None = None) -> CallRecord:
@@ -884,9 +738,7 @@ class PassthroughGateway:
             error=error, message=message, history_hash=reply_hash, info=info)
         self.store.add_call(rec, request_body=body, response_body=response)
         if status == "ok" and link is not None:
-            node = _Node(call_id, parent, rec.prompt_delta, ids, seq, len(prompt) + len(ids),
-                         _digest(prompt.tobytes(), ids.tobytes()))
-            idx.add(node)
+            idx.add(new_node(call_id, parent, rec.prompt_delta, ids, seq, prompt))
             if reply_hash is not None:
                 idx.replies[reply_hash] = call_id
         return rec
@@ -912,7 +764,7 @@ class PassthroughGateway:
                        "distribution: they are not behaviour-policy logprobs")
         return warning
 
-    def _record_all(self, session_id: str, idx: _Index, link: _Link, cap: _Capture,
+    def _record_all(self, session_id: str, idx: LineageIndex, link: _Link, cap: _Capture,
                     started: float, body: dict, added: list[str], response: object) -> None:
         notes = []
         usage = cap.usage or {}
