@@ -40,14 +40,18 @@ from .base import (
 from .http import HTTPEngine, fed_batches, gateway_status, new_request_id, sse_batches
 
 
-class SGLangEngine(HTTPEngine):
-    name = "sglang"
+class SGLangServer(HTTPEngine):
+    """What every adapter of an SGLang server knows, whichever route it generates through
+    (``/generate`` here, Chat Completions in engine-rendered capture): its model, context,
+    version and streaming mode, the kind of its logprobs, and its pause routes."""
+
     label = "SGLang"
 
     def __init__(self, url: str, *, original_logprobs: bool = False, timeout: float = 600.0):
         """``original_logprobs``: the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``."""
         super().__init__(url, timeout)
         self.original_logprobs = original_logprobs
+        self.model: str | None = None
         self.version: str | None = None
         self.weight_version: str | None = None
         self.incremental_streaming: bool | None = None
@@ -61,12 +65,14 @@ class SGLangEngine(HTTPEngine):
         return await self._post_admin("/continue_generation", {})
 
     async def refresh(self) -> None:
-        """Context length (``/v1/models``); version, streaming mode and weight version when the
-        server shows them (``/server_info``, ``/model_info``)."""
+        """Served model and context length (``/v1/models``); version, streaming mode and weight
+        version when the server shows them (``/server_info``, ``/model_info``)."""
         models = await self._get_json("/v1/models")
         if not isinstance(models, dict) or not models.get("data"):
             raise EngineError(f"SGLang at {self.url} has no /v1/models answer yet", 503)
-        self.context_length = int(models["data"][0].get("max_model_len") or 0)
+        card = models["data"][0]
+        self.model = card.get("id")
+        self.context_length = int(card.get("max_model_len") or 0)
         info = await self._get_json("/server_info")
         if isinstance(info, dict):
             self.version = info.get("version") or self.version
@@ -82,6 +88,10 @@ class SGLangEngine(HTTPEngine):
 
     def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
         return logprob_unfitness(self.logprob_kind, params)
+
+
+class SGLangEngine(SGLangServer):
+    name = "sglang"
 
     def request_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool,
                      rid: str) -> dict:

@@ -63,28 +63,22 @@ SCALE_OUT_HINT = ("vLLM serves /inference/v1/generate only when started with "
                   "`vllm serve ... --enable-scale-out`")
 
 
-class VLLMEngine(HTTPEngine):
-    name = "vllm"
+class VLLMServer(HTTPEngine):
+    """What every adapter of a vLLM server knows, whichever route it generates through (token
+    IDs here, Chat Completions in engine-rendered capture): its version, model and context,
+    its ``--logprobs-mode``, and its pause routes."""
+
     label = "vLLM"
 
-    def __init__(self, url: str, *, api: str = "auto", logprobs_mode: str | None = None,
-                 timeout: float = 600.0):
-        """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
-        "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
+    def __init__(self, url: str, *, logprobs_mode: str | None = None, timeout: float = 600.0):
+        """``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
         super().__init__(url, timeout)
-        if api not in ("auto", "generate", "completions"):
-            raise ValueError(f"api must be auto, generate or completions, not {api!r}")
         if logprobs_mode is not None and logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
-        self.api = api
         self.version: str | None = None
         self.model: str | None = None
         self.logprobs_mode = logprobs_mode
         self.logprobs_mode_source = "declared" if logprobs_mode else "assumed"
-        self.route: str | None = {"generate": GENERATE, "completions": COMPLETIONS}.get(api)
-        self._disabled: str | None = None  # why /inference/v1/generate cannot be used
-
-    # configuration
 
     @property
     def _v(self) -> tuple[int, ...] | None:
@@ -98,7 +92,7 @@ class VLLMEngine(HTTPEngine):
         return await self._post_admin("/resume")
 
     async def refresh(self) -> None:
-        """Version, context length, ``--logprobs-mode`` (dev mode only) and the route."""
+        """Version, served model, context length and ``--logprobs-mode`` (dev mode only)."""
         ver = await self._get_json("/version")
         if isinstance(ver, dict) and ver.get("version"):
             self.version = str(ver["version"])
@@ -115,6 +109,39 @@ class VLLMEngine(HTTPEngine):
                 mode = (info["vllm_config"].get("model_config") or {}).get("logprobs_mode")
             if mode in LOGPROBS_MODES:
                 self.logprobs_mode, self.logprobs_mode_source = mode, "server"
+
+    @property
+    def logprob_kind(self) -> str:
+        return self.logprobs_mode or RAW_LOGPROBS
+
+    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
+        if params is None and self.logprobs_mode_source == "assumed":
+            return ("vLLM's --logprobs-mode could not be read (GET /server_info needs "
+                    "VLLM_SERVER_DEV_MODE=1); assuming vLLM's default raw_logprobs, which are "
+                    "not behaviour-policy logprobs once temperature != 1, top_p < 1 or "
+                    "logit_bias change the sampling distribution. For RL start vLLM with "
+                    "--logprobs-mode processed_logprobs and tell Turnstile "
+                    "(--engine-logprobs-mode).")
+        return logprob_unfitness(self.logprob_kind, params)
+
+
+class VLLMEngine(VLLMServer):
+    name = "vllm"
+
+    def __init__(self, url: str, *, api: str = "auto", logprobs_mode: str | None = None,
+                 timeout: float = 600.0):
+        """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
+        "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
+        if api not in ("auto", "generate", "completions"):
+            raise ValueError(f"api must be auto, generate or completions, not {api!r}")
+        super().__init__(url, logprobs_mode=logprobs_mode, timeout=timeout)
+        self.api = api
+        self.route: str | None = {"generate": GENERATE, "completions": COMPLETIONS}.get(api)
+        self._disabled: str | None = None  # why /inference/v1/generate cannot be used
+
+    async def refresh(self) -> None:
+        """The server's facts, then the route."""
+        await super().refresh()
         if self.api == "auto":
             await self._probe_generate()
 
@@ -139,19 +166,6 @@ class VLLMEngine(HTTPEngine):
         self._disabled = (f"{name} at {self.url} answered {status} to {GENERATE} "
                           f"({error_message(raw)}). {SCALE_OUT_HINT}, or use the vLLM "
                           f"completions route (api='completions').")
-
-    @property
-    def logprob_kind(self) -> str:
-        return self.logprobs_mode or RAW_LOGPROBS
-
-    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
-        if params is None and self.logprobs_mode_source == "assumed":
-            return ("vLLM's --logprobs-mode could not be read (GET /server_info needs "
-                    "VLLM_SERVER_DEV_MODE=1); assuming vLLM's default raw_logprobs, which are "
-                    "not behaviour-policy logprobs once temperature != 1, top_p < 1 or "
-                    "logit_bias change the sampling distribution. For RL start vLLM with "
-                    "--logprobs-mode processed_logprobs and tell Turnstile.")
-        return logprob_unfitness(self.logprob_kind, params)
 
     # requests
 

@@ -35,12 +35,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import sys
 import time
 from array import array
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +47,20 @@ import aiohttp
 import orjson
 
 from ..chat.history import prefix_hashes, root_hash
-from ..engines.base import (
-    PROCESSED_LOGPROBS,
-    RAW_LOGPROBS,
-    SCALED_LOGPROBS,
-    EngineError,
-    SamplingParams,
-    logprob_unfitness,
+from ..engines.base import EngineError, token_versions
+from ..engines.capture import (
+    Asked,
+    Capture,
+    CaptureEngine,
+    Choice,
+    EngineHTTPError,
+    capture_engine,
+    loads,
+    request_logprob_warning,
+    strip_chunk,
+    strip_response,
 )
-from ..engines.http import HTTPEngine, error_message, sse_data, version_tuple
+from ..engines.http import sse_data
 from ..store.sqlite import CallRecord, Store, new_id
 from .control import PolicyControl
 from .errors import APIError
@@ -71,160 +75,11 @@ from .lineage import (
 )
 from .requests import ChatRequest
 
-CHAT = "/v1/chat/completions"
-DIALECTS = ("vllm", "sglang")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
                  "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
                  "tool_choice", "response_format", "ignore_eos", "min_tokens")
 POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
-
-
-class EngineHTTPError(EngineError):
-    """The engine answered with an error: its status and OpenAI-shaped body, to relay."""
-
-    def __init__(self, message: str, status: int, engine_status: int, error: dict):
-        super().__init__(message, status)
-        self.engine_status = engine_status
-        self.error = error
-
-
-def relay_status(engine_status: int) -> int:
-    """The harness's status for an engine error. The body went to the engine unchanged, so a
-    4xx (bad field, unknown model, context exceeded, rate limit) is the harness's own; 503
-    stays retryable; anything else is the upstream failing (502)."""
-    if 400 <= engine_status < 500 and engine_status != 408:
-        return engine_status
-    return 503 if engine_status == 503 else 502
-
-
-def _api_error(exc: EngineError) -> APIError:
-    if isinstance(exc, EngineHTTPError) and exc.status < 500:
-        e = exc.error
-        return APIError(exc.status, str(e.get("message") or exc), e.get("param"),
-                        e.get("code") if isinstance(e.get("code"), str) else None,
-                        e.get("type") if isinstance(e.get("type"), str) else None)
-    return APIError(exc.status, str(exc),
-                    type_="engine_unavailable" if exc.status == 503 else "engine_error")
-
-
-class PassthroughEngine(HTTPEngine):
-    """One OpenAI-compatible engine that renders prompts itself and reports token IDs."""
-
-    name = "passthrough"
-
-    def __init__(self, url: str, dialect: str = "vllm", *, logprobs_mode: str | None = None,
-                 original_logprobs: bool = False, timeout: float = 600.0):
-        """``dialect``: how to ask for token IDs ("vllm" or "sglang"). ``logprobs_mode``: vLLM's
-        ``--logprobs-mode`` when known; ``original_logprobs``: SGLang returns logprobs before
-        temperature scaling (``SGLANG_RETURN_ORIGINAL_LOGPROB``)."""
-        super().__init__(url, timeout)
-        if dialect not in DIALECTS:
-            raise ValueError(f"dialect must be one of {DIALECTS}, not {dialect!r}")
-        self.dialect = dialect
-        self.label = "vLLM" if dialect == "vllm" else "SGLang"
-        self.name = f"passthrough-{dialect}"
-        self.model: str | None = None
-        self.version: str | None = None
-        self.logprobs_mode = logprobs_mode
-        self.logprobs_mode_source = "declared" if logprobs_mode else "assumed"
-        if dialect == "sglang":
-            self.logprobs_mode = RAW_LOGPROBS if original_logprobs else SCALED_LOGPROBS
-            self.logprobs_mode_source = "declared" if original_logprobs else "default"
-
-    async def refresh(self) -> None:
-        """Served model and context length (``/v1/models``); vLLM's version and, in dev mode,
-        its ``--logprobs-mode`` (``/server_info``)."""
-        models = await self._get_json("/v1/models")
-        if not isinstance(models, dict) or not models.get("data"):
-            raise EngineError(f"{self.label} at {self.url} has no /v1/models answer yet", 503)
-        card = models["data"][0]
-        self.model = card.get("id")
-        self.context_length = int(card.get("max_model_len") or 0)
-        if self.dialect != "vllm":
-            return
-        ver = await self._get_json("/version")
-        if isinstance(ver, dict) and ver.get("version"):
-            self.version = str(ver["version"])
-        if self.logprobs_mode_source != "declared":
-            info = await self._get_json("/server_info?config_format=json")
-            config = info.get("vllm_config") if isinstance(info, dict) else None
-            mode = ((config.get("model_config") or {}).get("logprobs_mode")
-                    if isinstance(config, dict) else None)
-            if isinstance(mode, str):
-                self.logprobs_mode, self.logprobs_mode_source = mode, "server"
-
-    @property
-    def logprob_kind(self) -> str:
-        return self.logprobs_mode or RAW_LOGPROBS
-
-    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
-        if params is None and self.logprobs_mode_source == "assumed":
-            return ("passthrough: vLLM's --logprobs-mode could not be read (GET /server_info "
-                    "needs VLLM_SERVER_DEV_MODE=1); assuming raw_logprobs, which are not "
-                    "behaviour-policy logprobs once temperature, top_p/top_k or logit_bias "
-                    "change the sampling distribution. For RL start vLLM with --logprobs-mode "
-                    "processed_logprobs and pass --engine-logprobs-mode.")
-        return logprob_unfitness(self.logprob_kind, params)
-
-    async def pause(self, mode: str) -> str:
-        """Forward a weight-update pause to the engine's own route, where it has one."""
-        if self.dialect == "vllm":
-            return await self._post_admin(f"/pause?mode={'abort' if mode == 'abort' else 'wait'}")
-        body = {"mode": "abort" if mode == "abort" else "in_place"}
-        return await self._post_admin("/pause_generation", body)
-
-    async def resume(self) -> str:
-        if self.dialect == "vllm":
-            return await self._post_admin("/resume")
-        return await self._post_admin("/continue_generation", {})
-
-    async def open_chat(self, body: dict) -> aiohttp.ClientResponse:
-        """POST the chat request; the open response on 200 (the caller closes it), else the
-        engine's error as :class:`EngineHTTPError`, or 503 when it cannot be reached."""
-        try:
-            resp = await self.session.post(self.url + CHAT, data=orjson.dumps(body),
-                                           headers={"content-type": "application/json"})
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineError(f"{self.label} at {self.url} is unreachable: {exc}", 503) from exc
-        if resp.status == 200:
-            return resp
-        try:
-            raw = await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
-            raw = b""
-        finally:
-            resp.release()
-        raise self.http_error(resp.status, raw)
-
-    def http_error(self, status: int, raw: bytes) -> EngineHTTPError:
-        err: dict = {}
-        try:
-            body = orjson.loads(raw)
-            if isinstance(body, dict):
-                e = body.get("error")
-                err = e if isinstance(e, dict) else body
-        except orjson.JSONDecodeError:
-            pass
-        return EngineHTTPError(f"{self.label} {CHAT} answered {status}: {error_message(raw)}",
-                               relay_status(status), status, err)
-
-    async def detokenize(self, ids: list[int]) -> str | None:
-        """The engine's text for ``ids`` (best effort, for drift reports): vLLM
-        ``/detokenize``, SGLang ``/v1/detokenize``."""
-        path = "/detokenize" if self.dialect == "vllm" else "/v1/detokenize"
-        body: dict = {"tokens": list(ids)}
-        if self.model:
-            body["model"] = self.model
-        try:
-            status, raw = await self._request("POST", path, body, timeout=5)
-            out = orjson.loads(raw) if status == 200 else None
-        except (EngineError, orjson.JSONDecodeError):
-            return None
-        if isinstance(out, dict):
-            text = out.get("prompt", out.get("text"))
-            return text if isinstance(text, str) else None
-        return None
 
 
 @dataclass
@@ -243,266 +98,18 @@ class _Link:
         return self.prompt[self.parent.full_len:] if self.parent else self.prompt
 
 
-# What the engine returned, per choice.
-
-
-@dataclass
-class _Choice:
-    index: int
-    ids: list[int] | None = None
-    logprobs: list[dict] | None = None
-    finish_reason: str | None = None
-    stop: Any = None  # vLLM stop_reason / SGLang matched_stop
-    weight_versions: list[dict] | None = None
-    message: dict | None = None
-    # streamed message parts
-    role: str = "assistant"
-    text: dict[str, list[str]] = field(default_factory=dict)  # content / reasoning / refusal
-    tool_calls: dict[int, dict] = field(default_factory=dict)
-
-    def add_delta(self, delta: dict) -> None:
-        if delta.get("role"):
-            self.role = delta["role"]
-        for key in ("content", "reasoning", "reasoning_content", "refusal"):
-            if isinstance(delta.get(key), str):
-                self.text.setdefault(key, []).append(delta[key])
-        for tc in delta.get("tool_calls") or ():
-            cur = self.tool_calls.setdefault(int(tc.get("index", 0)), {
-                "id": None, "type": "function", "function": {"name": None, "arguments": ""}})
-            if tc.get("id"):
-                cur["id"] = tc["id"]
-            if tc.get("type"):
-                cur["type"] = tc["type"]
-            fn = tc.get("function") or {}
-            if fn.get("name"):
-                cur["function"]["name"] = fn["name"]
-            if isinstance(fn.get("arguments"), str):
-                cur["function"]["arguments"] += fn["arguments"]
-
-    def assembled(self) -> dict:
-        """The streamed assistant message, whole (for the record and message matching)."""
-        if self.message is not None:
-            return self.message
-        msg: dict = {"role": self.role, "content": "".join(self.text.get("content", [])) or None}
-        for key in ("reasoning", "reasoning_content", "refusal"):
-            if key in self.text:
-                msg[key] = "".join(self.text[key])
-        if self.tool_calls:
-            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        return msg
-
-
-@dataclass
-class _Capture:
-    """The prompt and completions an engine reported, from a response or from stream chunks."""
-
-    dialect: str
-    prompt_ids: list[int] | None = None
-    choices: dict[int, _Choice] = field(default_factory=dict)
-    usage: dict | None = None
-    engine_id: str | None = None
-    weight_version: Any = None  # SGLang metadata.weight_version (the whole response)
-    weight_versions: list[dict] | None = None
-
-    def choice(self, index: int) -> _Choice:
-        return self.choices.setdefault(index, _Choice(index))
-
-    def feed_response(self, resp: dict) -> None:
-        self.engine_id = resp.get("id")
-        self.usage = resp.get("usage")
-        if self.dialect == "vllm":
-            self.prompt_ids = resp.get("prompt_token_ids")
-        else:
-            ext = resp.get("sglext") or {}
-            self.prompt_ids = ext.get("input_ids")
-            meta = resp.get("metadata") or {}
-            self.weight_version = meta.get("weight_version")
-            self.weight_versions = meta.get("weight_versions") or None
-        for ch in resp.get("choices") or ():
-            c = self.choice(int(ch.get("index", 0)))
-            c.message = ch.get("message")
-            c.logprobs = (ch.get("logprobs") or {}).get("content")
-            c.finish_reason = ch.get("finish_reason")
-            c.stop = ch.get("stop_reason" if self.dialect == "vllm" else "matched_stop")
-            c.weight_versions = ch.get("weight_versions")
-            if self.dialect == "vllm":
-                c.ids = ch.get("token_ids")
-        if self.dialect == "sglang":
-            outs = (resp.get("sglext") or {}).get("output_ids")
-            for i, ids in enumerate(outs or ()):
-                self.choice(i).ids = ids
-
-    def feed_chunk(self, chunk: dict) -> None:
-        self.engine_id = self.engine_id or chunk.get("id")
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        if self.dialect == "vllm" and chunk.get("prompt_token_ids") is not None:
-            self.prompt_ids = chunk["prompt_token_ids"]
-        ext = chunk.get("sglext")
-        if self.dialect == "sglang" and isinstance(ext, dict):
-            if ext.get("input_ids") is not None:
-                self.prompt_ids = ext["input_ids"]
-            for i, ids in enumerate(ext.get("output_ids") or ()):
-                self.choice(i).ids = ids
-        for ch in chunk.get("choices") or ():
-            c = self.choice(int(ch.get("index", 0)))
-            c.add_delta(ch.get("delta") or {})
-            lp = (ch.get("logprobs") or {}).get("content")
-            if lp:
-                c.logprobs = (c.logprobs or []) + lp
-            if self.dialect == "vllm" and ch.get("token_ids"):
-                c.ids = (c.ids or []) + list(ch["token_ids"])
-            if ch.get("finish_reason") is not None:
-                c.finish_reason = ch["finish_reason"]
-            for key in ("stop_reason", "matched_stop"):
-                if ch.get(key) is not None:
-                    c.stop = ch[key]
-            if ch.get("weight_versions"):
-                c.weight_versions = ch["weight_versions"]
-
-    def missing(self) -> str | None:
-        """Why the capture is unusable, or None."""
-        how = ("return_token_ids (vLLM 0.10 or later)" if self.dialect == "vllm" else
-               "return_input_ids_in_sglext / return_output_ids_in_sglext (a recent SGLang)")
-        if self.prompt_ids is None:
-            return f"the engine returned no prompt token IDs: passthrough capture needs {how}"
-        lost = [c.index for c in self.choices.values() if c.ids is None]
-        if lost or not self.choices:
-            return (f"the engine returned no completion token IDs (choice {lost or [0]}): "
-                    f"passthrough capture needs {how}")
-        return None
-
-
-def _logprob_values(c: _Choice, dialect: str) -> tuple[list[float], str | None]:
-    """One logprob per completion token, aligned with the IDs (NaN where unknown), and a note
-    when the engine's list could not be aligned."""
-    ids = c.ids or []
-    entries = c.logprobs
-    if not entries:
-        return [math.nan] * len(ids), None
-    if len(entries) == len(ids) - 1 and dialect == "sglang" and c.finish_reason in (
-            "stop", "tool_calls") and c.stop == ids[-1]:
-        # SGLang streams a token's logprob with that step's text; the stop token has none.
-        entries = [*entries, {}]
-    if len(entries) != len(ids):
-        return [math.nan] * len(ids), (f"the engine returned {len(entries)} logprob entries for "
-                                       f"{len(ids)} tokens: not aligned, recorded as unknown")
-    out = []
-    for i, (tid, e) in enumerate(zip(ids, entries, strict=True)):
-        named = e.get("token_id")
-        token = e.get("token")
-        if named is None and isinstance(token, str) and token.startswith("token_id:"):
-            named = token[9:]
-        if named is not None and str(named) != str(tid):
-            return [math.nan] * len(ids), (f"logprob entry {i} is for token {named}, not the "
-                                           f"sampled {tid}: recorded as unknown")
-        v = e.get("logprob")
-        out.append(math.nan if v is None else float(v))
-    return out, None
-
-
-def _token_versions(spans: list[dict] | None, n: int) -> list | None:
-    if not spans:
-        return None
-    out: list = [None] * n
-    for s in spans:
-        for i in range(max(0, int(s["start"])), min(n, int(s["end"]))):
-            out[i] = s["version"]
-    return out
-
-
-# Taking out of the response what the harness did not ask for.
-
-
-@dataclass
-class _Asked:
-    """What the harness itself asked the engine for (kept in the response)."""
-
-    prompt_ids: bool
-    output_ids: bool
-    logprobs: bool
-    weight_versions: bool
-
-
-_EMPTY = (None, "", [], {})
-
-
-def _strip_choice(ch: dict, asked: _Asked, dialect: str, stream: bool) -> None:
-    if not asked.output_ids and dialect == "vllm" and "token_ids" in ch:
-        ch["token_ids"] = None
-    if not asked.logprobs and "logprobs" in ch:
-        ch["logprobs"] = None
-    if not asked.weight_versions and "weight_versions" in ch:
-        if stream:
-            del ch["weight_versions"]  # only the final chunk carries it, when asked
-        else:
-            ch["weight_versions"] = None
-
-
-def _strip_sglext(holder: dict, asked: _Asked) -> None:
-    ext = holder.get("sglext")
-    if not isinstance(ext, dict):
-        return
-    if not asked.prompt_ids:
-        ext.pop("input_ids", None)
-    if not asked.output_ids:
-        ext.pop("output_ids", None)
-    if all(v in _EMPTY for v in ext.values()):
-        holder["sglext"] = None
-
-
-def strip_response(resp: dict, asked: _Asked, dialect: str) -> dict:
-    """The engine's response as it would be without Turnstile's additions (fields the engine
-    always writes become null again, as they are when not requested)."""
-    if dialect == "vllm" and not asked.prompt_ids and "prompt_token_ids" in resp:
-        resp["prompt_token_ids"] = None
-    if dialect == "sglang":
-        _strip_sglext(resp, asked)
-    for ch in resp.get("choices") or ():
-        _strip_choice(ch, asked, dialect, stream=False)
-    return resp
-
-
-def strip_chunk(chunk: dict, asked: _Asked, dialect: str) -> dict | None:
-    """A stream chunk without Turnstile's additions, or None for a chunk the engine sent only
-    because of them (the ID chunk; a token chunk whose text is empty)."""
-    if dialect == "vllm" and not asked.prompt_ids:
-        chunk.pop("prompt_token_ids", None)
-    had_ext = isinstance(chunk.get("sglext"), dict)
-    if dialect == "sglang":
-        _strip_sglext(chunk, asked)
-    choices = chunk.get("choices")
-    if not choices:
-        if had_ext and chunk.get("sglext") is None and not chunk.get("usage"):
-            return None
-        return chunk
-    for ch in choices:
-        _strip_choice(ch, asked, dialect, stream=True)
-    if not asked.output_ids and not asked.logprobs:
-        kept = [ch for ch in choices if ch.get("finish_reason") is not None or
-                any(v not in _EMPTY for v in (ch.get("delta") or {}).values())]
-        if not kept and not chunk.get("usage"):
-            return None
-        chunk["choices"] = kept
-    return chunk
-
-
-# The gateway.
-
-
-def _loads(raw: bytes, what: str) -> dict:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise EngineError(f"the engine sent invalid JSON in {what}: {raw[:200]!r}", 502) \
-            from exc
-    if not isinstance(obj, dict):
-        raise EngineError(f"the engine sent {type(obj).__name__} in {what}, not an object", 502)
-    return obj
-
-
 def _bad(param: str, message: str) -> APIError:
     return APIError(400, f"Invalid '{param}': {message}", param, code="invalid_value")
+
+
+def _api_error(exc: EngineError) -> APIError:
+    if isinstance(exc, EngineHTTPError) and exc.status < 500:
+        e = exc.error
+        return APIError(exc.status, str(e.get("message") or exc), e.get("param"),
+                        e.get("code") if isinstance(e.get("code"), str) else None,
+                        e.get("type") if isinstance(e.get("type"), str) else None)
+    return APIError(exc.status, str(exc),
+                    type_="engine_unavailable" if exc.status == 503 else "engine_error")
 
 
 class PassthroughGateway:
@@ -512,14 +119,13 @@ class PassthroughGateway:
     # The engine renders; whether its template reads ``tools`` is not Turnstile's to know.
     template_ignores_tools = False
 
-    def __init__(self, engine: Any, store: Store, model_name: str, dialect: str = "vllm"):
-        """``engine``: a :class:`PassthroughEngine`, or a replica pool of them."""
+    def __init__(self, engine: Any, store: Store, model_name: str):
+        """``engine``: a :class:`CaptureEngine`, or a replica pool of them."""
         self.engine = engine
-        self.primary: PassthroughEngine = (engine.replicas[0] if hasattr(engine, "replicas")
+        self.primary: CaptureEngine = (engine.replicas[0] if hasattr(engine, "replicas")
                                            else engine)
         self.store = store
         self.model_name = model_name
-        self.dialect = dialect
         self.control = PolicyControl()
         self._index: dict[str, LineageIndex] = {}
 
@@ -568,29 +174,7 @@ class PassthroughGateway:
             logprobs=bool(body.get("logprobs")),
             template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
 
-    def outgoing(self, req: ChatRequest, engine: PassthroughEngine
-                 ) -> tuple[dict, _Asked, list[str]]:
-        """The body for the engine: the harness's, plus what brings the tokens back."""
-        raw = req.raw
-        body = dict(raw)
-        if self.dialect == "vllm":
-            asked = _Asked(bool(raw.get("return_token_ids")), bool(raw.get("return_token_ids")),
-                           bool(raw.get("logprobs")), bool(raw.get("return_weight_versions")))
-            add = {"return_token_ids": True, "logprobs": True}
-            v = version_tuple(engine.version)
-            if v is not None and v >= (0, 33):  # older servers ignore it, stricter ones refuse
-                add["return_weight_versions"] = True
-        else:
-            asked = _Asked(bool(raw.get("return_input_ids_in_sglext")),
-                           bool(raw.get("return_output_ids_in_sglext")),
-                           bool(raw.get("logprobs")), True)
-            add = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True,
-                   "logprobs": True}
-        added = [k for k, v in add.items() if body.get(k) is not True]
-        body.update(add)
-        return body, asked, added
-
-    async def _target(self, session_id: str) -> tuple[PassthroughEngine, Any]:
+    async def _target(self, session_id: str) -> tuple[CaptureEngine, Any]:
         """The engine for this session (a replica pool keeps a session on one replica)."""
         try:
             bound = self.engine.pick(session_id)
@@ -616,7 +200,7 @@ class PassthroughGateway:
         return prefix_hashes(root_hash(req.tools, req.template_kwargs), req.messages)
 
     async def link(self, idx: LineageIndex, req: ChatRequest, hashes: list[bytes],
-                   prompt: array, engine: PassthroughEngine) -> _Link:
+                   prompt: array, engine: CaptureEngine) -> _Link:
         """Parent by exact token prefix; otherwise a new segment, with where it diverged.
 
         When the messages continue a recorded call (its request + the reply we returned),
@@ -650,7 +234,7 @@ class PassthroughGateway:
         return link
 
     async def _where(self, compared: Node, i: int, prompt: array,
-                     engine: PassthroughEngine) -> dict:
+                     engine: CaptureEngine) -> dict:
         """:func:`divergence`, with the text of the tokens on both sides (the engine's)."""
         d = divergence(compared, i, prompt)
         recorded, received = d["recorded"]["ids"], d["received"]["ids"]
@@ -671,14 +255,14 @@ class PassthroughGateway:
     # recording
 
     def _record(self, session_id: str, idx: LineageIndex, link: _Link | None,
-                choice: _Choice | None,
-                cap: _Capture | None, status: str, error: str | None, started: float,
+                choice: Choice | None,
+                cap: Capture | None, status: str, error: str | None, started: float,
                 body: dict, added: list[str], response: object = None,
                 notes: list[str] | None = None) -> CallRecord:
         """One call (one choice) committed to the store, then added to the session's index."""
         call_id = new_id("call_")
         ids = array("i", (choice.ids or []) if choice else [])
-        values, note = _logprob_values(choice, self.dialect) if choice else ([], None)
+        values, note = cap.logprob_values(choice) if cap and choice else ([], None)
         notes = [*(notes or []), *([note] if note else [])]
         message = choice.assembled() if choice and status == "ok" else None
         prompt = link.prompt if link else array("i")
@@ -688,7 +272,7 @@ class PassthroughGateway:
             reply_hash = prefix_hashes(link.hashes[-1], [message])[1]
         spans = (choice.weight_versions if choice else None) or (cap.weight_versions if cap
                                                                  else None)
-        version = _token_versions(spans, len(ids)) or (cap.weight_version if cap else None)
+        version = token_versions(spans, len(ids)) or (cap.weight_version if cap else None)
         stop_token = stop_string = None
         if choice is not None:
             if isinstance(choice.stop, int) and not isinstance(choice.stop, bool):
@@ -712,7 +296,7 @@ class PassthroughGateway:
             "sampling": sampling,
             "added_fields": added,
             "logprob_kind": self.primary.logprob_kind,
-            "logprob_warning": self._logprob_warning(body),
+            "logprob_warning": request_logprob_warning(self.primary, body),
             "engine_request_id": cap.engine_id if cap else None,
             "weight_version": version if version is not None else self.control.version,
             "weight_versions": spans,
@@ -743,28 +327,7 @@ class PassthroughGateway:
                 idx.replies[reply_hash] = call_id
         return rec
 
-    def _logprob_warning(self, body: dict) -> str | None:
-        kind = self.primary.logprob_kind
-        if kind == PROCESSED_LOGPROBS:
-            return None
-        unset = [k for k in ("temperature", "top_p") if body.get(k) is None]
-        if unset:
-            return (f"{' and '.join(unset)} not in the request: the engine used its defaults "
-                    "(vLLM and SGLang take them from the model's generation_config), unknown to "
-                    f"Turnstile; recorded {kind} may not be behaviour-policy logprobs")
-        lb = body.get("logit_bias") or {}
-        params = SamplingParams(
-            max_tokens=1, temperature=float(body["temperature"]), top_p=float(body["top_p"]),
-            logit_bias={int(k): float(v) for k, v in lb.items()} if isinstance(lb, dict)
-            else {})
-        warning = self.primary.logprob_warning(params)
-        top_k = body.get("top_k")
-        if warning is None and isinstance(top_k, int) and top_k > 0:
-            warning = (f"recorded {kind} are taken before top_k {top_k} changed the sampling "
-                       "distribution: they are not behaviour-policy logprobs")
-        return warning
-
-    def _record_all(self, session_id: str, idx: LineageIndex, link: _Link, cap: _Capture,
+    def _record_all(self, session_id: str, idx: LineageIndex, link: _Link, cap: Capture,
                     started: float, body: dict, added: list[str], response: object) -> None:
         notes = []
         usage = cap.usage or {}
@@ -782,7 +345,7 @@ class PassthroughGateway:
                          added, response, notes)
 
     def _record_failure(self, session_id: str, status: str, error: str, started: float,
-                        body: dict, added: list[str], cap: _Capture | None = None,
+                        body: dict, added: list[str], cap: Capture | None = None,
                         link: _Link | None = None, response: object = None) -> None:
         """A call the harness did not get whole: recorded with whatever tokens came back."""
         idx = self.index(session_id)
@@ -806,8 +369,8 @@ class PassthroughGateway:
     async def _complete(self, session_id: str, req: ChatRequest) -> dict:
         started = time.time()
         engine, bound = await self._target(session_id)
-        body, asked, added = self.outgoing(req, engine)
-        cap = _Capture(self.dialect)
+        body, asked, added = engine.outgoing(req.raw)
+        cap = Capture(engine.dialect)
         try:
             try:
                 resp = await engine.open_chat(body)
@@ -817,7 +380,7 @@ class PassthroughGateway:
                     resp.release()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
-            data = _loads(raw, "its response")
+            data = loads(raw, "its response")
             cap.feed_response(data)
             problem = cap.missing()
             if problem:
@@ -837,7 +400,7 @@ class PassthroughGateway:
                                engine)
         self._record_all(session_id, idx, link, cap, started, body, added, data)
         out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body stays whole
-        return strip_response(out, asked, self.dialect)
+        return strip_response(out, asked, engine.dialect)
 
     async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
         """Chunks of a streamed completion. The engine's answer to the request (an error
@@ -847,8 +410,8 @@ class PassthroughGateway:
         self.control.leave()  # the stream runs in the response's task: it enters there
         started = time.time()
         engine, bound = await self._target(session_id)
-        body, asked, added = self.outgoing(req, engine)
-        cap = _Capture(self.dialect)
+        body, asked, added = engine.outgoing(req.raw)
+        cap = Capture(engine.dialect)
         resp = None
         ready = False
         try:
@@ -859,9 +422,9 @@ class PassthroughGateway:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
             if first.strip() != b"[DONE]":
-                chunk = self._chunk(engine, first)
+                chunk = engine.chunk(first)
                 cap.feed_chunk(chunk)
-                if self.dialect == "vllm" and cap.prompt_ids is None:
+                if engine.dialect.prompt_ids_first and cap.prompt_ids is None:
                     raise EngineError(cap.missing() or "no prompt token IDs", 502)
             else:
                 chunk = None
@@ -876,19 +439,9 @@ class PassthroughGateway:
         return self._stream(session_id, req, engine, bound, resp, events, chunk, cap, asked,
                             body, added, started)
 
-    def _chunk(self, engine: PassthroughEngine, payload: bytes) -> dict:
-        obj = _loads(payload, "a stream chunk")
-        if ("error" in obj or obj.get("object") == "error") and not obj.get("choices"):
-            err = obj.get("error", obj)  # {"error": {...}} or an ErrorResponse itself
-            err = err if isinstance(err, dict) else {"message": err}
-            code = err.get("code")
-            status = int(code) if isinstance(code, int) or str(code).isdigit() else 500
-            raise engine.http_error(status, orjson.dumps({"error": err}))
-        return obj
-
-    async def _stream(self, session_id: str, req: ChatRequest, engine: PassthroughEngine,
+    async def _stream(self, session_id: str, req: ChatRequest, engine: CaptureEngine,
                       bound: Any, resp: aiohttp.ClientResponse, events: AsyncIterator[bytes],
-                      first: dict | None, cap: _Capture, asked: _Asked, body: dict,
+                      first: dict | None, cap: Capture, asked: Asked, body: dict,
                       added: list[str], started: float) -> AsyncIterator[dict]:
         self.control.enter()
         keep = self.store.keep_bodies
@@ -908,14 +461,14 @@ class PassthroughGateway:
                     if payload.strip() == b"[DONE]":
                         done = True
                         break
-                    chunk = self._chunk(engine, payload)
+                    chunk = engine.chunk(payload)
                     cap.feed_chunk(chunk)
                 ends = not chunk.get("choices") or any(
                     ch.get("finish_reason") is not None for ch in chunk["choices"])
                 if keep:
                     chunks.append(chunk)
                     chunk = orjson.loads(orjson.dumps(chunk))
-                out = strip_chunk(chunk, asked, self.dialect)
+                out = strip_chunk(chunk, asked, engine.dialect)
                 if out is None:
                     continue
                 if held or ends:
@@ -963,15 +516,15 @@ def build(engine_urls: list[str], model_name: str, data: str | Path, dialect: st
           keep_bodies: bool = False, logprobs_mode: str | None = None,
           original_logprobs: bool = False) -> PassthroughGateway:
     """A passthrough gateway in front of one engine, or a replica pool of several."""
-    replicas = [PassthroughEngine(u, dialect, logprobs_mode=logprobs_mode,
-                                  original_logprobs=original_logprobs) for u in engine_urls]
+    replicas = [capture_engine(u, dialect, logprobs_mode=logprobs_mode,
+                               original_logprobs=original_logprobs) for u in engine_urls]
     if len(replicas) == 1:
         engine: Any = replicas[0]
     else:
         from ..engines.pool import ReplicaPool
 
         engine = ReplicaPool(replicas)  # type: ignore[arg-type]
-    return PassthroughGateway(engine, Store(data, keep_bodies=keep_bodies), model_name, dialect)
+    return PassthroughGateway(engine, Store(data, keep_bodies=keep_bodies), model_name)
 
 
 def run(args: argparse.Namespace) -> None:

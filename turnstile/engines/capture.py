@@ -1,0 +1,492 @@
+"""Engine-rendered capture: an engine's own ``/v1/chat/completions``, asked to report the token
+IDs it rendered and sampled.
+
+The request goes as the harness sent it, plus only what brings the tokens back; what the
+harness did not ask for is taken out of the response again. How to ask, where the IDs come
+back and what to strip is an engine's *chat dialect* (:class:`VLLMChat`, :class:`SGLangChat`);
+everything else about the server (model, context, version, logprob kind, pause routes) is the
+same as for its token-in adapter, whose server half (:class:`~.vllm.VLLMServer`,
+:class:`~.sglang.SGLangServer`) the capture engines share.
+
+- vLLM: ``return_token_ids`` (``prompt_token_ids`` on the response, or on the first chunk
+  when streaming; per-choice ``token_ids``, delta IDs per chunk), ``return_weight_versions``
+  (0.33+) and ``logprobs``.
+- SGLang: ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext`` (``sglext`` on the
+  response, or on a final ``choices: []`` chunk) and ``logprobs``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from .base import PROCESSED_LOGPROBS, EngineError, SamplingParams
+from .http import HTTPEngine, error_message, version_tuple
+from .sglang import SGLangServer
+from .vllm import VLLMServer
+
+CHAT = "/v1/chat/completions"
+DIALECTS = ("vllm", "sglang")
+_EMPTY = (None, "", [], {})
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered with an error: its status and OpenAI-shaped body, to relay."""
+
+    def __init__(self, message: str, status: int, engine_status: int, error: dict):
+        super().__init__(message, status)
+        self.engine_status = engine_status
+        self.error = error
+
+
+def relay_status(engine_status: int) -> int:
+    """The harness's status for an engine error. The body went to the engine unchanged, so a
+    4xx (bad field, unknown model, context exceeded, rate limit) is the harness's own; 503
+    stays retryable; anything else is the upstream failing (502)."""
+    if 400 <= engine_status < 500 and engine_status != 408:
+        return engine_status
+    return 503 if engine_status == 503 else 502
+
+
+def loads(raw: bytes, what: str) -> dict:
+    """An engine's JSON object, or :class:`EngineError` (502) saying what was wrong with it."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise EngineError(f"the engine sent invalid JSON in {what}: {raw[:200]!r}", 502) \
+            from exc
+    if not isinstance(obj, dict):
+        raise EngineError(f"the engine sent {type(obj).__name__} in {what}, not an object", 502)
+    return obj
+
+
+@dataclass
+class Asked:
+    """What the harness itself asked the engine for (kept in the response)."""
+
+    prompt_ids: bool
+    output_ids: bool
+    logprobs: bool
+    weight_versions: bool
+
+
+# What the engine returned, per choice.
+
+
+@dataclass
+class Choice:
+    index: int
+    ids: list[int] | None = None
+    logprobs: list[dict] | None = None
+    finish_reason: str | None = None
+    stop: Any = None  # vLLM stop_reason / SGLang matched_stop
+    weight_versions: list[dict] | None = None
+    message: dict | None = None
+    # streamed message parts
+    role: str = "assistant"
+    text: dict[str, list[str]] = field(default_factory=dict)  # content / reasoning / refusal
+    tool_calls: dict[int, dict] = field(default_factory=dict)
+
+    def add_delta(self, delta: dict) -> None:
+        if delta.get("role"):
+            self.role = delta["role"]
+        for key in ("content", "reasoning", "reasoning_content", "refusal"):
+            if isinstance(delta.get(key), str):
+                self.text.setdefault(key, []).append(delta[key])
+        for tc in delta.get("tool_calls") or ():
+            cur = self.tool_calls.setdefault(int(tc.get("index", 0)), {
+                "id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+            if tc.get("id"):
+                cur["id"] = tc["id"]
+            if tc.get("type"):
+                cur["type"] = tc["type"]
+            fn = tc.get("function") or {}
+            if fn.get("name"):
+                cur["function"]["name"] = fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                cur["function"]["arguments"] += fn["arguments"]
+
+    def assembled(self) -> dict:
+        """The streamed assistant message, whole (for the record and message matching)."""
+        if self.message is not None:
+            return self.message
+        msg: dict = {"role": self.role, "content": "".join(self.text.get("content", [])) or None}
+        for key in ("reasoning", "reasoning_content", "refusal"):
+            if key in self.text:
+                msg[key] = "".join(self.text[key])
+        if self.tool_calls:
+            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return msg
+
+    def logprob_values(self, stop_unscored: bool) -> tuple[list[float], str | None]:
+        """One logprob per completion token, aligned with the IDs (NaN where unknown), and a
+        note when the engine's list could not be aligned. ``stop_unscored``: the engine sends
+        no logprob entry for a stop token it sampled."""
+        ids = self.ids or []
+        entries = self.logprobs
+        if not entries:
+            return [math.nan] * len(ids), None
+        if len(entries) == len(ids) - 1 and stop_unscored and self.finish_reason in (
+                "stop", "tool_calls") and self.stop == ids[-1]:
+            entries = [*entries, {}]
+        if len(entries) != len(ids):
+            return [math.nan] * len(ids), (
+                f"the engine returned {len(entries)} logprob entries for {len(ids)} tokens: "
+                "not aligned, recorded as unknown")
+        out = []
+        for i, (tid, e) in enumerate(zip(ids, entries, strict=True)):
+            named = e.get("token_id")
+            token = e.get("token")
+            if named is None and isinstance(token, str) and token.startswith("token_id:"):
+                named = token[9:]
+            if named is not None and str(named) != str(tid):
+                return [math.nan] * len(ids), (f"logprob entry {i} is for token {named}, not "
+                                               f"the sampled {tid}: recorded as unknown")
+            v = e.get("logprob")
+            out.append(math.nan if v is None else float(v))
+        return out, None
+
+
+@dataclass
+class Capture:
+    """The prompt and completions an engine reported, from a response or from stream chunks."""
+
+    dialect: ChatDialect
+    prompt_ids: list[int] | None = None
+    choices: dict[int, Choice] = field(default_factory=dict)
+    usage: dict | None = None
+    engine_id: str | None = None
+    weight_version: Any = None  # SGLang metadata.weight_version (the whole response)
+    weight_versions: list[dict] | None = None
+
+    def choice(self, index: int) -> Choice:
+        return self.choices.setdefault(index, Choice(index))
+
+    def feed_response(self, resp: dict) -> None:
+        self.engine_id = resp.get("id")
+        self.usage = resp.get("usage")
+        for ch in resp.get("choices") or ():
+            c = self.choice(int(ch.get("index", 0)))
+            c.message = ch.get("message")
+            c.logprobs = (ch.get("logprobs") or {}).get("content")
+            c.finish_reason = ch.get("finish_reason")
+            c.stop = ch.get(self.dialect.stop_key)
+            c.weight_versions = ch.get("weight_versions")
+        self.dialect.read_ids(self, resp, stream=False)
+
+    def feed_chunk(self, chunk: dict) -> None:
+        self.engine_id = self.engine_id or chunk.get("id")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        self.dialect.read_ids(self, chunk, stream=True)
+        for ch in chunk.get("choices") or ():
+            c = self.choice(int(ch.get("index", 0)))
+            c.add_delta(ch.get("delta") or {})
+            lp = (ch.get("logprobs") or {}).get("content")
+            if lp:
+                c.logprobs = (c.logprobs or []) + lp
+            if ch.get("finish_reason") is not None:
+                c.finish_reason = ch["finish_reason"]
+            for key in ("stop_reason", "matched_stop"):
+                if ch.get(key) is not None:
+                    c.stop = ch[key]
+            if ch.get("weight_versions"):
+                c.weight_versions = ch["weight_versions"]
+
+    def missing(self) -> str | None:
+        """Why the capture is unusable, or None."""
+        how = self.dialect.needs
+        if self.prompt_ids is None:
+            return f"the engine returned no prompt token IDs: passthrough capture needs {how}"
+        lost = [c.index for c in self.choices.values() if c.ids is None]
+        if lost or not self.choices:
+            return (f"the engine returned no completion token IDs (choice {lost or [0]}): "
+                    f"passthrough capture needs {how}")
+        return None
+
+    def logprob_values(self, c: Choice) -> tuple[list[float], str | None]:
+        return c.logprob_values(self.dialect.stop_unscored)
+
+
+class ChatDialect(Protocol):
+    """How one engine's Chat Completions route is asked for token IDs and gives them back."""
+
+    name: str
+    needs: str  # what the engine must support, for errors
+    stop_key: str  # the choice field naming what stopped it (a token ID or a string)
+    stop_unscored: bool  # a sampled stop token comes without a logprob entry
+    prompt_ids_first: bool  # a stream's first chunk carries the prompt IDs
+    detokenize_path: str
+
+    def request(self, raw: dict, version: str | None) -> tuple[dict, Asked]:
+        """The fields to add to the harness's body, and what the harness asked for itself."""
+        ...
+
+    def read_ids(self, cap: Capture, obj: dict, stream: bool) -> None:
+        """Take the prompt and completion IDs out of a response (or one stream chunk)."""
+        ...
+
+    def strip_ids(self, obj: dict, asked: Asked, stream: bool) -> bool:
+        """Take the added ID fields out of a response or chunk (not its choices); True when
+        they were all it carried."""
+        ...
+
+    def strip_choice_ids(self, ch: dict, asked: Asked) -> None: ...
+
+
+class VLLMChat:
+    name = "vllm"
+    needs = "return_token_ids (vLLM 0.10 or later)"
+    stop_key = "stop_reason"
+    stop_unscored = False
+    prompt_ids_first = True
+    detokenize_path = "/detokenize"
+
+    def request(self, raw: dict, version: str | None) -> tuple[dict, Asked]:
+        ids = bool(raw.get("return_token_ids"))
+        asked = Asked(ids, ids, bool(raw.get("logprobs")),
+                      bool(raw.get("return_weight_versions")))
+        add = {"return_token_ids": True, "logprobs": True}
+        v = version_tuple(version)
+        if v is not None and v >= (0, 33):  # older servers ignore it, stricter ones refuse
+            add["return_weight_versions"] = True
+        return add, asked
+
+    def read_ids(self, cap: Capture, obj: dict, stream: bool) -> None:
+        if not stream or obj.get("prompt_token_ids") is not None:
+            cap.prompt_ids = obj.get("prompt_token_ids")
+        for ch in obj.get("choices") or ():
+            c = cap.choice(int(ch.get("index", 0)))
+            if not stream:
+                c.ids = ch.get("token_ids")
+            elif ch.get("token_ids"):
+                c.ids = (c.ids or []) + list(ch["token_ids"])
+
+    def strip_ids(self, obj: dict, asked: Asked, stream: bool) -> bool:
+        if not asked.prompt_ids:
+            if stream:
+                obj.pop("prompt_token_ids", None)
+            elif "prompt_token_ids" in obj:
+                obj["prompt_token_ids"] = None
+        return False
+
+    def strip_choice_ids(self, ch: dict, asked: Asked) -> None:
+        if not asked.output_ids and "token_ids" in ch:
+            ch["token_ids"] = None
+
+
+class SGLangChat:
+    name = "sglang"
+    needs = ("return_input_ids_in_sglext / return_output_ids_in_sglext (a recent SGLang)")
+    stop_key = "matched_stop"
+    stop_unscored = True  # a token's logprob streams with that step's text; a stop has none
+    prompt_ids_first = False  # they come on the last chunk
+    detokenize_path = "/v1/detokenize"
+
+    def request(self, raw: dict, version: str | None) -> tuple[dict, Asked]:
+        asked = Asked(bool(raw.get("return_input_ids_in_sglext")),
+                      bool(raw.get("return_output_ids_in_sglext")),
+                      bool(raw.get("logprobs")), True)
+        return {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True,
+                "logprobs": True}, asked
+
+    def read_ids(self, cap: Capture, obj: dict, stream: bool) -> None:
+        ext = obj.get("sglext")
+        if not stream:
+            ext = ext or {}
+            cap.prompt_ids = ext.get("input_ids")
+            meta = obj.get("metadata") or {}
+            cap.weight_version = meta.get("weight_version")
+            cap.weight_versions = meta.get("weight_versions") or None
+        elif not isinstance(ext, dict):
+            return
+        elif ext.get("input_ids") is not None:
+            cap.prompt_ids = ext["input_ids"]
+        for i, ids in enumerate(ext.get("output_ids") or ()):
+            cap.choice(i).ids = ids
+
+    def strip_ids(self, obj: dict, asked: Asked, stream: bool) -> bool:
+        ext = obj.get("sglext")
+        if not isinstance(ext, dict):
+            return False
+        if not asked.prompt_ids:
+            ext.pop("input_ids", None)
+        if not asked.output_ids:
+            ext.pop("output_ids", None)
+        if all(v in _EMPTY for v in ext.values()):
+            obj["sglext"] = None
+            return True
+        return False
+
+    def strip_choice_ids(self, ch: dict, asked: Asked) -> None:
+        pass  # the IDs are in sglext
+
+
+def _strip_choice(ch: dict, asked: Asked, dialect: ChatDialect, stream: bool) -> None:
+    dialect.strip_choice_ids(ch, asked)
+    if not asked.logprobs and "logprobs" in ch:
+        ch["logprobs"] = None
+    if not asked.weight_versions and "weight_versions" in ch:
+        if stream:
+            del ch["weight_versions"]  # only the final chunk carries it, when asked
+        else:
+            ch["weight_versions"] = None
+
+
+def strip_response(resp: dict, asked: Asked, dialect: ChatDialect) -> dict:
+    """The engine's response as it would be without Turnstile's additions (fields the engine
+    always writes become null again, as they are when not requested)."""
+    dialect.strip_ids(resp, asked, stream=False)
+    for ch in resp.get("choices") or ():
+        _strip_choice(ch, asked, dialect, stream=False)
+    return resp
+
+
+def strip_chunk(chunk: dict, asked: Asked, dialect: ChatDialect) -> dict | None:
+    """A stream chunk without Turnstile's additions, or None for a chunk the engine sent only
+    because of them (the ID chunk; a token chunk whose text is empty)."""
+    only_ids = dialect.strip_ids(chunk, asked, stream=True)
+    choices = chunk.get("choices")
+    if not choices:
+        return None if only_ids and not chunk.get("usage") else chunk
+    for ch in choices:
+        _strip_choice(ch, asked, dialect, stream=True)
+    if not asked.output_ids and not asked.logprobs:
+        kept = [ch for ch in choices if ch.get("finish_reason") is not None or
+                any(v not in _EMPTY for v in (ch.get("delta") or {}).values())]
+        if not kept and not chunk.get("usage"):
+            return None
+        chunk["choices"] = kept
+    return chunk
+
+
+class LogprobSource(Protocol):
+    @property
+    def logprob_kind(self) -> str: ...
+
+    def logprob_warning(self, params: SamplingParams | None = None) -> str | None: ...
+
+
+def request_logprob_warning(engine: LogprobSource, body: dict) -> str | None:
+    """Why the logprobs recorded for a request the engine sampled with its own defaults (what
+    the harness did not set) may not be behaviour-policy logprobs, or None."""
+    kind = engine.logprob_kind
+    if kind == PROCESSED_LOGPROBS:
+        return None
+    unset = [k for k in ("temperature", "top_p") if body.get(k) is None]
+    if unset:
+        return (f"{' and '.join(unset)} not in the request: the engine used its defaults "
+                "(vLLM and SGLang take them from the model's generation_config), unknown to "
+                f"Turnstile; recorded {kind} may not be behaviour-policy logprobs")
+    lb = body.get("logit_bias") or {}
+    params = SamplingParams(
+        max_tokens=1, temperature=float(body["temperature"]), top_p=float(body["top_p"]),
+        logit_bias={int(k): float(v) for k, v in lb.items()} if isinstance(lb, dict) else {})
+    warning = engine.logprob_warning(params)
+    top_k = body.get("top_k")
+    if warning is None and isinstance(top_k, int) and top_k > 0:
+        warning = (f"recorded {kind} are taken before top_k {top_k} changed the sampling "
+                   "distribution: they are not behaviour-policy logprobs")
+    return warning
+
+
+class CaptureEngine(HTTPEngine):
+    """The Chat Completions half of a capture engine; the server half comes from the token-in
+    adapter of the same engine (see :func:`capture_engine`)."""
+
+    dialect: ChatDialect
+    model: str | None
+    version: str | None
+
+    def outgoing(self, raw: dict) -> tuple[dict, Asked, list[str]]:
+        """The body for the engine: the harness's, plus what brings the tokens back; what the
+        harness asked for itself, and which fields were added."""
+        body = dict(raw)
+        add, asked = self.dialect.request(raw, self.version)
+        added = [k for k, v in add.items() if body.get(k) is not True]
+        body.update(add)
+        return body, asked, added
+
+    async def open_chat(self, body: dict) -> aiohttp.ClientResponse:
+        """POST the chat request; the open response on 200 (the caller closes it), else the
+        engine's error as :class:`EngineHTTPError`, or 503 when it cannot be reached."""
+        try:
+            resp = await self.session.post(self.url + CHAT, data=orjson.dumps(body),
+                                           headers={"content-type": "application/json"})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"{self.label} at {self.url} is unreachable: {exc}", 503) from exc
+        if resp.status == 200:
+            return resp
+        try:
+            raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            raw = b""
+        finally:
+            resp.release()
+        raise self.http_error(resp.status, raw)
+
+    def http_error(self, status: int, raw: bytes) -> EngineHTTPError:
+        err: dict = {}
+        try:
+            body = orjson.loads(raw)
+            if isinstance(body, dict):
+                e = body.get("error")
+                err = e if isinstance(e, dict) else body
+        except orjson.JSONDecodeError:
+            pass
+        return EngineHTTPError(f"{self.label} {CHAT} answered {status}: {error_message(raw)}",
+                               relay_status(status), status, err)
+
+    def chunk(self, payload: bytes) -> dict:
+        """One stream chunk; an in-band error chunk raised as the engine's error."""
+        obj = loads(payload, "a stream chunk")
+        if ("error" in obj or obj.get("object") == "error") and not obj.get("choices"):
+            err = obj.get("error", obj)  # {"error": {...}} or an ErrorResponse itself
+            err = err if isinstance(err, dict) else {"message": err}
+            code = err.get("code")
+            status = int(code) if isinstance(code, int) or str(code).isdigit() else 500
+            raise self.http_error(status, orjson.dumps({"error": err}))
+        return obj
+
+    async def detokenize(self, ids: list[int]) -> str | None:
+        """The engine's text for ``ids`` (best effort, for drift reports)."""
+        body: dict = {"tokens": list(ids)}
+        if self.model:
+            body["model"] = self.model
+        try:
+            status, raw = await self._request("POST", self.dialect.detokenize_path, body,
+                                              timeout=5)
+            out = orjson.loads(raw) if status == 200 else None
+        except (EngineError, orjson.JSONDecodeError):
+            return None
+        if isinstance(out, dict):
+            text = out.get("prompt", out.get("text"))
+            return text if isinstance(text, str) else None
+        return None
+
+
+class VLLMCaptureEngine(CaptureEngine, VLLMServer):
+    name = "passthrough-vllm"
+    dialect = VLLMChat()
+
+
+class SGLangCaptureEngine(CaptureEngine, SGLangServer):
+    name = "passthrough-sglang"
+    dialect = SGLangChat()
+
+
+def capture_engine(url: str, dialect: str = "vllm", *, logprobs_mode: str | None = None,
+                   original_logprobs: bool = False, timeout: float = 600.0
+                   ) -> VLLMCaptureEngine | SGLangCaptureEngine:
+    """The capture engine for ``dialect`` at ``url``. ``logprobs_mode``: vLLM's
+    ``--logprobs-mode`` when known; ``original_logprobs``: SGLang returns logprobs before
+    temperature scaling (``SGLANG_RETURN_ORIGINAL_LOGPROB``)."""
+    if dialect == "vllm":
+        return VLLMCaptureEngine(url, logprobs_mode=logprobs_mode, timeout=timeout)
+    if dialect == "sglang":
+        return SGLangCaptureEngine(url, original_logprobs=original_logprobs, timeout=timeout)
+    raise ValueError(f"dialect must be one of {DIALECTS}, not {dialect!r}")
