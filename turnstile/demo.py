@@ -19,9 +19,9 @@ import uvicorn
 
 from . import testbed
 from .auth import load_or_create_token
-from .cli import build_gateway
 from .server.app import create_app
 from .store.trajectories import trajectories
+from .wiring import build_gateway
 
 CONVERSATIONS = [
     ["What is the capital of France?", "And what river runs through it?",

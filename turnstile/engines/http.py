@@ -201,6 +201,9 @@ class HTTPEngine:
         """The engine that serves this session: itself (a replica pool chooses one)."""
         return self
 
+    def forget(self, session_id: str) -> None:
+        """A deleted session: nothing to drop (a replica pool drops its sticky replica)."""
+
     async def pause(self, mode: str) -> str:
         """Forward a pause for a weight update; engines without such a route say so."""
         return "no pause route on this engine; Turnstile holds new calls itself"

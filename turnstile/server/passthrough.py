@@ -32,36 +32,34 @@ it. ``segment_detail`` says the same in one line.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import sys
 import time
 from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
 from ..chat.history import prefix_hashes, root_hash
-from ..engines.base import EngineError, token_versions
+from ..engines.base import EngineError
 from ..engines.capture import (
     Asked,
     Capture,
     CaptureEngine,
     Choice,
     EngineHTTPError,
-    capture_engine,
     loads,
     request_logprob_warning,
     strip_chunk,
     strip_response,
 )
 from ..engines.http import sse_data
+from ..engines.pool import Bound, ReplicaPool
 from ..store.sqlite import CallRecord, Store, new_id
+from .admission import POLICY_ABORT, admitted, open_stream, policy_abort
 from .control import PolicyControl
 from .errors import APIError
 from .lineage import (
@@ -73,13 +71,13 @@ from .lineage import (
     extends,
     new_node,
 )
+from .record import call_info, weight_version
 from .requests import ChatRequest
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
                  "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
                  "tool_choice", "response_format", "ignore_eos", "min_tokens")
-POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
 
 
 @dataclass
@@ -119,11 +117,11 @@ class PassthroughGateway:
     # The engine renders; whether its template reads ``tools`` is not Turnstile's to know.
     template_ignores_tools = False
 
-    def __init__(self, engine: Any, store: Store, model_name: str):
+    def __init__(self, engine: CaptureEngine | ReplicaPool, store: Store, model_name: str):
         """``engine``: a :class:`CaptureEngine`, or a replica pool of them."""
         self.engine = engine
-        self.primary: CaptureEngine = (engine.replicas[0] if hasattr(engine, "replicas")
-                                           else engine)
+        self.primary: CaptureEngine = (engine.replicas[0]  # type: ignore[assignment]
+                                       if isinstance(engine, ReplicaPool) else engine)
         self.store = store
         self.model_name = model_name
         self.control = PolicyControl()
@@ -133,8 +131,7 @@ class PassthroughGateway:
 
     def forget(self, session_id: str) -> None:
         self._index.pop(session_id, None)
-        if hasattr(self.engine, "forget"):
-            self.engine.forget(session_id)
+        self.engine.forget(session_id)
 
     def index(self, session_id: str) -> LineageIndex:
         """The session's token index, rebuilt from the store the first time after a restart."""
@@ -174,25 +171,26 @@ class PassthroughGateway:
             logprobs=bool(body.get("logprobs")),
             template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
 
-    async def _target(self, session_id: str) -> tuple[CaptureEngine, Any]:
-        """The engine for this session (a replica pool keeps a session on one replica)."""
+    async def _target(self, session_id: str) -> tuple[CaptureEngine, Bound | None]:
+        """The engine for this session, and the pool's binding when there are replicas (a
+        pool keeps a session on one replica)."""
         try:
-            bound = self.engine.pick(session_id)
+            picked = self.engine.pick(session_id)
         except EngineError as exc:
             raise _api_error(exc) from exc
-        engine = getattr(bound, "engine", bound)
+        bound = picked if isinstance(picked, Bound) else None
+        engine: CaptureEngine = bound.engine if bound else picked  # type: ignore[assignment]
         if engine.model is None:  # unreachable when Turnstile started: learn its version now
             with contextlib.suppress(EngineError):
                 await engine.refresh()
         return engine, bound
 
     @staticmethod
-    def _failed(bound: Any, exc: EngineError) -> None:
+    def _failed(bound: Bound | None, exc: EngineError) -> None:
         """A replica that could not serve a call gets no new sessions until it is healthy."""
-        pool = getattr(bound, "pool", None)
-        if pool is not None and exc.status in (502, 503) and \
+        if bound is not None and exc.status in (502, 503) and \
                 not isinstance(exc, EngineHTTPError):
-            pool.healthy[bound.index] = False
+            bound.pool.healthy[bound.index] = False
 
     # linking
 
@@ -272,7 +270,6 @@ class PassthroughGateway:
             reply_hash = prefix_hashes(link.hashes[-1], [message])[1]
         spans = (choice.weight_versions if choice else None) or (cap.weight_versions if cap
                                                                  else None)
-        version = token_versions(spans, len(ids)) or (cap.weight_version if cap else None)
         stop_token = stop_string = None
         if choice is not None:
             if isinstance(choice.stop, int) and not isinstance(choice.stop, bool):
@@ -284,30 +281,28 @@ class PassthroughGateway:
         usage = (cap.usage if cap else None) or {}
         seq = idx.n_calls
         idx.n_calls += 1
-        sampling = {k: body[k] for k in SAMPLING_KEYS if k in body and k not in added}
+        whole = cap.weight_version if cap else None
         info = {
-            "model": self.model_name,
+            **call_info(
+                model=self.model_name, engine=self.engine.name,
+                fingerprint=None,  # the engine rendered the prompt
+                segment_detail=link.detail if link else None,
+                sampling={k: body[k] for k in SAMPLING_KEYS if k in body and k not in added},
+                logprob_kind=self.primary.logprob_kind,
+                logprob_warning=request_logprob_warning(self.primary, body),
+                engine_request_id=cap.engine_id if cap else None, weight_versions=spans,
+                version=weight_version(spans, len(ids), whole, self.control.version),
+                policy_version=self.control.version, stop_string=stop_string,
+                usage={"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                       "cached_tokens": int(((usage.get("prompt_tokens_details") or {})
+                                             .get("cached_tokens")) or 0),
+                       "engine": usage or None},
+                started=started),
             "mode": "passthrough",
-            "engine": self.engine.name,
             "engine_model": self.primary.model,
-            "fingerprint": None,  # the engine rendered the prompt
-            "segment_detail": link.detail if link else None,
             "drift": link.drift if link else None,
-            "sampling": sampling,
             "added_fields": added,
-            "logprob_kind": self.primary.logprob_kind,
-            "logprob_warning": request_logprob_warning(self.primary, body),
-            "engine_request_id": cap.engine_id if cap else None,
-            "weight_version": version if version is not None else self.control.version,
-            "weight_versions": spans,
-            "policy_version": self.control.version,
-            "stop_string": stop_string,
             "choice_index": choice.index if choice else None,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                      "cached_tokens": int(((usage.get("prompt_tokens_details") or {})
-                                            .get("cached_tokens")) or 0),
-                      "engine": usage or None},
-            "timings": {"started": started, "latency_s": time.time() - started},
             "capture_notes": notes or None,
             "stream": bool(body.get("stream")),
         }
@@ -360,11 +355,8 @@ class PassthroughGateway:
     # the call
 
     async def complete(self, session_id: str, req: ChatRequest) -> dict:
-        await self.control.admit()  # waits while a weight update has generation paused
-        try:
+        async with admitted(self.control):
             return await self._complete(session_id, req)
-        finally:
-            self.control.leave()
 
     async def _complete(self, session_id: str, req: ChatRequest) -> dict:
         started = time.time()
@@ -393,8 +385,7 @@ class PassthroughGateway:
             if not self.control.aborted():
                 raise
             self._record_failure(session_id, "aborted", POLICY_ABORT, started, body, added, cap)
-            raise APIError(503, POLICY_ABORT, code="policy_update",
-                           type_="engine_unavailable") from None
+            raise policy_abort() from None
         idx = self.index(session_id)
         link = await self.link(idx, req, self._hashes(req), array("i", cap.prompt_ids or []),
                                engine)
@@ -404,10 +395,11 @@ class PassthroughGateway:
 
     async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
         """Chunks of a streamed completion. The engine's answer to the request (an error
-        status, or the first chunk) is awaited here, so failures before the stream starts are
+        status, or the first chunk) is awaited before the stream starts, so failures there are
         HTTP errors; the call is recorded before the last chunk reaches the harness."""
-        await self.control.admit()
-        self.control.leave()  # the stream runs in the response's task: it enters there
+        return await open_stream(self.control, lambda: self._open(session_id, req))
+
+    async def _open(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
         started = time.time()
         engine, bound = await self._target(session_id)
         body, asked, added = engine.outgoing(req.raw)
@@ -433,17 +425,23 @@ class PassthroughGateway:
             self._failed(bound, exc)
             self._record_failure(session_id, "error", str(exc), started, body, added, cap)
             raise _api_error(exc) from exc
+        except asyncio.CancelledError:
+            if not self.control.aborted():
+                raise
+            self._record_failure(session_id, "aborted", POLICY_ABORT, started, body, added, cap)
+            raise policy_abort() from None
         finally:
             if not ready and resp is not None:
                 resp.close()
+        assert resp is not None
         return self._stream(session_id, req, engine, bound, resp, events, chunk, cap, asked,
                             body, added, started)
 
     async def _stream(self, session_id: str, req: ChatRequest, engine: CaptureEngine,
-                      bound: Any, resp: aiohttp.ClientResponse, events: AsyncIterator[bytes],
-                      first: dict | None, cap: Capture, asked: Asked, body: dict,
-                      added: list[str], started: float) -> AsyncIterator[dict]:
-        self.control.enter()
+                      bound: Bound | None, resp: aiohttp.ClientResponse,
+                      events: AsyncIterator[bytes], first: dict | None, cap: Capture,
+                      asked: Asked, body: dict, added: list[str], started: float
+                      ) -> AsyncIterator[dict]:
         keep = self.store.keep_bodies
         chunks: list[dict] = []  # as the engine sent them (kept with --keep-bodies)
         held: list[dict] = []  # from the finishing chunk on: sent after the call is recorded
@@ -491,59 +489,17 @@ class PassthroughGateway:
         except asyncio.CancelledError:
             if self.control.aborted():
                 error = POLICY_ABORT
-                raise APIError(503, POLICY_ABORT, code="policy_update",
-                               type_="engine_unavailable") from None
+                raise policy_abort() from None
             raise
         finally:
             resp.close()
             if status != "ok":
                 self._record_failure(session_id, status, error or "", started, body, added, cap,
                                      response={"chunks": chunks} if keep else None)
-                self.control.leave()
-        try:
-            idx = self.index(session_id)
-            link = await self.link(idx, req, self._hashes(req),
-                                   array("i", cap.prompt_ids or []), engine)
-            self._record_all(session_id, idx, link, cap, started, body, added,
-                             {"chunks": chunks} if keep else None)
-        finally:
-            self.control.leave()
+        idx = self.index(session_id)
+        link = await self.link(idx, req, self._hashes(req), array("i", cap.prompt_ids or []),
+                               engine)
+        self._record_all(session_id, idx, link, cap, started, body, added,
+                         {"chunks": chunks} if keep else None)
         for out in held:
             yield out
-
-
-def build(engine_urls: list[str], model_name: str, data: str | Path, dialect: str = "vllm",
-          keep_bodies: bool = False, logprobs_mode: str | None = None,
-          original_logprobs: bool = False) -> PassthroughGateway:
-    """A passthrough gateway in front of one engine, or a replica pool of several."""
-    replicas = [capture_engine(u, dialect, logprobs_mode=logprobs_mode,
-                               original_logprobs=original_logprobs) for u in engine_urls]
-    if len(replicas) == 1:
-        engine: Any = replicas[0]
-    else:
-        from ..engines.pool import ReplicaPool
-
-        engine = ReplicaPool(replicas)  # type: ignore[arg-type]
-    return PassthroughGateway(engine, Store(data, keep_bodies=keep_bodies), model_name)
-
-
-def run(args: argparse.Namespace) -> None:
-    """``turnstile serve --mode passthrough``: no tokenizer, no template; ``--model`` is the
-    name reported on ``/v1/models`` (use the engine's served name)."""
-    import uvicorn
-
-    from .app import create_app
-
-    urls = [u for arg in args.engine_url for u in (
-        Path(arg[1:]).read_text().split() if arg.startswith("@") else [arg])]
-    dialect = "sglang" if args.engine == "sglang" else "vllm"
-    gateway = build(urls, args.served_model_name or args.model, args.data, dialect,
-                    keep_bodies=args.keep_bodies, logprobs_mode=args.engine_logprobs_mode,
-                    original_logprobs=args.sglang_original_logprobs)
-    public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(gateway, public, max_body=args.max_body_mb << 20, token=args.trainer_token)
-    print(f"turnstile: passthrough capture ({dialect} token-ID fields), model "
-          f"{gateway.model_name}, engine at {', '.join(urls)}, records in {args.data}",
-          file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                loop="uvloop", http="httptools", access_log=False)
