@@ -7,12 +7,20 @@ plain list comparison over all recorded calls.
 
 from __future__ import annotations
 
+import asyncio
 from array import array
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnstile.server.lineage import LineageIndex, Node, common_prefix, extends, new_node
+from turnstile.server.lineage import (
+    LineageIndex,
+    Node,
+    common_prefix,
+    extends,
+    link,
+    new_node,
+)
 from turnstile.store.sqlite import CallRecord
 
 tokens = st.lists(st.integers(0, 3), max_size=6)
@@ -130,3 +138,45 @@ def test_an_index_rebuilt_from_records_is_the_same(calls, failed):
     for cid, node in rebuilt.nodes.items():
         assert (node.full_len, node.digest) == (kept.nodes[cid].full_len,
                                                 kept.nodes[cid].digest)
+
+
+async def _text(ids: list[int]) -> str:
+    return "".join(f"<{i}>" for i in ids)
+
+
+def _chain() -> LineageIndex:
+    """c0: prompt [1 2] + completion [3 4]; c1 (its child): + [5] + completion [6 7]."""
+    idx = LineageIndex()
+    c0 = new_node("c0", None, array("i", [1, 2]), array("i", [3, 4]), 0)
+    idx.add(c0)
+    idx.add(new_node("c1", c0, array("i", [5]), array("i", [6, 7]), 1))
+    idx.replies[b"after-c1"] = "c1"
+    idx.n_calls = 2
+    return idx
+
+
+def test_link_names_why_a_call_starts_a_new_segment():
+    user = {"role": "user", "content": "q"}
+    reply = {"role": "assistant", "content": "a"}
+
+    async def go(idx: LineageIndex, msgs: list[dict], hashes: list[bytes], prompt: list[int]):
+        return await link(idx, msgs, hashes, array("i", prompt), _text)
+
+    first = asyncio.run(go(LineageIndex(), [user], [b"r", b"u"], [1, 2]))
+    assert first.reason == "first_call" and first.parent is None
+    child = asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"x", b"y"],
+                           [1, 2, 3, 4, 5, 6, 7, 8]))
+    assert child.parent.id == "c1" and child.reason is None and child.delta.tolist() == [8]
+    # the messages continue c1, but the engine re-tokenized its completion: [6 9], not [6 7]
+    drift = asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"after-c1", b"y"],
+                           [1, 2, 3, 4, 5, 6, 9, 8]))
+    assert drift.reason == "drift" and drift.parent is None
+    d = drift.drift
+    assert (d["call_id"], d["index"], d["at_call_id"], d["region"], d["offset"]) == (
+        "c1", 6, "c1", "completion", 1)
+    assert d["recorded"]["ids"] == [1, 2, 3, 4, 5, 6, 7] and d["received"]["text_from_index"] \
+        == "<9><8>"
+    assert "prompt token 6 is the first that differs" in drift.detail
+    assert asyncio.run(go(_chain(), [user], [b"r", b"u"], [1, 9])).reason == "new_conversation"
+    assert asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"x", b"y"],
+                          [1, 9])).reason == "history_diverged"

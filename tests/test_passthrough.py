@@ -495,7 +495,13 @@ def test_policy_pause_abort_and_resume(ts, fake):
 
 
 def test_stripping_keeps_what_the_harness_asked_for():
-    from turnstile.engines.capture import Asked, SGLangChat, VLLMChat, strip_chunk, strip_response
+    from turnstile.engines.chat_dialects import (
+        Asked,
+        SGLangChat,
+        VLLMChat,
+        strip_chunk,
+        strip_response,
+    )
 
     nothing = Asked(False, False, False, False)
     # vLLM sends a chunk for an empty-text token only because ids/logprobs were asked for

@@ -8,9 +8,10 @@ and, when there is none, the recorded conversation the prompt left and where.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from ..store.sqlite import CallRecord
 
 WINDOW = 6  # tokens shown on each side of a divergence
+Detokenize = Callable[[list[int]], Awaitable["str | None"]]  # the engine's text for IDs
 
 
 @dataclass(eq=False)
@@ -143,6 +145,76 @@ class LineageIndex:
             if best is None or (common, leaf.seq) > (best[1], best[0].seq):
                 best = (leaf, common)
         return best
+
+
+@dataclass
+class Link:
+    """Where a prompt joins the session's tree."""
+
+    prompt: array
+    hashes: list[bytes]
+    parent: Node | None = None
+    reason: str | None = None
+    detail: str | None = None
+    drift: dict | None = None
+
+    @property
+    def delta(self) -> array:
+        return self.prompt[self.parent.full_len:] if self.parent else self.prompt
+
+
+async def link(idx: LineageIndex, messages: list[dict], hashes: list[bytes], prompt: array,
+               detokenize: Detokenize) -> Link:
+    """Parent by exact token prefix; otherwise a new segment, with where it diverged.
+
+    ``hashes``: the request's message prefix hashes (``idx.replies`` maps the hash of a
+    recorded call's request + reply to it). When the messages continue a recorded call, the
+    prompt must extend *that* call's prompt + completion: extending only an ancestor (the
+    engine re-tokenized the reply) is drift, not a branch."""
+    out = Link(prompt, hashes)
+    continued = None  # the call the messages continue
+    for k in range(len(messages) - 1, 0, -1):
+        cid = idx.replies.get(hashes[k])
+        if cid is not None and cid in idx.nodes:
+            continued = idx.nodes[cid]
+            break
+    parent = idx.parent_of(prompt)
+    if parent is not None and (continued is None or extends(continued, prompt)):
+        out.parent = parent
+        return out
+    if not idx.nodes:
+        out.reason = "first_call"
+        return out
+    if continued is not None:
+        compared = continued
+        common = common_prefix(prompt, continued.full())
+        out.reason = "drift"
+    else:
+        compared, common = idx.closest(prompt)  # type: ignore[misc]
+        out.reason = ("history_diverged" if any(m.get("role") == "assistant" for m in messages)
+                      else "new_conversation")
+    out.drift = await _located(compared, common, prompt, detokenize)
+    out.detail = describe(out.reason, out.drift)
+    return out
+
+
+async def _located(compared: Node, i: int, prompt: array, detokenize: Detokenize) -> dict:
+    """:func:`divergence`, with the text of the tokens on both sides (the engine's)."""
+    d = divergence(compared, i, prompt)
+    recorded, received = d["recorded"]["ids"], d["received"]["ids"]
+    k = i - d["window_start"]
+    texts = await asyncio.gather(*(detokenize(ids) for ids in (
+        recorded, received, recorded[k:], received[k:])))
+    tails = texts[2:]
+    same = None
+    if None not in tails:
+        short, long_ = sorted(tails, key=len)  # type: ignore[arg-type]
+        same = bool(short) and long_.startswith(short)
+    d["recorded"].update(text=texts[0], text_from_index=tails[0])
+    d["received"].update(text=texts[1], text_from_index=tails[1])
+    # the text goes on the same from the divergence: a retokenization, not an edit
+    d["same_text"] = same
+    return d
 
 
 def divergence(compared: Node, i: int, prompt: array) -> dict:

@@ -37,7 +37,6 @@ import contextlib
 import time
 from array import array
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -46,31 +45,22 @@ import orjson
 from ..chat.history import prefix_hashes, root_hash
 from ..engines.base import EngineError
 from ..engines.capture import (
-    Asked,
     Capture,
     CaptureEngine,
     Choice,
     EngineHTTPError,
     loads,
     request_logprob_warning,
-    strip_chunk,
-    strip_response,
 )
+from ..engines.chat_dialects import Asked, strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
 from ..store.sqlite import CallRecord, Store, new_id
 from .admission import POLICY_ABORT, admitted, open_stream, policy_abort
 from .control import PolicyControl
 from .errors import APIError
-from .lineage import (
-    LineageIndex,
-    Node,
-    common_prefix,
-    describe,
-    divergence,
-    extends,
-    new_node,
-)
+from .lineage import LineageIndex, Link, new_node
+from .lineage import link as lineage_link
 from .record import call_info, weight_version
 from .requests import ChatRequest
 
@@ -78,22 +68,6 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_co
                  "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
                  "tool_choice", "response_format", "ignore_eos", "min_tokens")
-
-
-@dataclass
-class _Link:
-    """Where a prompt joins the session's tree."""
-
-    prompt: array
-    hashes: list[bytes]
-    parent: Node | None = None
-    reason: str | None = None
-    detail: str | None = None
-    drift: dict | None = None
-
-    @property
-    def delta(self) -> array:
-        return self.prompt[self.parent.full_len:] if self.parent else self.prompt
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -197,62 +171,9 @@ class PassthroughGateway:
     def _hashes(self, req: ChatRequest) -> list[bytes]:
         return prefix_hashes(root_hash(req.tools, req.template_kwargs), req.messages)
 
-    async def link(self, idx: LineageIndex, req: ChatRequest, hashes: list[bytes],
-                   prompt: array, engine: CaptureEngine) -> _Link:
-        """Parent by exact token prefix; otherwise a new segment, with where it diverged.
-
-        When the messages continue a recorded call (its request + the reply we returned),
-        the prompt must extend *that* call's prompt + completion: extending only an ancestor
-        (the engine re-tokenized the reply) is drift, not a branch."""
-        link = _Link(prompt, hashes)
-        continued = None  # the call the messages continue
-        for k in range(len(req.messages) - 1, 0, -1):
-            cid = idx.replies.get(hashes[k])
-            if cid is not None and cid in idx.nodes:
-                continued = idx.nodes[cid]
-                break
-        parent = idx.parent_of(prompt)
-        if parent is not None and (continued is None or extends(continued, prompt)):
-            link.parent = parent
-            return link
-        if not idx.nodes:
-            link.reason = "first_call"
-            return link
-        if continued is not None:
-            compared = continued
-            common = common_prefix(prompt, continued.full())
-            link.reason = "drift"
-        else:
-            compared, common = idx.closest(prompt)  # type: ignore[misc]
-            link.reason = ("history_diverged" if any(m.get("role") == "assistant"
-                                                     for m in req.messages)
-                           else "new_conversation")
-        link.drift = await self._where(compared, common, prompt, engine)
-        link.detail = describe(link.reason, link.drift)
-        return link
-
-    async def _where(self, compared: Node, i: int, prompt: array,
-                     engine: CaptureEngine) -> dict:
-        """:func:`divergence`, with the text of the tokens on both sides (the engine's)."""
-        d = divergence(compared, i, prompt)
-        recorded, received = d["recorded"]["ids"], d["received"]["ids"]
-        k = i - d["window_start"]
-        texts = await asyncio.gather(*(engine.detokenize(ids) for ids in (
-            recorded, received, recorded[k:], received[k:])))
-        tails = texts[2:]
-        same = None
-        if None not in tails:
-            short, long_ = sorted(tails, key=len)  # type: ignore[arg-type]
-            same = bool(short) and long_.startswith(short)
-        d["recorded"].update(text=texts[0], text_from_index=tails[0])
-        d["received"].update(text=texts[1], text_from_index=tails[1])
-        # the text goes on the same from the divergence: a retokenization, not an edit
-        d["same_text"] = same
-        return d
-
     # recording
 
-    def _record(self, session_id: str, idx: LineageIndex, link: _Link | None,
+    def _record(self, session_id: str, idx: LineageIndex, link: Link | None,
                 choice: Choice | None,
                 cap: Capture | None, status: str, error: str | None, started: float,
                 body: dict, added: list[str], response: object = None,
@@ -322,7 +243,7 @@ class PassthroughGateway:
                 idx.replies[reply_hash] = call_id
         return rec
 
-    def _record_all(self, session_id: str, idx: LineageIndex, link: _Link, cap: Capture,
+    def _record_all(self, session_id: str, idx: LineageIndex, link: Link, cap: Capture,
                     started: float, body: dict, added: list[str], response: object) -> None:
         notes = []
         usage = cap.usage or {}
@@ -341,11 +262,11 @@ class PassthroughGateway:
 
     def _record_failure(self, session_id: str, status: str, error: str, started: float,
                         body: dict, added: list[str], cap: Capture | None = None,
-                        link: _Link | None = None, response: object = None) -> None:
+                        link: Link | None = None, response: object = None) -> None:
         """A call the harness did not get whole: recorded with whatever tokens came back."""
         idx = self.index(session_id)
         if link is None and cap is not None and cap.prompt_ids is not None:
-            link = _Link(array("i", cap.prompt_ids), [])
+            link = Link(array("i", cap.prompt_ids), [])
             link.parent = idx.parent_of(link.prompt)
         choices = [cap.choices[i] for i in sorted(cap.choices)] if cap and cap.choices else [None]
         for c in choices:
@@ -387,8 +308,8 @@ class PassthroughGateway:
             self._record_failure(session_id, "aborted", POLICY_ABORT, started, body, added, cap)
             raise policy_abort() from None
         idx = self.index(session_id)
-        link = await self.link(idx, req, self._hashes(req), array("i", cap.prompt_ids or []),
-                               engine)
+        link = await lineage_link(idx, req.messages, self._hashes(req),
+                                  array("i", cap.prompt_ids or []), engine.detokenize)
         self._record_all(session_id, idx, link, cap, started, body, added, data)
         out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body stays whole
         return strip_response(out, asked, engine.dialect)
@@ -497,8 +418,8 @@ class PassthroughGateway:
                 self._record_failure(session_id, status, error or "", started, body, added, cap,
                                      response={"chunks": chunks} if keep else None)
         idx = self.index(session_id)
-        link = await self.link(idx, req, self._hashes(req), array("i", cap.prompt_ids or []),
-                               engine)
+        link = await lineage_link(idx, req.messages, self._hashes(req),
+                                  array("i", cap.prompt_ids or []), engine.detokenize)
         self._record_all(session_id, idx, link, cap, started, body, added,
                          {"chunks": chunks} if keep else None)
         for out in held:
