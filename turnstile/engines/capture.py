@@ -195,6 +195,20 @@ class Capture:
     def logprob_values(self, c: Choice) -> tuple[list[float], str | None]:
         return c.logprob_values(self.dialect.stop_unscored)
 
+    def usage_notes(self, n_prompt: int) -> list[str]:
+        """Where the engine's usage disagrees with the token IDs it returned."""
+        notes = []
+        usage = self.usage or {}
+        n_out = sum(len(c.ids or []) for c in self.choices.values())
+        if isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] != n_prompt:
+            notes.append(f"usage.prompt_tokens is {usage['prompt_tokens']} but the engine "
+                         f"returned {n_prompt} prompt token IDs")
+        if isinstance(usage.get("completion_tokens"), int) and usage["completion_tokens"] != n_out:
+            notes.append(f"usage.completion_tokens is {usage['completion_tokens']} but the engine "
+                         f"returned {n_out} completion token IDs (vLLM hides the IDs of reasoning "
+                         "it does not stream when include_reasoning is false)")
+        return notes
+
 
 class LogprobSource(Protocol):
     @property

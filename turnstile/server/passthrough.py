@@ -36,7 +36,8 @@ import asyncio
 import contextlib
 import time
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -68,6 +69,21 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_co
                  "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
                  "tool_choice", "response_format", "ignore_eos", "min_tokens")
+
+
+@dataclass
+class _Call:
+    """One engine call in the making: where it goes, what was sent, what came back."""
+
+    session_id: str
+    req: ChatRequest
+    engine: CaptureEngine
+    bound: Bound | None
+    body: dict
+    asked: Asked
+    added: list[str]
+    cap: Capture
+    started: float
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -173,15 +189,14 @@ class PassthroughGateway:
 
     # recording
 
-    def _record(self, session_id: str, idx: LineageIndex, link: Link | None,
-                choice: Choice | None,
-                cap: Capture | None, status: str, error: str | None, started: float,
-                body: dict, added: list[str], response: object = None,
+    def _record(self, call: _Call, idx: LineageIndex, link: Link | None, choice: Choice | None,
+                status: str, error: str | None, response: object = None,
                 notes: list[str] | None = None) -> CallRecord:
         """One call (one choice) committed to the store, then added to the session's index."""
+        cap, body = call.cap, call.body
         call_id = new_id("call_")
         ids = array("i", (choice.ids or []) if choice else [])
-        values, note = cap.logprob_values(choice) if cap and choice else ([], None)
+        values, note = cap.logprob_values(choice) if choice else ([], None)
         notes = [*(notes or []), *([note] if note else [])]
         message = choice.assembled() if choice and status == "ok" else None
         prompt = link.prompt if link else array("i")
@@ -189,8 +204,7 @@ class PassthroughGateway:
         reply_hash = None
         if link is not None and message is not None:
             reply_hash = prefix_hashes(link.hashes[-1], [message])[1]
-        spans = (choice.weight_versions if choice else None) or (cap.weight_versions if cap
-                                                                 else None)
+        spans = (choice.weight_versions if choice else None) or cap.weight_versions
         stop_token = stop_string = None
         if choice is not None:
             if isinstance(choice.stop, int) and not isinstance(choice.stop, bool):
@@ -199,36 +213,35 @@ class PassthroughGateway:
                 stop_string = choice.stop
             elif choice.finish_reason in ("stop", "tool_calls") and ids:
                 stop_token = ids[-1]  # stopped on EOS (vLLM reports no stop_reason for it)
-        usage = (cap.usage if cap else None) or {}
+        usage = cap.usage or {}
         seq = idx.n_calls
         idx.n_calls += 1
-        whole = cap.weight_version if cap else None
         info = {
             **call_info(
                 model=self.model_name, engine=self.engine.name,
                 fingerprint=None,  # the engine rendered the prompt
                 segment_detail=link.detail if link else None,
-                sampling={k: body[k] for k in SAMPLING_KEYS if k in body and k not in added},
+                sampling={k: body[k] for k in SAMPLING_KEYS if k in body and k not in call.added},
                 logprob_kind=self.primary.logprob_kind,
                 logprob_warning=request_logprob_warning(self.primary, body),
-                engine_request_id=cap.engine_id if cap else None, weight_versions=spans,
-                version=weight_version(spans, len(ids), whole, self.control.version),
+                engine_request_id=cap.engine_id, weight_versions=spans,
+                version=weight_version(spans, len(ids), cap.weight_version, self.control.version),
                 policy_version=self.control.version, stop_string=stop_string,
                 usage={"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                        "cached_tokens": int(((usage.get("prompt_tokens_details") or {})
                                              .get("cached_tokens")) or 0),
                        "engine": usage or None},
-                started=started),
+                started=call.started),
             "mode": "passthrough",
             "engine_model": self.primary.model,
             "drift": link.drift if link else None,
-            "added_fields": added,
+            "added_fields": call.added,
             "choice_index": choice.index if choice else None,
             "capture_notes": notes or None,
             "stream": bool(body.get("stream")),
         }
         rec = CallRecord(
-            id=call_id, session_id=session_id, seq=seq,
+            id=call_id, session_id=call.session_id, seq=seq,
             parent_id=parent.id if parent else None,
             segment_reason=link.reason if link else None,
             reused_prefix_len=parent.full_len if parent else 0,
@@ -243,76 +256,76 @@ class PassthroughGateway:
                 idx.replies[reply_hash] = call_id
         return rec
 
-    def _record_all(self, session_id: str, idx: LineageIndex, link: Link, cap: Capture,
-                    started: float, body: dict, added: list[str], response: object) -> None:
-        notes = []
-        usage = cap.usage or {}
-        n_out = sum(len(c.ids or []) for c in cap.choices.values())
-        if isinstance(usage.get("prompt_tokens"), int) and \
-                usage["prompt_tokens"] != len(link.prompt):
-            notes.append(f"usage.prompt_tokens is {usage['prompt_tokens']} but the engine "
-                         f"returned {len(link.prompt)} prompt token IDs")
-        if isinstance(usage.get("completion_tokens"), int) and usage["completion_tokens"] != n_out:
-            notes.append(f"usage.completion_tokens is {usage['completion_tokens']} but the engine "
-                         f"returned {n_out} completion token IDs (vLLM hides the IDs of reasoning "
-                         "it does not stream when include_reasoning is false)")
+    async def _record_ok(self, call: _Call, response: object) -> None:
+        """A call the harness gets whole: linked into the session's tree, one record a choice."""
+        cap = call.cap
+        idx = self.index(call.session_id)
+        prompt = array("i", cap.prompt_ids or [])
+        link = await lineage_link(idx, call.req.messages, self._hashes(call.req), prompt,
+                                  call.engine.detokenize)
         for i in sorted(cap.choices):
-            self._record(session_id, idx, link, cap.choices[i], cap, "ok", None, started, body,
-                         added, response, notes)
+            self._record(call, idx, link, cap.choices[i], "ok", None, response,
+                         cap.usage_notes(len(prompt)))
 
-    def _record_failure(self, session_id: str, status: str, error: str, started: float,
-                        body: dict, added: list[str], cap: Capture | None = None,
-                        link: Link | None = None, response: object = None) -> None:
+    def _record_failure(self, call: _Call, status: str, error: str,
+                        response: object = None) -> None:
         """A call the harness did not get whole: recorded with whatever tokens came back."""
-        idx = self.index(session_id)
-        if link is None and cap is not None and cap.prompt_ids is not None:
+        cap = call.cap
+        idx = self.index(call.session_id)
+        link = None
+        if cap.prompt_ids is not None:
             link = Link(array("i", cap.prompt_ids), [])
             link.parent = idx.parent_of(link.prompt)
-        choices = [cap.choices[i] for i in sorted(cap.choices)] if cap and cap.choices else [None]
-        for c in choices:
-            self._record(session_id, idx, link, c, cap, status, error, started, body, added,
-                         response)
+        for c in [cap.choices[i] for i in sorted(cap.choices)] or [None]:
+            self._record(call, idx, link, c, status, error, response)
 
-    # the call
-
-    async def complete(self, session_id: str, req: ChatRequest) -> dict:
-        async with admitted(self.control):
-            return await self._complete(session_id, req)
-
-    async def _complete(self, session_id: str, req: ChatRequest) -> dict:
-        started = time.time()
-        engine, bound = await self._target(session_id)
-        body, asked, added = engine.outgoing(req.raw)
-        cap = Capture(engine.dialect)
+    @contextlib.contextmanager
+    def _failures(self, call: _Call) -> Iterator[None]:
+        """Before the harness has an answer: an engine failure or a policy abort is recorded
+        with what came back, and raised as the harness's HTTP error."""
         try:
-            try:
-                resp = await engine.open_chat(body)
-                try:
-                    raw = await resp.read()
-                finally:
-                    resp.release()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
-            data = loads(raw, "its response")
-            cap.feed_response(data)
-            problem = cap.missing()
-            if problem:
-                raise EngineError(problem, 502)
+            yield
         except EngineError as exc:
-            self._failed(bound, exc)
-            self._record_failure(session_id, "error", str(exc), started, body, added, cap)
+            self._failed(call.bound, exc)
+            self._record_failure(call, "error", str(exc))
             raise _api_error(exc) from exc
         except asyncio.CancelledError:
             if not self.control.aborted():
                 raise
-            self._record_failure(session_id, "aborted", POLICY_ABORT, started, body, added, cap)
+            self._record_failure(call, "aborted", POLICY_ABORT)
             raise policy_abort() from None
-        idx = self.index(session_id)
-        link = await lineage_link(idx, req.messages, self._hashes(req),
-                                  array("i", cap.prompt_ids or []), engine.detokenize)
-        self._record_all(session_id, idx, link, cap, started, body, added, data)
-        out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body stays whole
-        return strip_response(out, asked, engine.dialect)
+
+    # the call
+
+    async def _begin(self, session_id: str, req: ChatRequest) -> _Call:
+        started = time.time()
+        engine, bound = await self._target(session_id)
+        body, asked, added = engine.outgoing(req.raw)
+        return _Call(session_id, req, engine, bound, body, asked, added, Capture(engine.dialect),
+                     started)
+
+    async def complete(self, session_id: str, req: ChatRequest) -> dict:
+        async with admitted(self.control):
+            call = await self._begin(session_id, req)
+            engine = call.engine
+            with self._failures(call):
+                try:
+                    resp = await engine.open_chat(call.body)
+                    try:
+                        raw = await resp.read()
+                    finally:
+                        resp.release()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise EngineError(f"{engine.label} at {engine.url} failed: {exc}",
+                                      502) from exc
+                data = loads(raw, "its response")
+                call.cap.feed_response(data)
+                problem = call.cap.missing()
+                if problem:
+                    raise EngineError(problem, 502)
+            await self._record_ok(call, data)
+            out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body: whole
+            return strip_response(out, call.asked, engine.dialect)
 
     async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
         """Chunks of a streamed completion. The engine's answer to the request (an error
@@ -321,48 +334,35 @@ class PassthroughGateway:
         return await open_stream(self.control, lambda: self._open(session_id, req))
 
     async def _open(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
-        started = time.time()
-        engine, bound = await self._target(session_id)
-        body, asked, added = engine.outgoing(req.raw)
-        cap = Capture(engine.dialect)
+        call = await self._begin(session_id, req)
+        engine = call.engine
         resp = None
         ready = False
         try:
-            try:
-                resp = await engine.open_chat(body)
-                events = sse_data(resp).__aiter__()
-                first = await anext(events, b"[DONE]")
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
-            if first.strip() != b"[DONE]":
-                chunk = engine.chunk(first)
-                cap.feed_chunk(chunk)
-                if engine.dialect.prompt_ids_first and cap.prompt_ids is None:
-                    raise EngineError(cap.missing() or "no prompt token IDs", 502)
-            else:
+            with self._failures(call):
+                try:
+                    resp = await engine.open_chat(call.body)
+                    events = sse_data(resp).__aiter__()
+                    first = await anext(events, b"[DONE]")
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    raise EngineError(f"{engine.label} at {engine.url} failed: {exc}",
+                                      502) from exc
                 chunk = None
-            ready = True
-        except EngineError as exc:
-            self._failed(bound, exc)
-            self._record_failure(session_id, "error", str(exc), started, body, added, cap)
-            raise _api_error(exc) from exc
-        except asyncio.CancelledError:
-            if not self.control.aborted():
-                raise
-            self._record_failure(session_id, "aborted", POLICY_ABORT, started, body, added, cap)
-            raise policy_abort() from None
+                if first.strip() != b"[DONE]":
+                    chunk = engine.chunk(first)
+                    call.cap.feed_chunk(chunk)
+                    if engine.dialect.prompt_ids_first and call.cap.prompt_ids is None:
+                        raise EngineError(call.cap.missing() or "no prompt token IDs", 502)
+                ready = True
         finally:
             if not ready and resp is not None:
                 resp.close()
         assert resp is not None
-        return self._stream(session_id, req, engine, bound, resp, events, chunk, cap, asked,
-                            body, added, started)
+        return self._stream(call, resp, events, chunk)
 
-    async def _stream(self, session_id: str, req: ChatRequest, engine: CaptureEngine,
-                      bound: Bound | None, resp: aiohttp.ClientResponse,
-                      events: AsyncIterator[bytes], first: dict | None, cap: Capture,
-                      asked: Asked, body: dict, added: list[str], started: float
-                      ) -> AsyncIterator[dict]:
+    async def _stream(self, call: _Call, resp: aiohttp.ClientResponse,
+                      events: AsyncIterator[bytes], first: dict | None) -> AsyncIterator[dict]:
+        engine, cap = call.engine, call.cap
         keep = self.store.keep_bodies
         chunks: list[dict] = []  # as the engine sent them (kept with --keep-bodies)
         held: list[dict] = []  # from the finishing chunk on: sent after the call is recorded
@@ -387,7 +387,7 @@ class PassthroughGateway:
                 if keep:
                     chunks.append(chunk)
                     chunk = orjson.loads(orjson.dumps(chunk))
-                out = strip_chunk(chunk, asked, engine.dialect)
+                out = strip_chunk(chunk, call.asked, engine.dialect)
                 if out is None:
                     continue
                 if held or ends:
@@ -402,7 +402,7 @@ class PassthroughGateway:
             status, error = "ok", None
         except EngineError as exc:
             status, error = "error", str(exc)
-            self._failed(bound, exc)
+            self._failed(call.bound, exc)
             raise _api_error(exc) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             status, error = "error", f"{engine.label} at {engine.url} failed: {exc}"
@@ -415,12 +415,8 @@ class PassthroughGateway:
         finally:
             resp.close()
             if status != "ok":
-                self._record_failure(session_id, status, error or "", started, body, added, cap,
+                self._record_failure(call, status, error or "",
                                      response={"chunks": chunks} if keep else None)
-        idx = self.index(session_id)
-        link = await lineage_link(idx, req.messages, self._hashes(req),
-                                  array("i", cap.prompt_ids or []), engine.detokenize)
-        self._record_all(session_id, idx, link, cap, started, body, added,
-                         {"chunks": chunks} if keep else None)
+        await self._record_ok(call, {"chunks": chunks} if keep else None)
         for out in held:
             yield out
