@@ -20,7 +20,7 @@ import orjson
 
 from .base import PROCESSED_LOGPROBS, EngineError, SamplingParams
 from .chat_dialects import Asked, ChatDialect, SGLangChat, VLLMChat
-from .http import HTTPEngine, error_message
+from .http import HTTPEngine, error_message, json_object
 from .sglang import SGLangServer
 from .vllm import VLLMServer
 
@@ -48,14 +48,7 @@ def relay_status(engine_status: int) -> int:
 
 def loads(raw: bytes, what: str) -> dict:
     """An engine's JSON object, or :class:`EngineError` (502) saying what was wrong with it."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise EngineError(f"the engine sent invalid JSON in {what}: {raw[:200]!r}", 502) \
-            from exc
-    if not isinstance(obj, dict):
-        raise EngineError(f"the engine sent {type(obj).__name__} in {what}, not an object", 502)
-    return obj
+    return json_object(raw, "the engine", f" in {what}")
 
 
 # What the engine returned, per choice.

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
-import aiohttp
 import orjson
 
 from .base import (
@@ -48,9 +47,8 @@ from .base import (
 from .http import (
     HTTPEngine,
     error_message,
-    fed_batches,
+    json_object,
     new_request_id,
-    sse_batches,
     version_tuple,
 )
 
@@ -260,56 +258,29 @@ class VLLMEngine(VLLMServer):
             raise EngineError(self._disabled, 502)
         request_id = new_request_id()
         body = self.request_body(prompt_ids, params, stream, request_id, route)
-        resp: aiohttp.ClientResponse | None = None
-        ended = False
+        ids = self._abort_ids(route, request_id)
+
+        def refused(status: int, raw: bytes) -> None:
+            if route == GENERATE and status in (403, 404):
+                self._route_missing(status, raw)
+                raise EngineError(self._disabled, 502) if self._disabled else _RouteGone()
+
         try:
-            async with self.post(route, orjson.dumps(
-                    body, option=orjson.OPT_SERIALIZE_NUMPY)) as resp:
-                if resp.status != 200:
-                    ended = True
-                    raw = await resp.read()
-                    if route == GENERATE and resp.status in (403, 404):
-                        self._route_missing(resp.status, raw)
-                        if self._disabled:
-                            raise EngineError(self._disabled, 502)
-                        # The route is gone and completions will do: try again there.
-                        async for batch in self.generate(prompt_ids, params, stream):
-                            yield batch
-                        return
-                    raise self._error(route, resp.status, raw)
-                reader = _Reader(self, route, params, prompt_ids)
-                if not stream or "event-stream" not in resp.headers.get("content-type", ""):
-                    raw = await resp.read()
-                    ended = True
-                    reader.feed(_loads(raw, route))
-                    if events := reader.take():
-                        yield events
-                else:
-                    async for events in fed_batches(
-                            sse_batches(resp), lambda p: reader.feed(_loads(p, route)),
-                            reader.take):
-                        yield events
-                    ended = True
-                yield reader.finish()
-        except EngineError:
-            ended = True
-            raise
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineError(f"vLLM at {self.url} failed: {exc}", 502) from exc
-        finally:
-            if not ended:
-                ids = self._abort_ids(route, request_id)
-                self._give_up(resp, lambda: self._abort(ids))
+            async for batch in self._generation(
+                    route, orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), stream,
+                    _Reader(self, route, params, prompt_ids), lambda: self._abort(ids), refused):
+                yield batch
+        except _RouteGone:  # the route is gone and completions will do: try again there
+            async for batch in self.generate(prompt_ids, params, stream):
+                yield batch
+
+
+class _RouteGone(Exception):
+    """/inference/v1/generate is missing and /v1/completions will serve instead."""
 
 
 def _loads(raw: bytes, route: str) -> dict:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise EngineError(f"vLLM {route} sent invalid JSON: {raw[:200]!r}", 502) from exc
-    if not isinstance(obj, dict):
-        raise EngineError(f"vLLM {route} sent {type(obj).__name__}, not an object", 502)
-    return obj
+    return json_object(raw, f"vLLM {route}")
 
 
 class _Reader:
@@ -344,6 +315,11 @@ class _Reader:
                 self.weight_versions = choice["weight_versions"]
             if choice.get("finish_reason") is not None:
                 self.final = choice
+
+    def feed_whole(self, raw: bytes) -> None:
+        self.feed(_loads(raw, self.route))
+
+    feed_event = feed_whole
 
     def take(self) -> list[TokenEvent]:
         out, self.pending = self.pending, []
