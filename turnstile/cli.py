@@ -132,14 +132,14 @@ def main(argv: list[str] | None = None) -> None:
                         "./turnstile-data)")
     s.add_argument("--max-body-mb", type=int, default=32,
                    help="largest request body in MiB (larger: 413; default: 32)")
-    d = Limits()
-    s.add_argument("--max-messages", type=int, default=d.max_messages,
+    defaults = Limits()
+    s.add_argument("--max-messages", type=int, default=defaults.max_messages,
                    help="messages in one request (more: 400)")
-    s.add_argument("--max-tools", type=int, default=d.max_tools,
+    s.add_argument("--max-tools", type=int, default=defaults.max_tools,
                    help="tools in one request (more: 400)")
-    s.add_argument("--max-string-kb", type=int, default=d.max_string >> 10,
+    s.add_argument("--max-string-kb", type=int, default=defaults.max_string >> 10,
                    help="KiB of characters in any one JSON string of a request (more: 400)")
-    s.add_argument("--max-depth", type=int, default=d.max_depth,
+    s.add_argument("--max-depth", type=int, default=defaults.max_depth,
                    help="nesting of objects/arrays in a request (deeper: 400)")
     s.add_argument("--synchronous", choices=["full", "normal"], default="full",
                    help="SQLite durability: full (default) syncs every commit, so an "

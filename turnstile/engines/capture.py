@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import orjson
@@ -241,6 +241,12 @@ class CaptureEngine(HTTPEngine):
     model: str | None
     version: str | None
 
+    if TYPE_CHECKING:  # from the server half (VLLMServer, SGLangServer)
+        @property
+        def logprob_kind(self) -> str: ...
+
+        def logprob_warning(self, params: SamplingParams | None = None) -> str | None: ...
+
     def outgoing(self, raw: dict) -> tuple[dict, Asked, list[str]]:
         """The body for the engine: the harness's, plus what brings the tokens back; what the
         harness asked for itself, and which fields were added."""
@@ -287,7 +293,8 @@ class CaptureEngine(HTTPEngine):
             err = obj.get("error", obj)  # {"error": {...}} or an ErrorResponse itself
             err = err if isinstance(err, dict) else {"message": err}
             code = err.get("code")
-            status = int(code) if isinstance(code, int) or str(code).isdigit() else 500
+            status = code if isinstance(code, int) else int(str(code)) if str(code).isdigit() \
+                else 500
             raise self.http_error(status, orjson.dumps({"error": err}))
         return obj
 

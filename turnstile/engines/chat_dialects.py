@@ -19,7 +19,7 @@ from .http import version_tuple
 if TYPE_CHECKING:
     from .capture import Capture
 
-_EMPTY = (None, "", [], {})
+_EMPTY: tuple[object, ...] = (None, "", [], {})
 
 
 @dataclass

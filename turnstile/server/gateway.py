@@ -637,7 +637,8 @@ class Gateway:
 
         yield chunk({"role": "assistant", "content": ""})
         eog = self.tok.eog_token_ids
-        status, error = "aborted", "the client disconnected"
+        status = "aborted"
+        error: str | None = CLIENT_GONE
         stops = params.stop
         held = ""  # with stop strings: text that may be the start of one, not sent yet
         stopped = False  # a stop string was seen: nothing after it is sent

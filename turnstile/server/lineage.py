@@ -205,13 +205,13 @@ async def _located(compared: Node, i: int, prompt: array, detokenize: Detokenize
     k = i - d["window_start"]
     texts = await asyncio.gather(*(detokenize(ids) for ids in (
         recorded, received, recorded[k:], received[k:])))
-    tails = texts[2:]
     same = None
-    if None not in tails:
-        short, long_ = sorted(tails, key=len)  # type: ignore[arg-type]
+    a, b = texts[2], texts[3]
+    if a is not None and b is not None:
+        short, long_ = sorted((a, b), key=len)
         same = bool(short) and long_.startswith(short)
-    d["recorded"].update(text=texts[0], text_from_index=tails[0])
-    d["received"].update(text=texts[1], text_from_index=tails[1])
+    d["recorded"].update(text=texts[0], text_from_index=a)
+    d["received"].update(text=texts[1], text_from_index=b)
     # the text goes on the same from the divergence: a retokenization, not an edit
     d["same_text"] = same
     return d

@@ -3,12 +3,10 @@ record the token IDs it reports.
 
 For models Turnstile cannot render (or as a cross-check of its own rendering), the request
 goes to the engine's ``/v1/chat/completions`` as the harness sent it, plus only what is needed
-to get the tokens back: vLLM ``return_token_ids`` (``prompt_token_ids`` on the response, or on
-the first chunk when streaming; per-choice ``token_ids``, delta IDs per chunk),
-``return_weight_versions`` (vLLM 0.33+) and ``logprobs``; SGLang ``return_input_ids_in_sglext`` /
-``return_output_ids_in_sglext`` (``sglext`` on the response, or on a final ``choices: []``
-chunk) and ``logprobs``. What the harness did not ask for is taken out of the response again,
-so the harness sees the engine's own answer.
+to get the tokens back, and what the harness did not ask for is taken out of the response
+again (``engines.capture``, ``engines.chat_dialects``). This module is the gateway: it links
+each call into the session's token-prefix lineage (``server.lineage``) and records it, through
+the same door (``server.admission``) and record fields (``server.record``) as token-in.
 
 The engine renders every prompt, so nothing prevents retokenization drift: it is *detected*.
 A call whose prompt IDs start with a recorded call's prompt + completion is that call's child
@@ -276,7 +274,8 @@ class PassthroughGateway:
         if cap.prompt_ids is not None:
             link = Link(array("i", cap.prompt_ids), [])
             link.parent = idx.parent_of(link.prompt)
-        for c in [cap.choices[i] for i in sorted(cap.choices)] or [None]:
+        choices: list[Choice | None] = [cap.choices[i] for i in sorted(cap.choices)]
+        for c in choices or [None]:
             self._record(call, idx, link, c, status, error, response)
 
     @contextlib.contextmanager
@@ -366,7 +365,8 @@ class PassthroughGateway:
         keep = self.store.keep_bodies
         chunks: list[dict] = []  # as the engine sent them (kept with --keep-bodies)
         held: list[dict] = []  # from the finishing chunk on: sent after the call is recorded
-        status, error = "aborted", "the client disconnected"
+        status = "aborted"
+        error: str | None = "the client disconnected"
         done = first is None
         try:
             pending = [first] if first is not None else []
