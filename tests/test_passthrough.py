@@ -495,30 +495,36 @@ def test_policy_pause_abort_and_resume(ts, fake):
 
 
 def test_stripping_keeps_what_the_harness_asked_for():
-    from turnstile.server.passthrough import _Asked, strip_chunk, strip_response
+    from turnstile.engines.chat_dialects import (
+        Asked,
+        SGLangChat,
+        VLLMChat,
+        strip_chunk,
+        strip_response,
+    )
 
-    nothing = _Asked(False, False, False, False)
+    nothing = Asked(False, False, False, False)
     # vLLM sends a chunk for an empty-text token only because ids/logprobs were asked for
     empty = {"id": "x", "choices": [{"index": 0, "delta": {"content": ""}, "logprobs": {
         "content": [{"token": "", "logprob": -1.0}]}, "finish_reason": None, "token_ids": [7]}]}
-    assert strip_chunk(orjson.loads(orjson.dumps(empty)), nothing, "vllm") is None
-    kept = strip_chunk(orjson.loads(orjson.dumps(empty)), _Asked(True, True, False, False),
-                       "vllm")
+    assert strip_chunk(orjson.loads(orjson.dumps(empty)), nothing, VLLMChat()) is None
+    kept = strip_chunk(orjson.loads(orjson.dumps(empty)), Asked(True, True, False, False),
+                       VLLMChat())
     assert kept["choices"][0]["token_ids"] == [7] and kept["choices"][0]["logprobs"] is None
     first = {"id": "x", "prompt_token_ids": [1, 2], "choices": [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
          "finish_reason": None}]}
-    assert strip_chunk(first, nothing, "vllm") == {"id": "x", "choices": first["choices"]}
+    assert strip_chunk(first, nothing, VLLMChat()) == {"id": "x", "choices": first["choices"]}
     # SGLang: the ids-only chunk goes; one that also carries other sglext fields stays
     ids_only = {"choices": [], "sglext": {"input_ids": [1], "output_ids": [[2]],
                                           "routed_experts": None}}
-    assert strip_chunk(ids_only, nothing, "sglang") is None
+    assert strip_chunk(ids_only, nothing, SGLangChat()) is None
     mixed = {"choices": [], "sglext": {"input_ids": [1], "routed_experts": "AAAA"}}
-    assert strip_chunk(mixed, nothing, "sglang") == {"choices": [],
-                                                     "sglext": {"routed_experts": "AAAA"}}
+    assert strip_chunk(mixed, nothing, SGLangChat()) == {"choices": [],
+                                                         "sglext": {"routed_experts": "AAAA"}}
     resp = {"prompt_token_ids": [1], "choices": [{"token_ids": [2], "logprobs": {"content": []},
                                                   "weight_versions": [{"version": "1"}]}]}
-    assert strip_response(resp, nothing, "vllm") == {
+    assert strip_response(resp, nothing, VLLMChat()) == {
         "prompt_token_ids": None,
         "choices": [{"token_ids": None, "logprobs": None, "weight_versions": None}]}
 

@@ -8,56 +8,16 @@ from pathlib import Path
 
 from .chat.audit import audit
 from .chat.patches import apply_patches
-from .chat.policy import Policy
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
-from .engines import KINDS, make_engine
-from .engines.pool import ReplicaPool
+from .engines import KINDS
 from .parsing import tool_formats
-from .parsing.detect import FormatChoice, detect_format
-from .server.gateway import Gateway
 from .server.limits import Limits
-from .store.sqlite import Store
+from .wiring import build_gateway, build_renderer, detect_parser, limits_from, server_from_args
 
-
-def detect_parser(template: ChatTemplate, tool_parser: str | None = None) -> FormatChoice:
-    """Reasoning and tool-call parsing picked from what the template itself writes;
-    ``tool_parser`` overrides the tool-call format ("none" turns it off)."""
-    choice = detect_format(template.source)
-    if tool_parser:
-        choice = choice.with_tool_format(None if tool_parser == "none" else tool_parser)
-    return choice
-
-
-def build_renderer(model: str, chat_template: str | None = None, patches: bool = True
-                   ) -> tuple[Renderer, list[str]]:
-    """Tokenizer + template (with declared repairs applied) for a model."""
-    tok = load_tokenizer(model, chat_template)
-    if not tok.chat_template:
-        raise SystemExit(f"{model} has no chat template; pass --chat-template FILE")
-    source, applied = apply_patches(tok.chat_template, patches)
-    template = ChatTemplate(source, tok.special_tokens)
-    return Renderer(tok, template), applied
-
-
-def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
-                  chat_template: str | None = None, model_name: str | None = None,
-                  patches: bool = True, audit_template: bool = True,
-                  engine: str = "llama-cpp", engine_options: dict | None = None,
-                  keep_bodies: bool = False, tool_parser: str | None = None,
-                  synchronous: str = "full", max_trees: int = 1024) -> Gateway:
-    renderer, applied = build_renderer(model, chat_template, patches)
-    if applied:
-        renderer.fingerprint += "+" + "+".join(applied)
-    policy = audit(renderer).policy() if audit_template else Policy.permissive()
-    urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
-    replicas = [make_engine(engine, u, **(engine_options or {})) for u in urls]
-    adapter = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
-    name = model_name or Path(model).name
-    store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
-    return Gateway(renderer, adapter, store, name, detect_parser(renderer.template, tool_parser),
-                   policy, max_trees=max_trees)
+# where they were first defined, kept for callers (the wiring lives in ``turnstile.wiring``)
+__all__ = ["build_gateway", "build_renderer", "detect_parser", "limits_from", "main"]
 
 
 def audit_command(args: argparse.Namespace) -> None:
@@ -107,6 +67,8 @@ def audit_command(args: argparse.Namespace) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
     from .auth import AuthSetupError, server_token
 
     try:  # before anything slow: a refused start fails at once
@@ -114,45 +76,24 @@ def serve(args: argparse.Namespace) -> None:
     except AuthSetupError as exc:
         raise SystemExit(f"turnstile: refusing to start: {exc}") from None
     print(f"turnstile: {where}", file=sys.stderr)
-    if args.mode == "passthrough":  # the engine renders; no tokenizer or template here
-        from .server import passthrough
-
-        return passthrough.run(args)
-    import uvicorn
-
-    from .server.app import create_app
-
-    options: dict = {}
-    if args.engine == "vllm":
-        options = {"api": args.vllm_api}
-        if args.engine_logprobs_mode:
-            options["logprobs_mode"] = args.engine_logprobs_mode
-    elif args.engine == "sglang" and args.sglang_original_logprobs:
-        options = {"original_logprobs": True}
-    urls = [u for arg in args.engine_url for u in (
-        Path(arg[1:]).read_text().split() if arg.startswith("@") else [arg])]
-    gateway = build_gateway(urls, args.model, args.data, args.chat_template,
-                            args.served_model_name, patches=not args.no_template_patches,
-                            engine=args.engine, engine_options=options,
-                            keep_bodies=args.keep_bodies, tool_parser=args.tool_parser,
-                            synchronous=args.synchronous, max_trees=args.max_trees)
-    public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(gateway, public, max_body=args.max_body_mb << 20, token=args.trainer_token,
-                     limits=limits_from(args))
-    p = gateway.parser
-    print(f"turnstile: model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
-          f"engine {args.engine} at {', '.join(urls)}, records in {args.data}\n"
-          f"turnstile: parsing {p.family or 'plain text'}: tool calls {p.tool_format}, "
-          f"reasoning {p.reasoning_tags if p.reasoning else 'off'}", file=sys.stderr)
-    for line in gateway.policy.describe():
+    server = server_from_args(args)
+    for line in server.banner:
         print(f"turnstile: {line}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+    uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
                 loop="uvloop", http="httptools", access_log=False)
 
 
-def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(max_messages=args.max_messages, max_tools=args.max_tools,
-                  max_string=args.max_string_kb << 10, max_depth=args.max_depth)
+def demo_command(args: argparse.Namespace) -> None:
+    from .demo import run  # imported when asked for: it starts llama-server
+
+    run(args)
+
+
+def testbed_command(args: argparse.Namespace) -> None:
+    from . import testbed
+
+    for k, v in testbed.provision().items():
+        print(f"{k}: {v}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,14 +132,14 @@ def main(argv: list[str] | None = None) -> None:
                         "./turnstile-data)")
     s.add_argument("--max-body-mb", type=int, default=32,
                    help="largest request body in MiB (larger: 413; default: 32)")
-    d = Limits()
-    s.add_argument("--max-messages", type=int, default=d.max_messages,
+    defaults = Limits()
+    s.add_argument("--max-messages", type=int, default=defaults.max_messages,
                    help="messages in one request (more: 400)")
-    s.add_argument("--max-tools", type=int, default=d.max_tools,
+    s.add_argument("--max-tools", type=int, default=defaults.max_tools,
                    help="tools in one request (more: 400)")
-    s.add_argument("--max-string-kb", type=int, default=d.max_string >> 10,
+    s.add_argument("--max-string-kb", type=int, default=defaults.max_string >> 10,
                    help="KiB of characters in any one JSON string of a request (more: 400)")
-    s.add_argument("--max-depth", type=int, default=d.max_depth,
+    s.add_argument("--max-depth", type=int, default=defaults.max_depth,
                    help="nesting of objects/arrays in a request (deeper: 400)")
     s.add_argument("--synchronous", choices=["full", "normal"], default="full",
                    help="SQLite durability: full (default) syncs every commit, so an "
@@ -243,12 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--data", help="record store directory (default: a temporary one)")
     d.add_argument("--sessions", type=int, default=4,
                    help="how many agent sessions to run (default: 4)")
-    d.set_defaults(func=lambda a: __import__("turnstile.demo", fromlist=["run"]).run(a))
+    d.set_defaults(func=demo_command)
 
     t = sub.add_parser("testbed", help="build/unpack llama-server, tokenizers, templates, models")
-    t.set_defaults(func=lambda a: [print(f"{k}: {v}") for k, v in
-                                   __import__("turnstile.testbed", fromlist=["x"])
-                                   .provision().items()])
+    t.set_defaults(func=testbed_command)
 
     e = sub.add_parser("export", help="write sessions to Parquet/JSONL for a trainer")
     from .store import export as export_mod

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import orjson
 import uvicorn
+from starlette.applications import Starlette
 
 from . import testbed
 from .auth import load_or_create_token
-from .cli import build_gateway
 from .server.app import create_app
+from .server.gateway import Gateway
 from .store.trajectories import trajectories
+from .wiring import build_gateway
 
 CONVERSATIONS = [
     ["What is the capital of France?", "And what river runs through it?",
@@ -34,7 +36,7 @@ CONVERSATIONS = [
 ]
 
 
-def _serve(app: object, port: int) -> uvicorn.Server:
+def _serve(app: Starlette, port: int) -> uvicorn.Server:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            loop="uvloop", http="httptools"))
     threading.Thread(target=server.run, daemon=True).start()
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> None:
             time.sleep(0.3)
 
 
-def _report(gateway: object, sessions: list, data: Path) -> None:
+def _report(gateway: Gateway, sessions: list, data: Path) -> None:
     tok = gateway.tok
     template = gateway.renderer.template
     eog = tok.eog_token_ids

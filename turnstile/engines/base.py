@@ -84,15 +84,20 @@ class Finish:
     weight_versions: list[dict] | None = None
 
     def token_versions(self, n: int) -> list[str | None] | None:
-        """The weight version of each of ``n`` completion tokens (None where no span covers
-        it), or None when the engine reported no spans."""
-        if not self.weight_versions:
-            return None
-        out: list[str | None] = [None] * n
-        for span in self.weight_versions:
-            for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):
-                out[i] = span["version"]
-        return out
+        """The weight version of each of ``n`` completion tokens (see :func:`token_versions`)."""
+        return token_versions(self.weight_versions, n)
+
+
+def token_versions(spans: list[dict] | None, n: int) -> list[str | None] | None:
+    """The weight version of each of ``n`` completion tokens from an engine's spans (None where
+    no span covers it), or None when the engine reported no spans."""
+    if not spans:
+        return None
+    out: list[str | None] = [None] * n
+    for span in spans:
+        for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):
+            out[i] = span["version"]
+    return out
 
 
 def wire_ids(ids: Sequence[int]) -> Sequence[int]:

@@ -14,11 +14,12 @@ import contextlib
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 import aiohttp
 import orjson
 
-from .base import EngineError
+from .base import EngineError, Finish, TokenEvent
 
 
 def new_request_id() -> str:
@@ -55,6 +56,17 @@ def error_message(raw: bytes) -> str:
             if body.get(key):
                 return str(body[key])[:2000]
     return text[:500]
+
+
+def json_object(raw: bytes, who: str, where: str = "") -> dict:
+    """An engine's JSON object, or EngineError (502) saying ``who`` sent what instead."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise EngineError(f"{who} sent invalid JSON{where}: {raw[:200]!r}", 502) from exc
+    if not isinstance(obj, dict):
+        raise EngineError(f"{who} sent {type(obj).__name__}{where}, not an object", 502)
+    return obj
 
 
 def gateway_status(engine_status: int) -> int:
@@ -140,6 +152,19 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
             yield payload
 
 
+class GenerationReader(Protocol):
+    """An adapter's reader of one generation: whole bodies or stream events in, batches of
+    token events and one :class:`Finish` out (engine failures raised as EngineError)."""
+
+    def feed_whole(self, raw: bytes) -> None: ...
+
+    def feed_event(self, payload: bytes) -> None: ...
+
+    def take(self) -> list[TokenEvent]: ...
+
+    def finish(self) -> Finish: ...
+
+
 KEEPALIVE_S = 2.0  # idle engine connections are reused for this long, well under 5 s
 
 
@@ -197,9 +222,52 @@ class HTTPEngine:
         finally:
             resp.release()
 
+    async def _generation(self, path: str, body: bytes, stream: bool, reader: GenerationReader,
+                          abort: Callable[[], Awaitable[object]] | None,
+                          refused: Callable[[int, bytes], None] | None = None
+                          ) -> AsyncIterator[list[TokenEvent] | Finish]:
+        """The read loop every token-in adapter shares: POST ``body``, feed the whole answer
+        (or each stream event) to ``reader``, yield its batches and its Finish. An error status
+        goes to ``refused`` first (which may raise something else), then is raised as
+        EngineError. A consumer that stops before the engine finished drops the connection and
+        ``abort`` runs in the background."""
+        resp: aiohttp.ClientResponse | None = None
+        ended = False
+        try:
+            async with self.post(path, body) as resp:
+                if resp.status != 200:
+                    ended = True
+                    raw = await resp.read()
+                    if refused is not None:
+                        refused(resp.status, raw)
+                    raise self._error(path, resp.status, raw)
+                if not stream or "event-stream" not in resp.headers.get("content-type", ""):
+                    raw = await resp.read()
+                    ended = True
+                    reader.feed_whole(raw)
+                    if events := reader.take():
+                        yield events
+                else:
+                    async for events in fed_batches(sse_batches(resp), reader.feed_event,
+                                                    reader.take):
+                        yield events
+                    ended = True
+                yield reader.finish()
+        except EngineError:
+            ended = True
+            raise
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"{self.label} at {self.url} failed: {exc}", 502) from exc
+        finally:
+            if not ended:
+                self._give_up(resp, abort)
+
     def pick(self, session_id: str) -> HTTPEngine:
         """The engine that serves this session: itself (a replica pool chooses one)."""
         return self
+
+    def forget(self, session_id: str) -> None:
+        """A deleted session: nothing to drop (a replica pool drops its sticky replica)."""
 
     async def pause(self, mode: str) -> str:
         """Forward a pause for a weight update; engines without such a route say so."""

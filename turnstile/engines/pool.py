@@ -71,7 +71,7 @@ class ReplicaPool:
         notes = getattr(self.replicas[0], "sampling_notes", None)
         return notes(params) if notes else []
 
-    def pick(self, session_id: str) -> _Bound:
+    def pick(self, session_id: str) -> Bound:
         """The replica for this session: its sticky one while healthy, else the healthy
         replica that rendezvous hashing ranks first for it (stable as replicas come and go)."""
         i = self._sticky.get(session_id)
@@ -82,7 +82,7 @@ class ReplicaPool:
             if not alive:
                 raise EngineError("no healthy engine replica; retry when one is back", 503)
             i = self._sticky[session_id] = alive[0]
-        return _Bound(self, i)
+        return Bound(self, i)
 
     def forget(self, session_id: str) -> None:
         self._sticky.pop(session_id, None)
@@ -98,7 +98,7 @@ class ReplicaPool:
         return "; ".join(f"{r.url}: {s}" for r, s in zip(self.replicas, said, strict=True))
 
 
-class _Bound:
+class Bound:
     """One replica chosen for one call; marks it unhealthy when the call cannot reach it."""
 
     def __init__(self, pool: ReplicaPool, index: int):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
-import aiohttp
 import orjson
 
 from .base import (
@@ -37,17 +36,21 @@ from .base import (
     logprob_unfitness,
     wire_ids,
 )
-from .http import HTTPEngine, fed_batches, gateway_status, new_request_id, sse_batches
+from .http import HTTPEngine, gateway_status, json_object, new_request_id
 
 
-class SGLangEngine(HTTPEngine):
-    name = "sglang"
+class SGLangServer(HTTPEngine):
+    """What every adapter of an SGLang server knows, whichever route it generates through
+    (``/generate`` here, Chat Completions in engine-rendered capture): its model, context,
+    version and streaming mode, the kind of its logprobs, and its pause routes."""
+
     label = "SGLang"
 
     def __init__(self, url: str, *, original_logprobs: bool = False, timeout: float = 600.0):
         """``original_logprobs``: the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``."""
         super().__init__(url, timeout)
         self.original_logprobs = original_logprobs
+        self.model: str | None = None
         self.version: str | None = None
         self.weight_version: str | None = None
         self.incremental_streaming: bool | None = None
@@ -61,12 +64,14 @@ class SGLangEngine(HTTPEngine):
         return await self._post_admin("/continue_generation", {})
 
     async def refresh(self) -> None:
-        """Context length (``/v1/models``); version, streaming mode and weight version when the
-        server shows them (``/server_info``, ``/model_info``)."""
+        """Served model and context length (``/v1/models``); version, streaming mode and weight
+        version when the server shows them (``/server_info``, ``/model_info``)."""
         models = await self._get_json("/v1/models")
         if not isinstance(models, dict) or not models.get("data"):
             raise EngineError(f"SGLang at {self.url} has no /v1/models answer yet", 503)
-        self.context_length = int(models["data"][0].get("max_model_len") or 0)
+        card = models["data"][0]
+        self.model = card.get("id")
+        self.context_length = int(card.get("max_model_len") or 0)
         info = await self._get_json("/server_info")
         if isinstance(info, dict):
             self.version = info.get("version") or self.version
@@ -82,6 +87,10 @@ class SGLangEngine(HTTPEngine):
 
     def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
         return logprob_unfitness(self.logprob_kind, params)
+
+
+class SGLangEngine(SGLangServer):
+    name = "sglang"
 
     def request_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool,
                      rid: str) -> dict:
@@ -132,46 +141,14 @@ class SGLangEngine(HTTPEngine):
                        ) -> AsyncIterator[list[TokenEvent] | Finish]:
         rid = new_request_id()
         body = self.request_body(prompt_ids, params, stream, rid)
-        resp: aiohttp.ClientResponse | None = None
-        ended = False
-        reader = _Reader(self, params, len(prompt_ids))
-        try:
-            async with self.post("/generate", orjson.dumps(
-                    body, option=orjson.OPT_SERIALIZE_NUMPY)) as resp:
-                if resp.status != 200:
-                    ended = True
-                    raise self._error("/generate", resp.status, await resp.read())
-                if not stream or "event-stream" not in resp.headers.get("content-type", ""):
-                    raw = await resp.read()
-                    ended = True
-                    reader.feed(_loads(raw), cumulative=True)
-                    if events := reader.take():
-                        yield events
-                else:
-                    async for events in fed_batches(
-                            sse_batches(resp), lambda p: reader.feed(_loads(p), cumulative=None),
-                            reader.take):
-                        yield events
-                    ended = True
-                yield reader.finish()
-        except EngineError:
-            ended = True
-            raise
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineError(f"SGLang at {self.url} failed: {exc}", 502) from exc
-        finally:
-            if not ended:
-                self._give_up(resp, lambda: self._abort(rid))
+        async for batch in self._generation(
+                "/generate", orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), stream,
+                _Reader(self, params, len(prompt_ids)), lambda: self._abort(rid)):
+            yield batch
 
 
 def _loads(raw: bytes) -> dict:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise EngineError(f"SGLang /generate sent invalid JSON: {raw[:200]!r}", 502) from exc
-    if not isinstance(obj, dict):
-        raise EngineError(f"SGLang /generate sent {type(obj).__name__}, not an object", 502)
-    return obj
+    return json_object(raw, "SGLang /generate")
 
 
 class _Reader:
@@ -232,6 +209,12 @@ class _Reader:
         self.ids.extend(new)
         if meta:
             self.meta = meta
+
+    def feed_whole(self, raw: bytes) -> None:
+        self.feed(_loads(raw), cumulative=True)
+
+    def feed_event(self, payload: bytes) -> None:
+        self.feed(_loads(payload), cumulative=None)
 
     def take(self) -> list[TokenEvent]:
         out, self.pending = self.pending, []

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 
-import aiohttp
 import orjson
 
 from .base import (
@@ -48,9 +47,8 @@ from .base import (
 from .http import (
     HTTPEngine,
     error_message,
-    fed_batches,
+    json_object,
     new_request_id,
-    sse_batches,
     version_tuple,
 )
 
@@ -63,28 +61,22 @@ SCALE_OUT_HINT = ("vLLM serves /inference/v1/generate only when started with "
                   "`vllm serve ... --enable-scale-out`")
 
 
-class VLLMEngine(HTTPEngine):
-    name = "vllm"
+class VLLMServer(HTTPEngine):
+    """What every adapter of a vLLM server knows, whichever route it generates through (token
+    IDs here, Chat Completions in engine-rendered capture): its version, model and context,
+    its ``--logprobs-mode``, and its pause routes."""
+
     label = "vLLM"
 
-    def __init__(self, url: str, *, api: str = "auto", logprobs_mode: str | None = None,
-                 timeout: float = 600.0):
-        """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
-        "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
+    def __init__(self, url: str, *, logprobs_mode: str | None = None, timeout: float = 600.0):
+        """``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
         super().__init__(url, timeout)
-        if api not in ("auto", "generate", "completions"):
-            raise ValueError(f"api must be auto, generate or completions, not {api!r}")
         if logprobs_mode is not None and logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
-        self.api = api
         self.version: str | None = None
         self.model: str | None = None
         self.logprobs_mode = logprobs_mode
         self.logprobs_mode_source = "declared" if logprobs_mode else "assumed"
-        self.route: str | None = {"generate": GENERATE, "completions": COMPLETIONS}.get(api)
-        self._disabled: str | None = None  # why /inference/v1/generate cannot be used
-
-    # configuration
 
     @property
     def _v(self) -> tuple[int, ...] | None:
@@ -98,7 +90,7 @@ class VLLMEngine(HTTPEngine):
         return await self._post_admin("/resume")
 
     async def refresh(self) -> None:
-        """Version, context length, ``--logprobs-mode`` (dev mode only) and the route."""
+        """Version, served model, context length and ``--logprobs-mode`` (dev mode only)."""
         ver = await self._get_json("/version")
         if isinstance(ver, dict) and ver.get("version"):
             self.version = str(ver["version"])
@@ -115,6 +107,39 @@ class VLLMEngine(HTTPEngine):
                 mode = (info["vllm_config"].get("model_config") or {}).get("logprobs_mode")
             if mode in LOGPROBS_MODES:
                 self.logprobs_mode, self.logprobs_mode_source = mode, "server"
+
+    @property
+    def logprob_kind(self) -> str:
+        return self.logprobs_mode or RAW_LOGPROBS
+
+    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
+        if params is None and self.logprobs_mode_source == "assumed":
+            return ("vLLM's --logprobs-mode could not be read (GET /server_info needs "
+                    "VLLM_SERVER_DEV_MODE=1); assuming vLLM's default raw_logprobs, which are "
+                    "not behaviour-policy logprobs once temperature != 1, top_p < 1 or "
+                    "logit_bias change the sampling distribution. For RL start vLLM with "
+                    "--logprobs-mode processed_logprobs and tell Turnstile "
+                    "(--engine-logprobs-mode).")
+        return logprob_unfitness(self.logprob_kind, params)
+
+
+class VLLMEngine(VLLMServer):
+    name = "vllm"
+
+    def __init__(self, url: str, *, api: str = "auto", logprobs_mode: str | None = None,
+                 timeout: float = 600.0):
+        """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
+        "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
+        if api not in ("auto", "generate", "completions"):
+            raise ValueError(f"api must be auto, generate or completions, not {api!r}")
+        super().__init__(url, logprobs_mode=logprobs_mode, timeout=timeout)
+        self.api = api
+        self.route: str | None = {"generate": GENERATE, "completions": COMPLETIONS}.get(api)
+        self._disabled: str | None = None  # why /inference/v1/generate cannot be used
+
+    async def refresh(self) -> None:
+        """The server's facts, then the route."""
+        await super().refresh()
         if self.api == "auto":
             await self._probe_generate()
 
@@ -139,19 +164,6 @@ class VLLMEngine(HTTPEngine):
         self._disabled = (f"{name} at {self.url} answered {status} to {GENERATE} "
                           f"({error_message(raw)}). {SCALE_OUT_HINT}, or use the vLLM "
                           f"completions route (api='completions').")
-
-    @property
-    def logprob_kind(self) -> str:
-        return self.logprobs_mode or RAW_LOGPROBS
-
-    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
-        if params is None and self.logprobs_mode_source == "assumed":
-            return ("vLLM's --logprobs-mode could not be read (GET /server_info needs "
-                    "VLLM_SERVER_DEV_MODE=1); assuming vLLM's default raw_logprobs, which are "
-                    "not behaviour-policy logprobs once temperature != 1, top_p < 1 or "
-                    "logit_bias change the sampling distribution. For RL start vLLM with "
-                    "--logprobs-mode processed_logprobs and tell Turnstile.")
-        return logprob_unfitness(self.logprob_kind, params)
 
     # requests
 
@@ -246,56 +258,29 @@ class VLLMEngine(HTTPEngine):
             raise EngineError(self._disabled, 502)
         request_id = new_request_id()
         body = self.request_body(prompt_ids, params, stream, request_id, route)
-        resp: aiohttp.ClientResponse | None = None
-        ended = False
+        ids = self._abort_ids(route, request_id)
+
+        def refused(status: int, raw: bytes) -> None:
+            if route == GENERATE and status in (403, 404):
+                self._route_missing(status, raw)
+                raise EngineError(self._disabled, 502) if self._disabled else _RouteGone()
+
         try:
-            async with self.post(route, orjson.dumps(
-                    body, option=orjson.OPT_SERIALIZE_NUMPY)) as resp:
-                if resp.status != 200:
-                    ended = True
-                    raw = await resp.read()
-                    if route == GENERATE and resp.status in (403, 404):
-                        self._route_missing(resp.status, raw)
-                        if self._disabled:
-                            raise EngineError(self._disabled, 502)
-                        # The route is gone and completions will do: try again there.
-                        async for batch in self.generate(prompt_ids, params, stream):
-                            yield batch
-                        return
-                    raise self._error(route, resp.status, raw)
-                reader = _Reader(self, route, params, prompt_ids)
-                if not stream or "event-stream" not in resp.headers.get("content-type", ""):
-                    raw = await resp.read()
-                    ended = True
-                    reader.feed(_loads(raw, route))
-                    if events := reader.take():
-                        yield events
-                else:
-                    async for events in fed_batches(
-                            sse_batches(resp), lambda p: reader.feed(_loads(p, route)),
-                            reader.take):
-                        yield events
-                    ended = True
-                yield reader.finish()
-        except EngineError:
-            ended = True
-            raise
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineError(f"vLLM at {self.url} failed: {exc}", 502) from exc
-        finally:
-            if not ended:
-                ids = self._abort_ids(route, request_id)
-                self._give_up(resp, lambda: self._abort(ids))
+            async for batch in self._generation(
+                    route, orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), stream,
+                    _Reader(self, route, params, prompt_ids), lambda: self._abort(ids), refused):
+                yield batch
+        except _RouteGone:  # the route is gone and completions will do: try again there
+            async for batch in self.generate(prompt_ids, params, stream):
+                yield batch
+
+
+class _RouteGone(Exception):
+    """/inference/v1/generate is missing and /v1/completions will serve instead."""
 
 
 def _loads(raw: bytes, route: str) -> dict:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise EngineError(f"vLLM {route} sent invalid JSON: {raw[:200]!r}", 502) from exc
-    if not isinstance(obj, dict):
-        raise EngineError(f"vLLM {route} sent {type(obj).__name__}, not an object", 502)
-    return obj
+    return json_object(raw, f"vLLM {route}")
 
 
 class _Reader:
@@ -330,6 +315,11 @@ class _Reader:
                 self.weight_versions = choice["weight_versions"]
             if choice.get("finish_reason") is not None:
                 self.final = choice
+
+    def feed_whole(self, raw: bytes) -> None:
+        self.feed(_loads(raw, self.route))
+
+    feed_event = feed_whole
 
     def take(self) -> list[TokenEvent]:
         out, self.pending = self.pending, []

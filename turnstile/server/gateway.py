@@ -27,18 +27,13 @@ from ..parsing import Parser, grammar
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
 from ..store.sqlite import CallRecord, SessionGone, Store, new_id
+from .admission import POLICY_ABORT, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket
 from .errors import APIError
+from .record import call_info, weight_version
 from .requests import ChatRequest
 
-POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
-
-
 CLIENT_GONE = "the client disconnected"
-
-
-def _policy_abort() -> APIError:
-    return APIError(503, POLICY_ABORT, code="policy_update", type_="engine_unavailable")
 
 
 class ClientGone(Exception):
@@ -58,27 +53,6 @@ def store_error(exc: BaseException, session_id: str) -> APIError:
                         code="store_full", type_="server_error")
     return APIError(503, f"The record store is busy ({text}); the call was not recorded. "
                          "Retry it.", code="store_busy", type_="server_error")
-
-
-class Chunks:
-    """A stream's chunks, and what ends the call when the response is over: also when the
-    response never iterated them (its client went away first), which a plain async generator
-    cannot tell (it runs no ``finally`` when it never started)."""
-
-    def __init__(self, gen: AsyncIterator[dict], end: Callable[[], None]):
-        self._gen, self._end = gen, end
-
-    def __aiter__(self) -> Chunks:
-        return self
-
-    async def __anext__(self) -> dict:
-        return await self._gen.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._gen.aclose()  # type: ignore[attr-defined]
-        finally:
-            self._end()
 
 
 @dataclass
@@ -438,28 +412,26 @@ class Gateway:
         new_hashes = [h for h in prompt.hashes if h not in tree.known]
         if reply_hash is not None and reply_hash not in tree.known:
             new_hashes.append(reply_hash)
+        n = len(gen.ids)
         info = {
-            "model": self.model_name,
-            "engine": self.engine.name,
-            "fingerprint": self.renderer.fingerprint,
-            "segment_detail": prompt.segment_detail,
-            "sampling": params.as_dict(),
-            "logprob_kind": finish.logprob_kind if finish else None,
-            "logprob_warning": self.engine.logprob_warning(params),
-            "engine_request_id": finish.engine_request_id if finish else None,
-            # per sampled token when the engine reports version spans, else one version
-            "weight_version": ((finish.token_versions(len(gen.ids)) or finish.weight_version)
-                               if finish else None) or self.control.version,
-            "policy_version": self.control.version,
+            **call_info(
+                model=self.model_name, engine=self.engine.name,
+                fingerprint=self.renderer.fingerprint, segment_detail=prompt.segment_detail,
+                sampling=params.as_dict(), logprob_kind=finish.logprob_kind if finish else None,
+                logprob_warning=self.engine.logprob_warning(params),
+                engine_request_id=finish.engine_request_id if finish else None,
+                weight_versions=finish.weight_versions if finish else None,
+                version=weight_version(finish.weight_versions if finish else None, n,
+                                       finish.weight_version if finish else None,
+                                       self.control.version),
+                policy_version=self.control.version,
+                stop_string=finish.stop_string if finish else None,
+                usage={"prompt_tokens": len(prompt.ids), "completion_tokens": n,
+                       "cached_tokens": finish.cached_tokens if finish else 0},
+                started=started, timings=finish.timings if finish else None),
             "engine_url": gen.engine_url,
-            "weight_versions": finish.weight_versions if finish else None,
-            "stop_string": finish.stop_string if finish else None,
             "engine_finish_reason": finish.engine_reason if finish else None,
             "stop_echo_hash": echo_hash.hex() if echo_hash else None,
-            "usage": {"prompt_tokens": len(prompt.ids), "completion_tokens": len(gen.ids),
-                      "cached_tokens": finish.cached_tokens if finish else 0},
-            "timings": {"started": started, "latency_s": time.time() - started,
-                        **(finish.timings if finish else {})},
             **self.call_notes(req, params),
             **(extra or {}),
         }
@@ -540,15 +512,14 @@ class Gateway:
         """The whole response. ``disconnected`` returns when the harness goes away: the
         engine call is then abandoned (the engine stops on the dropped connection), the call
         recorded as aborted, and :class:`ClientGone` raised."""
-        ticket = await self.control.admit()  # waits while a weight update has paused us
-        entry = self._hold(session_id)
-        try:
-            if disconnected is None:
-                return await self._complete(session_id, req, entry.tree)
-            return await self._watched(session_id, req, entry.tree, ticket, disconnected)
-        finally:
-            self._unhold(session_id, entry)
-            self.control.release(ticket)
+        async with admitted(self.control) as ticket:
+            entry = self._hold(session_id)
+            try:
+                if disconnected is None:
+                    return await self._complete(session_id, req, entry.tree)
+                return await self._watched(session_id, req, entry.tree, ticket, disconnected)
+            finally:
+                self._unhold(session_id, entry)
 
     async def _watched(self, session_id: str, req: ChatRequest, tree: SessionTree,
                        ticket: Ticket, disconnected: Callable[[], Awaitable[object]]) -> dict:
@@ -560,7 +531,7 @@ class Gateway:
             call.cancel()
             watch.cancel()
             if self.control.aborted():  # paused with abort before the call had begun
-                raise _policy_abort() from None
+                raise policy_abort() from None
             raise
         if call.done():
             watch.cancel()
@@ -580,7 +551,7 @@ class Gateway:
         if ticket is not None:
             self.control.bind(ticket)  # pause(abort) cancels this task
             if ticket.abort:
-                raise _policy_abort()
+                raise policy_abort()
         started = time.time()
         prompt = self.prompt(tree, req)
         tail = self._tail(prompt)
@@ -597,7 +568,7 @@ class Gateway:
             if self.control.aborted():
                 await self.record(session_id, tree, prompt, params, gen, "aborted", None,
                                   POLICY_ABORT, started, req=req)
-                raise _policy_abort() from None
+                raise policy_abort() from None
             if asyncio.current_task() in self._gone:
                 await self.record(session_id, tree, prompt, params, gen, "aborted", None,
                                   CLIENT_GONE, started, req=req)
@@ -627,45 +598,23 @@ class Gateway:
     async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
         """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
         the first chunk; the call is recorded before the final chunk is sent."""
-        ticket = await self.control.admit()  # in flight from here until the stream ends
-        entry = self._hold(session_id)
-        try:
+        entry: _Session | None = None
+
+        async def prepare() -> AsyncIterator[dict]:
+            nonlocal entry
+            entry = self._hold(session_id)
             started = time.time()
-            tree = entry.tree
-            prompt = self.prompt(tree, req)
+            prompt = self.prompt(entry.tree, req)
             tail = self._tail(prompt)
             params = await self.sampling(req, len(prompt.ids), tail)
-        except asyncio.CancelledError:
-            self._unhold(session_id, entry)
-            self.control.release(ticket)
-            if self.control.aborted():
-                raise _policy_abort() from None
-            raise
-        except BaseException:
-            self._unhold(session_id, entry)
-            self.control.release(ticket)
-            raise
-        def end() -> None:  # once, whoever ends the stream (or never starts it)
-            if not ticket.released:
+            return self._stream_chunks(session_id, req, entry.tree, prompt, params, started,
+                                       tail)
+
+        def release() -> None:
+            if entry is not None:
                 self._unhold(session_id, entry)
-                self.control.release(ticket)
 
-        return Chunks(self._stream(session_id, req, tree, prompt, params, started, tail,
-                                   ticket, end), end)
-
-    async def _stream(self, session_id: str, req: ChatRequest, tree: SessionTree,
-                      prompt: Prompt, params: SamplingParams, started: float, tail: str,
-                      ticket: Ticket, end: Callable[[], None]) -> AsyncIterator[dict]:
-        self.control.bind(ticket)
-        try:
-            if ticket.abort:  # paused with abort before the stream began: nothing ran
-                raise _policy_abort()
-            async with contextlib.aclosing(self._stream_chunks(
-                    session_id, req, tree, prompt, params, started, tail)) as chunks:
-                async for c in chunks:
-                    yield c
-        finally:
-            end()
+        return await open_stream(self.control, prepare, release)
 
     async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: SessionTree,
                              prompt: Prompt, params: SamplingParams, started: float, tail: str
@@ -688,7 +637,8 @@ class Gateway:
 
         yield chunk({"role": "assistant", "content": ""})
         eog = self.tok.eog_token_ids
-        status, error = "aborted", "the client disconnected"
+        status = "aborted"
+        error: str | None = CLIENT_GONE
         stops = params.stop
         held = ""  # with stop strings: text that may be the start of one, not sent yet
         stopped = False  # a stop string was seen: nothing after it is sent
@@ -734,7 +684,7 @@ class Gateway:
             if not self.control.aborted():
                 raise
             error = POLICY_ABORT
-            raise _policy_abort() from None
+            raise policy_abort() from None
         finally:
             if status not in ("ok", "recorded"):
                 # The harness did not get a whole response: keep the tokens, mark the call.

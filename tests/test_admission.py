@@ -1,0 +1,115 @@
+"""The one door of both recording modes (``server.admission``): a call is in flight from
+admission until it ends, exactly once, however it ends; ``pause(abort)`` reaches a running
+stream as the retryable policy-update error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from turnstile.server.admission import POLICY_ABORT, admitted, open_stream, policy_abort
+from turnstile.server.control import PolicyControl
+from turnstile.server.errors import APIError
+
+
+def run(coro):  # noqa: ANN001, ANN201 - a test helper
+    return asyncio.run(coro)
+
+
+async def _chunks(n: int, step: asyncio.Event | None = None,
+                  control: PolicyControl | None = None) -> AsyncIterator[dict]:
+    """A gateway's chunks: an abort cancels the task they run in, and they answer with the
+    policy-update error (as both gateways do)."""
+    try:
+        for i in range(n):
+            if step is not None:
+                await step.wait()
+            yield {"i": i}
+    except asyncio.CancelledError:
+        if control is not None and control.aborted():
+            raise policy_abort() from None
+        raise
+
+
+def test_a_stream_never_iterated_still_ends_once():
+    async def go() -> tuple[int, int]:
+        control, ended = PolicyControl(), []
+
+        async def prepare() -> AsyncIterator[dict]:
+            return _chunks(3)
+
+        chunks = await open_stream(control, prepare, lambda: ended.append(1))
+        during = control.in_flight
+        await chunks.aclose()  # the response went away before iterating
+        await chunks.aclose()
+        return during, len(ended) + 10 * control.in_flight
+
+    assert run(go()) == (1, 1)
+
+
+def test_a_failed_preparation_is_out_of_flight():
+    async def go() -> tuple[int, int]:
+        control, ended = PolicyControl(), []
+
+        async def prepare() -> AsyncIterator[dict]:
+            raise APIError(400, "bad", "messages")
+
+        with pytest.raises(APIError):
+            await open_stream(control, prepare, lambda: ended.append(1))
+        return len(ended), control.in_flight
+
+    assert run(go()) == (1, 0)
+
+
+def test_pause_abort_reaches_a_running_stream():
+    async def go() -> tuple[list[dict], str, int]:
+        control, step = PolicyControl(), asyncio.Event()
+
+        async def prepare() -> AsyncIterator[dict]:
+            return _chunks(5, step, control)
+
+        chunks = await open_stream(control, prepare)
+        got: list[dict] = []
+
+        async def consume() -> str:
+            try:
+                async for c in chunks:
+                    got.append(c)
+                    step.clear()
+            except APIError as exc:
+                return str(exc.code)
+            return "finished"
+
+        task = asyncio.get_running_loop().create_task(consume())
+        step.set()
+        while not got:  # the first chunk is out; the stream waits for the next step
+            await asyncio.sleep(0)
+        left = await control.pause("abort", timeout=5)
+        return got, await task, left
+
+    got, outcome, left = run(go())
+    assert got == [{"i": 0}] and outcome == "policy_update" and left == 0
+
+
+def test_admission_waits_while_paused():
+    async def go() -> tuple[bool, bool, int]:
+        control = PolicyControl()
+        control.close_door("drain")
+        entered = asyncio.Event()
+
+        async def call() -> None:
+            async with admitted(control):
+                entered.set()
+
+        task = asyncio.get_running_loop().create_task(call())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waited = not entered.is_set() and control.in_flight == 0
+        control.resume("7")
+        await asyncio.wait_for(task, 5)
+        return waited, entered.is_set(), control.in_flight
+
+    assert run(go()) == (True, True, 0)
+    assert "retry" in POLICY_ABORT

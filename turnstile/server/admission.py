@@ -1,0 +1,97 @@
+"""The one door every recorded call goes through, whichever mode records it (token-in or
+engine-rendered capture).
+
+A call is admitted (it waits while a weight update has generation paused) and counted in flight
+until it ends; ``pause(abort)`` cancels it, and the call answers its harness with the one
+retryable :data:`POLICY_ABORT` error. A stream is admitted in the request's task but runs in
+the response's, so its ticket is bound there, and released by whoever ends it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from .control import PolicyControl, Ticket
+from .errors import APIError
+
+POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
+
+
+def policy_abort() -> APIError:
+    """What the harness gets for a call a weight update aborted: a 503 it can retry."""
+    return APIError(503, POLICY_ABORT, code="policy_update", type_="engine_unavailable")
+
+
+class Chunks:
+    """A stream's chunks, and what ends the call when the response is over: also when the
+    response never iterated them (its client went away first), which a plain async generator
+    cannot tell (it runs no ``finally`` when it never started)."""
+
+    def __init__(self, gen: AsyncIterator[dict], end: Callable[[], None]):
+        self._gen, self._end = gen, end
+
+    def __aiter__(self) -> Chunks:
+        return self
+
+    async def __anext__(self) -> dict:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._gen.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._end()
+
+
+@contextlib.asynccontextmanager
+async def admitted(control: PolicyControl) -> AsyncIterator[Ticket]:
+    """A whole (non-streamed) call: admitted on entry, out of flight on exit."""
+    ticket = await control.admit()  # waits while a weight update has paused us
+    try:
+        yield ticket
+    finally:
+        control.release(ticket)
+
+
+def _nothing() -> None:
+    pass
+
+
+async def open_stream(control: PolicyControl,
+                      prepare: Callable[[], Awaitable[AsyncIterator[dict]]],
+                      release: Callable[[], None] = _nothing) -> Chunks:
+    """Admit a streamed call and prepare it (errors raised here are the harness's HTTP
+    status); its chunks then run bound to the ticket, and the call ends (``release``, then out
+    of flight) once, when the stream is over or dropped."""
+    ticket = await control.admit()  # in flight from here until the stream ends
+
+    def end() -> None:
+        if not ticket.released:
+            release()
+            control.release(ticket)
+
+    try:
+        chunks = await prepare()
+    except asyncio.CancelledError:
+        end()
+        if control.aborted():
+            raise policy_abort() from None
+        raise
+    except BaseException:
+        end()
+        raise
+
+    async def run() -> AsyncIterator[dict]:
+        control.bind(ticket)  # pause(abort) cancels the task the stream runs in
+        try:
+            if ticket.abort:  # paused with abort before the stream began: nothing ran
+                raise policy_abort()
+            async with contextlib.aclosing(chunks) as it:  # type: ignore[type-var]
+                async for c in it:
+                    yield c
+        finally:
+            end()
+
+    return Chunks(run(), end)

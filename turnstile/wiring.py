@@ -1,0 +1,155 @@
+"""What a Turnstile server is built from, built in one place: engines (one, or a replica pool),
+the record store, the gateway of either recording mode, and the app.
+
+``turnstile serve`` builds from its options (:func:`server_from_args`); the demo, the tests and
+the benchmarks call the builders directly. Nothing here runs a server.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .chat.audit import audit
+from .chat.patches import apply_patches
+from .chat.policy import Policy
+from .chat.render import Renderer
+from .chat.template import ChatTemplate
+from .chat.tokenizer import load_tokenizer
+from .engines import make_engine
+from .engines.base import Engine
+from .engines.capture import capture_engine
+from .engines.pool import ReplicaPool
+from .parsing.detect import FormatChoice, detect_format
+from .server.gateway import Gateway
+from .server.limits import Limits
+from .server.passthrough import PassthroughGateway
+from .store.sqlite import Store
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+
+def engine_urls(args: list[str]) -> list[str]:
+    """``--engine-url`` values: URLs, or ``@FILE`` naming a file of them (one a line)."""
+    return [u for arg in args for u in (
+        Path(arg[1:]).read_text().split() if arg.startswith("@") else [arg])]
+
+
+def detect_parser(template: ChatTemplate, tool_parser: str | None = None) -> FormatChoice:
+    """Reasoning and tool-call parsing picked from what the template itself writes;
+    ``tool_parser`` overrides the tool-call format ("none" turns it off)."""
+    choice = detect_format(template.source)
+    if tool_parser:
+        choice = choice.with_tool_format(None if tool_parser == "none" else tool_parser)
+    return choice
+
+
+def build_renderer(model: str, chat_template: str | None = None, patches: bool = True
+                   ) -> tuple[Renderer, list[str]]:
+    """Tokenizer + template (with declared repairs applied) for a model."""
+    tok = load_tokenizer(model, chat_template)
+    if not tok.chat_template:
+        raise SystemExit(f"{model} has no chat template; pass --chat-template FILE")
+    source, applied = apply_patches(tok.chat_template, patches)
+    template = ChatTemplate(source, tok.special_tokens)
+    return Renderer(tok, template), applied
+
+
+def build_engine(kind: str, urls: str | list[str], options: dict | None = None
+                 ) -> Engine | ReplicaPool:
+    """The token-in adapter for one engine URL, or a replica pool over several."""
+    urls = [urls] if isinstance(urls, str) else list(urls)
+    replicas = [make_engine(kind, u, **(options or {})) for u in urls]
+    return replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)  # type: ignore[arg-type]
+
+
+def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
+                  chat_template: str | None = None, model_name: str | None = None,
+                  patches: bool = True, audit_template: bool = True,
+                  engine: str = "llama-cpp", engine_options: dict | None = None,
+                  keep_bodies: bool = False, tool_parser: str | None = None,
+                  synchronous: str = "full", max_trees: int = 1024) -> Gateway:
+    """A token-in gateway: Turnstile renders every prompt and sends token IDs."""
+    renderer, applied = build_renderer(model, chat_template, patches)
+    if applied:
+        renderer.fingerprint += "+" + "+".join(applied)
+    policy = audit(renderer).policy() if audit_template else Policy.permissive()
+    adapter = build_engine(engine, engine_url, engine_options)
+    name = model_name or Path(model).name
+    store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
+    return Gateway(renderer, adapter, store, name,  # type: ignore[arg-type]
+                   detect_parser(renderer.template, tool_parser), policy, max_trees=max_trees)
+
+
+def build_passthrough(engine_url: str | list[str], model_name: str, data: str | Path,
+                      dialect: str = "vllm", keep_bodies: bool = False,
+                      logprobs_mode: str | None = None, original_logprobs: bool = False,
+                      synchronous: str = "full") -> PassthroughGateway:
+    """An engine-rendered capture gateway in front of one engine, or a replica pool."""
+    urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
+    replicas = [capture_engine(u, dialect, logprobs_mode=logprobs_mode,
+                               original_logprobs=original_logprobs) for u in urls]
+    engine = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)  # type: ignore[arg-type]
+    store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
+    return PassthroughGateway(engine, store, model_name)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The token-in adapter's options from ``serve``'s flags."""
+    options: dict = {}
+    if args.engine == "vllm":
+        options = {"api": args.vllm_api}
+        if args.engine_logprobs_mode:
+            options["logprobs_mode"] = args.engine_logprobs_mode
+    elif args.engine == "sglang" and args.sglang_original_logprobs:
+        options = {"original_logprobs": True}
+    return options
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(max_messages=args.max_messages, max_tools=args.max_tools,
+                  max_string=args.max_string_kb << 10, max_depth=args.max_depth)
+
+
+@dataclass
+class Server:
+    """A built server: its app, its gateway, and what to tell the operator at start."""
+
+    app: Starlette
+    gateway: Gateway | PassthroughGateway
+    banner: list[str]
+
+
+def server_from_args(args: argparse.Namespace) -> Server:
+    """``turnstile serve``'s server, in either mode (``args.trainer_token`` already set)."""
+    from .server.app import create_app
+
+    urls = engine_urls(args.engine_url)
+    gateway: Gateway | PassthroughGateway
+    if args.mode == "passthrough":  # the engine renders; no tokenizer or template here
+        dialect = "sglang" if args.engine == "sglang" else "vllm"
+        gateway = build_passthrough(
+            urls, args.served_model_name or args.model, args.data, dialect,
+            keep_bodies=args.keep_bodies, logprobs_mode=args.engine_logprobs_mode,
+            original_logprobs=args.sglang_original_logprobs, synchronous=args.synchronous)
+        banner = [f"passthrough capture ({dialect} token-ID fields), model "
+                  f"{gateway.model_name}, engine at {', '.join(urls)}, records in {args.data}"]
+    else:
+        gateway = build_gateway(urls, args.model, args.data, args.chat_template,
+                                args.served_model_name, patches=not args.no_template_patches,
+                                engine=args.engine, engine_options=engine_options(args),
+                                keep_bodies=args.keep_bodies, tool_parser=args.tool_parser,
+                                synchronous=args.synchronous, max_trees=args.max_trees)
+        p = gateway.parser
+        banner = [f"model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
+                  f"engine {args.engine} at {', '.join(urls)}, records in {args.data}",
+                  f"parsing {p.family or 'plain text'}: tool calls {p.tool_format}, "
+                  f"reasoning {p.reasoning_tags if p.reasoning else 'off'}",
+                  *gateway.policy.describe()]
+    public = args.public_url or f"http://{args.host}:{args.port}"
+    app = create_app(gateway, public, max_body=args.max_body_mb << 20,  # type: ignore[arg-type]
+                     token=args.trainer_token, limits=limits_from(args))
+    return Server(app, gateway, banner)
