@@ -101,6 +101,12 @@ MIGRATE_1_TO_2 = [
     "ALTER TABLE sessions ADD COLUMN exported REAL",
 ]
 
+# The calls table's columns in table order (rows read with them are read by name).
+CALL_COLUMNS = ("id, session_id, seq, parent_id, segment_reason, reused_prefix_len, "
+                "prompt_delta, completion_ids, completion_logprobs, finish_reason, "
+                "stop_token_id, seam, status, error, message, history_hash, prefix_hashes, "
+                "info, created")
+
 SESSION_COLUMNS = ("id, created, metadata, status, closed, termination_reason, group_id, "
                    "sample_index, task_id, exported")
 
@@ -480,11 +486,14 @@ class Store:
                 raise
         return n, kept
 
-    def raw_calls(self, session_id: str) -> list[tuple]:
-        """The session's call rows as stored (blobs and JSON bytes untouched), for export."""
+    def raw_calls(self, session_id: str) -> list[sqlite3.Row]:
+        """The session's call rows as stored (blobs and JSON bytes untouched), for export;
+        columns by name (``row["info"]``) or in table order."""
         with self._lock:
-            return self._db.execute("SELECT * FROM calls WHERE session_id = ? ORDER BY seq",
-                                    (session_id,)).fetchall()
+            cur = self._db.cursor()
+            cur.row_factory = sqlite3.Row
+            return cur.execute(f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? "
+                               "ORDER BY seq", (session_id,)).fetchall()
 
     def bodies_of(self, session_id: str) -> dict[str, tuple[bytes | None, bytes | None]]:
         """Kept bodies of a session's calls, still compressed: call id → (request, response)."""
