@@ -13,106 +13,42 @@ token, with the template's full render of the same conversation. Each step ends 
   one outcome that must never happen;
 - ``n/a`` or ``error``: the step cannot be played (the template drops tool calls, rejects a
   role, or its generation prompt does not begin the rendered assistant turn).
+
+This is the audit the server runs at start (its report becomes the gateway's ``Policy``).
+The conversations it plays are in ``audit_battery``; auditing a corpus of templates without
+their models (stand-in tokenizers, the docs table) is in ``audit_corpus``.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 
-from tokenizers import AddedToken
-
+from .audit_battery import (
+    DEVELOPER,
+    SYSTEM,
+    SYSTEM_MID,
+    TIME_TOOL,
+    TOOLS,
+    USER1,
+    USER2,
+    WEATHER_TOOL,
+    Conversation,
+    assistant,
+    assistant_indices,
+    battery,
+    battery_kinds,
+    tool_call,
+    tool_result,
+)
 from .policy import Policy, append_kind
 from .render import NotPrefixPreserving, Renderer
-from .template import ChatTemplate, TemplateError
-from .tokenizer import LoadedTokenizer
+from .template import TemplateError
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
-TIME_TOOL = {"type": "function", "function": {
-    "name": "get_time", "description": "Local time in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
-TOOLS = [WEATHER_TOOL, TIME_TOOL]
-
-
-def _call(cid: str, name: str, args: str) -> dict:
-    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def _assistant(content: str | None, calls: list[dict] | None = None,
-               reasoning: str | None = None) -> dict:
-    m: dict = {"role": "assistant", "content": content}
-    if calls:
-        m["tool_calls"] = calls
-    if reasoning is not None:
-        m["reasoning_content"] = reasoning
-    return m
-
-
-def _tool(cid: str, content: str, name: str) -> dict:
-    return {"role": "tool", "tool_call_id": cid, "name": name, "content": content}
-
-
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-USER1 = {"role": "user", "content": "What's the weather in Paris?"}
-USER2 = {"role": "user", "content": "And should I take an umbrella?"}
-SYSTEM_MID = {"role": "system", "content": "Answer in one short sentence."}
-DEVELOPER = {"role": "developer", "content": "Be brief."}
-
-
-@dataclass
-class Conversation:
-    """Messages plus which assistant turns are 'sampled' and how (stop or length). Each step
-    is judged under the append kind the gateway gives its new messages (``append_kind``)."""
-
-    name: str
-    messages: list[dict]
-    truncated: set[int] = field(default_factory=set)  # assistant indices cut by length
-
-
-def battery(reasoning: bool) -> list[Conversation]:
-    """Every append kind the gateway extends must be played here: what is not played starts
-    a new segment at run time. Kinds after a second tool round are played too (templates that
-    count rounds or track state across messages differ only there)."""
-    r = (lambda text: text) if reasoning else (lambda text: None)
-    a_call = _assistant("", [_call("call00001", "get_weather", '{"city": "Paris"}')],
-                        r("I should call the weather tool."))
-    a_call2 = _assistant(None, [_call("call00003", "get_time", '{"city": "Paris"}')],
-                         r("Now the time."))  # null content, as parsed replies carry it
-    a_par = _assistant("", [_call("call00001", "get_weather", '{"city": "Paris"}'),
-                            _call("call00002", "get_time", '{"city": "Paris"}')],
-                       r("Two tools at once."))
-    a_final = _assistant("It is 18 C and sunny in Paris.", None, r("The tool says 18 C."))
-    a_final2 = _assistant("No umbrella needed today.", None, r("Sunny means no rain."))
-    a_long = _assistant("Paris is the capital of France and its weather today is mild and",
-                        None, r("Let me describe Paris."))
-    t1 = _tool("call00001", '{"temp_c": 18}', "get_weather")
-    t2 = _tool("call00002", '{"time": "14:05"}', "get_time")
-    t3 = _tool("call00003", '{"time": "14:05"}', "get_time")
-    return [
-        Conversation("tool-then-user", [SYSTEM, USER1, a_call, t1, a_final, USER2, a_final2]),
-        Conversation("tool-chain", [SYSTEM, USER1, a_call, t1, a_call2, t3, a_final]),
-        Conversation("parallel-batch", [SYSTEM, USER1, a_par, t1, t2, a_final]),
-        Conversation("length-then-user", [SYSTEM, USER1, a_long, USER2, a_final2],
-                     truncated={2}),
-        Conversation("no-system", [USER1, a_call, t1, a_final, USER2, a_final2]),
-        # mixed appends, after one and after two tool rounds
-        Conversation("tool+user", [SYSTEM, USER1, a_call, t1, {**USER2}, a_final2]),
-        Conversation("round2-tool+user", [SYSTEM, USER1, a_call, t1, a_call2, t3, USER2,
-                                          a_final2]),
-        Conversation("tool+system", [SYSTEM, USER1, a_call, t1, SYSTEM_MID, a_final]),
-        Conversation("round2-tool+system", [SYSTEM, USER1, a_call, t1, a_call2, t3,
-                                            SYSTEM_MID, a_final]),
-        # system / developer messages in the middle of the conversation
-        Conversation("system-mid", [SYSTEM, USER1, a_final, SYSTEM_MID, USER2, a_final2]),
-        Conversation("system-only", [SYSTEM, USER1, a_final, SYSTEM_MID, a_final2]),
-        Conversation("developer-mid", [SYSTEM, USER1, a_final, DEVELOPER, USER2, a_final2]),
-        Conversation("user-after-round2", [USER1, a_call, t1, a_call2, t3, a_final, USER2,
-                                           a_final2]),
-    ]
+# The battery's names as they were known here before it moved (the tests import them).
+_call, _assistant, _tool = tool_call, assistant, tool_result
+__all__ = ["DEVELOPER", "SYSTEM", "SYSTEM_MID", "TIME_TOOL", "TOOLS", "USER1", "USER2",
+           "VARIANT_KWARGS", "WEATHER_TOOL", "AuditReport", "Conversation", "Step", "audit",
+           "battery", "battery_kinds", "behaviour", "play"]
 
 
 @dataclass
@@ -122,10 +58,6 @@ class Step:
     kind: str
     status: str
     detail: str = ""
-
-
-def _assistant_indices(msgs: list[dict]) -> list[int]:
-    return [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
 
 
 def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict],
@@ -141,7 +73,7 @@ def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict]
     """
     tok, eog = renderer.tok, renderer.tok.eog_token_ids
     msgs = conv.messages
-    asst = _assistant_indices(msgs)
+    asst = assistant_indices(msgs)
     steps: list[Step] = []
     render = renderer.template.render
     prompt: list[int] | None = None  # what the gateway sent for the current turn
@@ -321,158 +253,16 @@ def behaviour(report: AuditReport) -> dict[str, str]:
     return out
 
 
-# Stand-in tokenizers for templates without a matching vocabulary in the corpus.
 
-_MARKER = re.compile(
-    r"<\|[^|<>\s'\"{}]{1,40}\|>"  # <|im_start|>
-    r"|<\uff5c[^\uff5c]{1,40}\uff5c>"  # <｜tool▁calls▁begin｜>
-    r"|\[/?[A-Z][A-Z_]{2,30}\]"  # [INST], [TOOL_CALLS]
-    r"|<\|?[a-z_]{2,30}\|>|<\|[a-z_]{2,30}>"  # <turn|>, <|turn>
-    r"|<(?:start|end)_of_[a-z_]+>"  # <start_of_turn>
-    r"|<[A-Z_]{3,30}>"  # <SPECIAL_12>-like
-)
+_CORPUS_NAMES = frozenset({"MATCHING_VOCAB", "corpus_renderer", "corpus_table", "stand_in",
+                           "template_markers"})
 
 
-def template_markers(source: str) -> list[str]:
-    """Special-looking markers a template writes, in order of first appearance."""
-    seen: dict[str, None] = {}
-    for m in _MARKER.finditer(source):
-        seen.setdefault(m.group(0))
-    return list(seen)
+def __getattr__(name: str) -> object:
+    """The corpus tooling lives in ``audit_corpus`` (imported on first use, never by the
+    server); its names are still found here."""
+    if name in _CORPUS_NAMES:
+        from . import audit_corpus
 
-
-def stand_in(base: LoadedTokenizer, source: str) -> tuple[LoadedTokenizer, list[str]]:
-    """``base`` with the template's markers that it lacks added as special tokens, and an
-    end-of-turn set read off a render (the first marker after an assistant turn's text)."""
-    markers = template_markers(source)
-    added = [m for m in markers if len(base.encode(m)) != 1]
-    tok = base.tokenizer.__class__.from_str(base.tokenizer.to_str())
-    tok.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in added])
-    special = {"bos_token": "<s>", "eos_token": "</s>"}
-    for t in special.values():
-        if len(base.encode(t)) != 1:
-            tok.add_special_tokens([AddedToken(t, special=True, normalized=False)])
-    loaded = replace(base, tokenizer=tok, chat_template=source, special_tokens=special,
-                     bos_token="<s>", eos_token="</s>",
-                     source=f"stand-in({base.source.rsplit('/', 1)[-1]})")
-    eog = set(base.eog_token_ids) | {tok.token_to_id("</s>")}
-    for close in _derive_turn_close(ChatTemplate(source, special), markers):
-        if tok.token_to_id(close) is None:
-            tok.add_special_tokens([AddedToken(close, special=True, normalized=False)])
-            added.append(close)
-        eog.add(tok.token_to_id(close))
-    return replace(loaded, eog_token_ids=frozenset(i for i in eog if i is not None)), added
-
-
-def _derive_turn_close(template: ChatTemplate, markers: list[str]) -> list[str]:
-    """The marker that closes an assistant turn; for templates without one (GLM), the
-    markers that open the next message, which such models sample as their stop token."""
-    probe = "XQZPROBE"
-    call = _assistant("", [_call("call00001", "get_weather", '{"city": "XQZPROBE"}')])
-    tool = {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "18"}
-    probes = [  # (conversation, may the close be a bare string rather than a marker?)
-        ([USER1, _assistant(probe)], True),
-        ([USER1, call], False),
-        ([USER1, _assistant(probe), USER2], False),
-        ([USER1, call, tool], False),
-    ]
-    found: list[str] = []
-    for i, (conv, bare) in enumerate(probes):
-        try:
-            full = template.render(conv, TOOLS, add_generation_prompt=False)
-        except TemplateError:
-            continue
-        at = full.rfind(probe)
-        if at < 0:
-            continue
-        tail = full[at + len(probe):]
-        hits = sorted((tail.find(m), m) for m in markers if m in tail)
-        if not hits and bare and tail.strip() and len(tail.strip()) <= 24:
-            hits = [(0, tail.strip())]  # a close in no marker syntax we know: "[e~[", ...
-        if hits and hits[0][1] not in found:
-            found.append(hits[0][1])
-        if found and i == 1:
-            return found  # turns have their own close (plain and tool-call turns)
-    return found
-
-
-# Which corpus vocabulary matches which corpus template (by model family); others get a
-# stand-in built on the Qwen2 vocabulary.
-MATCHING_VOCAB = {
-    "Qwen-Qwen2.5-7B-Instruct": "qwen2", "Qwen-QwQ-32B": "qwen2", "Qwen-Qwen3-0.6B": "qwen2",
-    "Qwen3-Coder": "qwen2", "Qwen3.5-4B": "qwen35",
-    "meta-llama-Llama-3.1-8B-Instruct": "llama-bpe",
-    "meta-llama-Llama-3.2-3B-Instruct": "llama-bpe",
-    "meta-llama-Llama-3.3-70B-Instruct": "llama-bpe",
-    "CohereForAI-c4ai-command-r-plus-tool_use": "command-r",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "command-r",
-    "google-gemma-4-31B-it": "gemma-4", "google-gemma-4-31B-it-interleaved": "gemma-4",
-    "microsoft-Phi-3.5-mini-instruct": "phi-3",
-}
-
-
-def corpus_renderer(template_path: str, models_dir: str,
-                    cache: dict[str, LoadedTokenizer] | None = None
-                    ) -> tuple[Renderer, list[str]]:
-    """A renderer for a corpus template: its matching tokenizer, or a stand-in."""
-    from pathlib import Path
-
-    from .tokenizer import load_tokenizer
-
-    path = Path(template_path)
-    source = path.read_text()
-    vocab = MATCHING_VOCAB.get(path.stem)
-    cache = cache if cache is not None else {}
-    key = vocab or "qwen2"
-    if key not in cache:
-        cache[key] = load_tokenizer(str(Path(models_dir) / f"ggml-vocab-{key}.gguf"))
-    base = cache[key]
-    if vocab is not None:
-        tok = replace(base, chat_template=source)
-        added: list[str] = []
-    else:
-        tok, added = stand_in(base, source)
-    return Renderer(tok, ChatTemplate(source, tok.special_tokens)), added
-
-
-def battery_kinds() -> list[str]:
-    """The append kinds the battery plays, in order of first appearance."""
-    seen: dict[str, None] = {}
-    for conv in battery(False):
-        asst = _assistant_indices(conv.messages)
-        for a, b in zip(asst, asst[1:], strict=False):
-            seen.setdefault(append_kind(conv.messages[a + 1:b]))
-    return list(seen)
-
-
-def corpus_table(templates_dir: str, models_dir: str) -> str:
-    """Markdown table of the audit over every template in a corpus directory: per append
-    kind, the worst step without/with reasoning (plain/think)."""
-    from pathlib import Path
-
-    from .patches import apply_patches
-
-    cache: dict[str, LoadedTokenizer] = {}
-    kinds = battery_kinds()
-    rows = ["| template | tokenizer | patches | " + " | ".join(kinds)
-            + " | one-by-one tool results | gateway policy |",
-            "|" + "---|" * (len(kinds) + 5)]
-    for path in sorted(Path(templates_dir).glob("*.jinja")):
-        renderer, added = corpus_renderer(str(path), models_dir, cache)
-        source, applied = apply_patches(renderer.template.source)
-        if applied:
-            renderer = Renderer(renderer.tok, ChatTemplate(source, renderer.tok.special_tokens))
-        report = audit(renderer, path.stem, added)
-        summary = report.summary()
-        policy = report.policy()
-        segs = [f"{k}/{v}" for k in kinds for v in ("plain", "think")
-                if not policy.allows(k, v)]
-        # the tokenizer's file name, not the machine path it was loaded from
-        tok = Path(report.tokenizer.removeprefix("stand-in(").rstrip(")")).name
-        tok = (f"stand-in({tok})" if report.tokenizer.startswith("stand-in(") else tok) + (
-            f" + {', '.join(added)}" if added else "")
-        rows.append(f"| {path.stem} | {tok.replace('|', '&#124;')} | {', '.join(applied)} | "
-                    + " | ".join(summary.get(k, "-") for k in kinds)
-                    + f" | {report.tool_incremental} | "
-                    + ("new segment on " + ", ".join(segs) if segs else "extend") + " |")
-    return "\n".join(rows)
+        return getattr(audit_corpus, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

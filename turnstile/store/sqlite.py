@@ -11,9 +11,8 @@ commit, so an acknowledged call survives a killed process *and* an OS crash or p
 ``normal`` syncs at checkpoints only: it survives a killed process (SIGKILL), but the last
 commits can be lost if the machine itself goes down.
 
-Schema versions: 1 = sessions + calls; 2 adds session status/group/sample/task columns, rewards
-and bodies tables (migrated in place, existing columns untouched). docs/schema.md is the
-reference.
+The tables and their migrations are in ``schema``, the call record and its blob packing in
+``records``, session dicts and rewards in ``session_rows``; this module is the ``Store``.
 """
 
 from __future__ import annotations
@@ -21,97 +20,39 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-import uuid
-import zlib
-from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from ..auth import new_capability
+from .records import (
+    INT32_MAX,
+    CallRecord,
+    call_from_row,
+    new_id,
+    pack_body,
+    pack_floats,
+    pack_ids,
+    unpack_body,
+    unpack_floats,
+    unpack_ids,
+)
+from .schema import (
+    CALL_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SESSION_COLUMNS,
+    SchemaError,
+    open_schema,
+)
+from .session_rows import FIELD_ALIASES, scalar_reward, session_fields, session_from_row
 
-SCHEMA_VERSION = 2
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    metadata BLOB NOT NULL,
-    status TEXT NOT NULL DEFAULT 'open',
-    closed REAL,
-    termination_reason TEXT,
-    group_id TEXT,
-    sample_index INTEGER,
-    task_id TEXT,
-    exported REAL
-);
-CREATE TABLE IF NOT EXISTS calls (
-    id TEXT PRIMARY KEY,
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    seq INTEGER NOT NULL,
-    parent_id TEXT,
-    segment_reason TEXT,
-    reused_prefix_len INTEGER NOT NULL,
-    prompt_delta BLOB NOT NULL,
-    completion_ids BLOB NOT NULL,
-    completion_logprobs BLOB NOT NULL,
-    finish_reason TEXT,
-    stop_token_id INTEGER,
-    seam TEXT,
-    status TEXT NOT NULL,
-    error TEXT,
-    message BLOB,
-    history_hash BLOB,
-    prefix_hashes BLOB,
-    info BLOB NOT NULL,
-    created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS calls_by_session ON calls(session_id, seq);
-""" + """
-CREATE INDEX IF NOT EXISTS sessions_by_group ON sessions(group_id, sample_index);
-CREATE TABLE IF NOT EXISTS rewards (
-    session_id TEXT NOT NULL,
-    call_id TEXT NOT NULL DEFAULT '',
-    name TEXT NOT NULL,
-    value REAL NOT NULL,
-    created REAL NOT NULL,
-    PRIMARY KEY (session_id, call_id, name)
-);
-CREATE TABLE IF NOT EXISTS bodies (
-    call_id TEXT PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    request BLOB,
-    response BLOB
-);
-CREATE INDEX IF NOT EXISTS bodies_by_session ON bodies(session_id);
-"""
-
-# v1 -> v2: new session columns (the v1 columns stay as they are) and the new tables.
-MIGRATE_1_TO_2 = [
-    "ALTER TABLE sessions ADD COLUMN status TEXT NOT NULL DEFAULT 'open'",
-    "ALTER TABLE sessions ADD COLUMN closed REAL",
-    "ALTER TABLE sessions ADD COLUMN termination_reason TEXT",
-    "ALTER TABLE sessions ADD COLUMN group_id TEXT",
-    "ALTER TABLE sessions ADD COLUMN sample_index INTEGER",
-    "ALTER TABLE sessions ADD COLUMN task_id TEXT",
-    "ALTER TABLE sessions ADD COLUMN exported REAL",
-]
-
-SESSION_COLUMNS = ("id, created, metadata, status, closed, termination_reason, group_id, "
-                   "sample_index, task_id, exported")
-
-# Metadata keys that name the first-class session fields when they are not given directly
-# (v1 clients put them in metadata).
-FIELD_ALIASES = {"group_id": ("group_id", "group"), "sample_index": ("sample_index",),
-                 "task_id": ("task_id", "task")}
-
-
-class SchemaError(RuntimeError):
-    """The store file was written by a newer Turnstile (or is not a Turnstile store)."""
+# Names other modules import from here.
+__all__ = ["CALL_COLUMNS", "FIELD_ALIASES", "INT32_MAX", "SCHEMA", "SCHEMA_VERSION",
+           "SESSION_COLUMNS", "SYNCHRONOUS", "CallRecord", "SchemaError", "SessionGone", "Store",
+           "call_from_row", "new_id", "pack_floats", "pack_ids", "scalar_reward",
+           "session_fields", "unpack_body", "unpack_floats", "unpack_ids"]
 
 
 class SessionGone(LookupError):
@@ -119,78 +60,6 @@ class SessionGone(LookupError):
 
 
 SYNCHRONOUS = ("full", "normal")
-INT32_MAX = 2**31 - 1  # sample_index is an int32 column in exports
-
-
-def pack_ids(ids: Any) -> bytes:
-    return ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
-
-
-def unpack_ids(blob: bytes) -> array:
-    out = array("i")
-    out.frombytes(blob)
-    return out
-
-
-def pack_floats(values: Any) -> bytes:
-    return array("f", values).tobytes()
-
-
-def unpack_floats(blob: bytes) -> array:
-    out = array("f")
-    out.frombytes(blob)
-    return out
-
-
-@dataclass
-class CallRecord:
-    """One engine call, as recorded. ``info`` holds the rest: sampling params as sent,
-    timings, engine request id, usage, template/tokenizer fingerprint, segment detail."""
-
-    id: str
-    session_id: str
-    seq: int
-    parent_id: str | None
-    segment_reason: str | None
-    reused_prefix_len: int
-    prompt_delta: array
-    completion_ids: array
-    completion_logprobs: array
-    finish_reason: str | None
-    stop_token_id: int | None
-    seam: str | None
-    status: str
-    error: str | None = None
-    message: dict | None = None
-    history_hash: bytes | None = None
-    prefix_hashes: list[bytes] = field(default_factory=list)
-    info: dict = field(default_factory=dict)
-    created: float = field(default_factory=time.time)
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.id,
-            "session_id": self.session_id,
-            "seq": self.seq,
-            "parent_id": self.parent_id,
-            "segment_reason": self.segment_reason,
-            "reused_prefix_len": self.reused_prefix_len,
-            "prompt_delta_ids": self.prompt_delta.tolist(),
-            "completion_ids": self.completion_ids.tolist(),
-            "completion_logprobs": self.completion_logprobs.tolist(),
-            "finish_reason": self.finish_reason,
-            "stop_token_id": self.stop_token_id,
-            "seam": self.seam,
-            "status": self.status,
-            "error": self.error,
-            "message": self.message,
-            "created": self.created,
-            **self.info,
-        }
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 class Store:
@@ -213,7 +82,7 @@ class Store:
         self.synchronous = synchronous
         self._db = self._connect(busy_timeout)
         self._lock = threading.Lock()
-        self._open_schema()
+        open_schema(self._db, self.path)
         # Calls are written on their own connection (from worker threads): a writer waiting
         # out a lock held by another process never holds up the reads.
         self._wdb = self._connect(busy_timeout)
@@ -226,49 +95,11 @@ class Store:
         db.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
         return db
 
-    def _open_schema(self) -> None:
-        db = self._db
-        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        db.execute("BEGIN IMMEDIATE")  # one process migrates; the others wait, then see v2
-        try:
-            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            version = int(row[0]) if row else None
-            if version is not None and version > SCHEMA_VERSION:
-                raise SchemaError(f"{self.path} has schema version {version}; this Turnstile "
-                                  f"reads up to {SCHEMA_VERSION}. Upgrade Turnstile.")
-            if version == 1:
-                self._migrate_1_to_2()
-            for stmt in SCHEMA.split(";"):
-                if stmt.strip():
-                    db.execute(stmt)
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
-                       (str(SCHEMA_VERSION),))
-            self._ensure_capability_column()
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-
-    def _migrate_1_to_2(self) -> None:
-        db = self._db
-        for stmt in MIGRATE_1_TO_2:
-            db.execute(stmt)
-        # Lift group/sample/task out of v1 metadata, where clients used to put them.
-        for sid, meta in db.execute("SELECT id, metadata FROM sessions").fetchall():
-            fields = session_fields(orjson.loads(meta), {})
-            if any(v is not None for v in fields.values()):
-                db.execute("UPDATE sessions SET group_id = ?, sample_index = ?, task_id = ? "
-                           "WHERE id = ?", (fields["group_id"], fields["sample_index"],
-                                            fields["task_id"], sid))
-
-    def _ensure_capability_column(self) -> None:
-        # Additive (no version bump): each session's harness capability (the key in its base
-        # URL, turnstile/auth.py). Rows without one (older stores) get one on first use.
-        cols = {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}
-        if "capability" not in cols:
-            self._db.execute("ALTER TABLE sessions ADD COLUMN capability TEXT")
-        self._db.execute("CREATE UNIQUE INDEX IF NOT EXISTS sessions_by_capability "
-                         "ON sessions(capability)")
+    def _named(self) -> sqlite3.Cursor:
+        """A read cursor whose rows are read by column name (callers hold ``_lock``)."""
+        cur = self._db.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur
 
     def schema_version(self) -> int:
         with self._lock:
@@ -330,8 +161,8 @@ class Store:
     def get_session(self, session_id: str) -> dict | None:
         """The session with its rewards (scalar + named, per session and per call)."""
         with self._lock:
-            row = self._db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?",
-                                   (session_id,)).fetchone()
+            row = self._named().execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?",
+                                        (session_id,)).fetchone()
             if row is None:
                 return None
             n_calls = self._db.execute("SELECT count(*) FROM calls WHERE session_id = ?",
@@ -339,7 +170,7 @@ class Store:
             rewards = self._db.execute(
                 "SELECT session_id, call_id, name, value FROM rewards WHERE session_id = ?",
                 (session_id,)).fetchall()
-        out = _session_from_row(row, rewards)
+        out = session_from_row(row, rewards)
         out["n_calls"] = n_calls
         return out
 
@@ -365,10 +196,10 @@ class Store:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY rowid LIMIT ?"
         with self._lock:
-            rows = self._db.execute(sql, (*args, limit + 1)).fetchall()
-            ids = [r[0] for r in rows[:limit]]
+            rows = self._named().execute(sql, (*args, limit + 1)).fetchall()
+            ids = [r["id"] for r in rows[:limit]]
             rewards = self._rewards_for(ids)
-        sessions = [_session_from_row(r, rewards.get(r[0], [])) for r in rows[:limit]]
+        sessions = [session_from_row(r, rewards.get(r["id"], [])) for r in rows[:limit]]
         return sessions, len(rows) > limit
 
     def _rewards_for(self, ids: list[str]) -> dict[str, list[tuple]]:
@@ -480,11 +311,13 @@ class Store:
                 raise
         return n, kept
 
-    def raw_calls(self, session_id: str) -> list[tuple]:
-        """The session's call rows as stored (blobs and JSON bytes untouched), for export."""
+    def raw_calls(self, session_id: str) -> list[sqlite3.Row]:
+        """The session's call rows as stored (blobs and JSON bytes untouched), for export;
+        columns by name (``row["info"]``) or in table order."""
         with self._lock:
-            return self._db.execute("SELECT * FROM calls WHERE session_id = ? ORDER BY seq",
-                                    (session_id,)).fetchall()
+            return self._named().execute(f"SELECT {CALL_COLUMNS} FROM calls "
+                                         "WHERE session_id = ? ORDER BY seq",
+                                         (session_id,)).fetchall()
 
     def bodies_of(self, session_id: str) -> dict[str, tuple[bytes | None, bytes | None]]:
         """Kept bodies of a session's calls, still compressed: call id → (request, response)."""
@@ -530,8 +363,8 @@ class Store:
             c.history_hash, b"".join(c.prefix_hashes), orjson.dumps(c.info), c.created,
         )
         keep = self.keep_bodies and (request_body is not None or response_body is not None)
-        bodies = (c.id, c.session_id, _pack_body(request_body),
-                  _pack_body(response_body)) if keep else None
+        bodies = (c.id, c.session_id, pack_body(request_body),
+                  pack_body(response_body)) if keep else None
         with self._wlock:
             db = self._wdb
             db.execute("BEGIN IMMEDIATE")
@@ -541,7 +374,8 @@ class Store:
                                        (c.session_id,)).fetchone()
                     if row_s is None or row_s[0] != session_created:
                         raise SessionGone(c.session_id)
-                db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
+                marks = ",".join("?" * len(row))
+                db.execute(f"INSERT INTO calls ({CALL_COLUMNS}) VALUES ({marks})", row)
                 if bodies is not None:
                     db.execute("INSERT OR REPLACE INTO bodies VALUES (?, ?, ?, ?)", bodies)
                 db.execute("COMMIT")
@@ -570,74 +404,8 @@ class Store:
 
     def calls(self, session_id: str) -> list[CallRecord]:
         with self._lock:
-            rows = self._db.execute(
-                "SELECT * FROM calls WHERE session_id = ? ORDER BY seq", (session_id,)
-            ).fetchall()
+            rows = self._named().execute(
+                f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY seq",
+                (session_id,)).fetchall()
         return [call_from_row(r) for r in rows]
 
-
-def session_fields(metadata: dict, given: dict) -> dict:
-    """group_id / sample_index / task_id: the explicit value, else the metadata alias."""
-    out = {}
-    for name, aliases in FIELD_ALIASES.items():
-        v = given.get(name)
-        if v is None:
-            v = next((metadata[a] for a in aliases if metadata.get(a) is not None), None)
-            if name == "sample_index":
-                v = v if isinstance(v, int) and not isinstance(v, bool) and \
-                    0 <= v <= INT32_MAX else None
-            elif v is not None and not isinstance(v, str):
-                v = str(v)
-        out[name] = v
-    return out
-
-
-def scalar_reward(named: dict[str, float]) -> float | None:
-    """The one number a trainer uses: the component named ``reward`` if posted, else the sum
-    of the named components, else None (no reward yet)."""
-    if not named:
-        return None
-    if "reward" in named:
-        return named["reward"]
-    return float(sum(named.values()))
-
-
-def _session_from_row(r: tuple, rewards: list[tuple]) -> dict:
-    named: dict[str, float] = {}
-    per_call: dict[str, dict[str, float]] = {}
-    for _sid, call_id, name, value in rewards:
-        if call_id:
-            per_call.setdefault(call_id, {})[name] = value
-        else:
-            named[name] = value
-    return {
-        "id": r[0], "created": r[1], "metadata": orjson.loads(r[2]), "status": r[3],
-        "closed": r[4], "termination_reason": r[5], "group_id": r[6], "sample_index": r[7],
-        "task_id": r[8], "exported": r[9], "reward": scalar_reward(named), "rewards": named,
-        "call_rewards": {cid: {"reward": scalar_reward(v), "rewards": v}
-                         for cid, v in per_call.items()},
-    }
-
-
-def _pack_body(body: object) -> bytes | None:
-    if body is None:
-        return None
-    raw = body if isinstance(body, bytes) else orjson.dumps(body)
-    return zlib.compress(raw, 1)
-
-
-def unpack_body(blob: bytes | None) -> object:
-    return None if blob is None else orjson.loads(zlib.decompress(blob))
-
-
-def call_from_row(r: tuple) -> CallRecord:
-    hashes = r[16] or b""
-    return CallRecord(
-        id=r[0], session_id=r[1], seq=r[2], parent_id=r[3], segment_reason=r[4],
-        reused_prefix_len=r[5], prompt_delta=unpack_ids(r[6]), completion_ids=unpack_ids(r[7]),
-        completion_logprobs=unpack_floats(r[8]), finish_reason=r[9], stop_token_id=r[10],
-        seam=r[11], status=r[12], error=r[13],
-        message=orjson.loads(r[14]) if r[14] is not None else None,
-        history_hash=r[15], prefix_hashes=[hashes[i:i + 8] for i in range(0, len(hashes), 8)],
-        info=orjson.loads(r[17]), created=r[18],
-    )

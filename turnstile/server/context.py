@@ -1,0 +1,64 @@
+"""What every route handler shares, kept on the Starlette app (``app.state.turnstile``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .errors import APIError
+from .limits import Limits
+from .session_index import SessionIndex
+
+
+@dataclass
+class AppContext:
+    """The gateway and store behind the routes, the server's settings and the session cache.
+
+    ``token``: the trainer's token (None: every route open, ``--no-auth``).
+    """
+
+    gateway: Any
+    store: Any
+    public_url: str
+    max_body: int
+    token: str | None
+    limits: Limits
+    parse_request: Callable[[object], Any]
+    sessions: SessionIndex
+
+
+def context(request: Request) -> AppContext:
+    """The context of the app serving ``request``."""
+    return request.app.state.turnstile
+
+
+def json_response(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+async def read_json(request: Request, limit: int, required: bool = True) -> object:
+    """The body as JSON, refused (413) as soon as it exceeds ``limit`` bytes."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"The request body is {length} bytes; the limit is {limit} "
+                            "(start turnstile with a larger --max-body-mb).",
+                       code="request_too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise APIError(413, f"The request body exceeds the limit of {limit} bytes "
+                                "(start turnstile with a larger --max-body-mb).",
+                           code="request_too_large")
+    if not body and not required:
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise APIError(400, f"The request body is not valid JSON: {exc}",
+                       code="invalid_json") from exc

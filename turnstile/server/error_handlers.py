@@ -1,0 +1,60 @@
+"""How exceptions become responses: OpenAI-shaped errors, never a traceback to the client."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..engines.base import EngineError
+from ..store.sqlite import SessionGone
+from .context import context
+from .errors import APIError
+
+
+async def on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    resp = exc.response()
+    if exc.status == 401:
+        resp.headers["www-authenticate"] = 'Bearer realm="turnstile"'
+    return resp
+
+
+async def on_engine_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, EngineError)
+    return APIError(exc.status, str(exc)).response()
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    return APIError(status, str(getattr(exc, "detail", "")) or "Not found").response()
+
+
+async def on_store_error(request: Request, exc: Exception) -> Response:
+    # a locked or full store file: retryable, and nothing was half-written
+    return APIError(503, f"The record store is unavailable: {exc}. Retry.",
+                    code="store_busy", type_="server_error").response()
+
+
+async def on_session_gone(request: Request, exc: Exception) -> Response:
+    context(request).sessions.uncache(str(exc))
+    return APIError(404, f"Session {exc} was deleted while the call ran; nothing was "
+                         "recorded.", "session_id", code="session_not_found").response()
+
+
+async def on_unexpected(request: Request, exc: Exception) -> Response:
+    # logged with the route's template, never the path (it may hold a capability)
+    route = getattr(request.scope.get("route"), "path", "?")
+    print(f"turnstile: internal error on {request.method} {route}:\n"
+          + "".join(traceback.format_exception(exc)), file=sys.stderr)
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
+    APIError: on_api_error, EngineError: on_engine_error, HTTPException: on_http_error,
+    sqlite3.Error: on_store_error, SessionGone: on_session_gone, Exception: on_unexpected}
