@@ -141,7 +141,7 @@ def test_match_is_the_longest_recorded_reply_prefix(case: tuple) -> None:
         return
     k = max(f[0] for f in fits)
     assert m.parent is not None, (k, request)
-    assert m.matched == k
+    assert m.matched == k, (k, request, calls)
     assert m.new_messages == request[k:]
     # the chosen call is one of those that fit at that length
     assert m.parent.id in {ids[i] for n, i in fits if n == k}
