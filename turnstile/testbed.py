@@ -85,7 +85,7 @@ def _download(spec: tuple[str, str, str, str], sdist: bool) -> Path:
     if path.exists() and _sha256(path) == sha:
         return path
     _log(f"downloading {name}=={version}")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest),
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-qq", "-d", str(dest),
            f"{name}=={version}"]
     cmd += ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
     subprocess.run(cmd, check=True)
