@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fakes.common import EOS
-from fakes.vllm_fake import VLLMFake
+from fakes.vllm_fake import MODEL, VLLMFake
 
 from turnstile import testbed
 
@@ -582,3 +582,68 @@ def test_pause_closes_the_door_first_and_streams_count_in_flight():
         assert not c.paused and c.version == "8"
 
     asyncio.run(run())
+
+
+def test_passthrough_store_faults(servers, tmp_path):
+    """Capture mode meets the same store faults: a locked store and a full disk give the
+    harness a clean 503/507 (never a 500), the event loop keeps answering, the failed turns
+    are not parents, and the retried turn links to the last acknowledged call."""
+    with VLLMFake("0.33.0") as fake:
+        data = tmp_path / "pt"
+        ts = servers(fake.url, Path(MODEL), data, "--mode", "passthrough",
+                     preexec=_ignore_sigxfsz)
+        sid = ts.session()["id"]
+        url = f"{ts.url}/s/{sid}/v1/chat/completions"
+        msgs = [{"role": "user", "content": "one"}]
+        def body(seed: int, stream: bool = False) -> dict:
+            return {**_body(msgs, seed, stream), "model": MODEL}
+
+        r = httpx.post(url, json=body(1), headers=AUTH, timeout=60)
+        assert r.status_code == 200, r.text
+        first = ts.calls(sid)[0]
+        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "two"}]
+
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import sqlite3, sys, time\n"
+            f"db = sqlite3.connect({str(data / 'turnstile.sqlite3')!r}, isolation_level=None)\n"
+            "db.execute('BEGIN IMMEDIATE')\nprint('locked', flush=True)\ntime.sleep(12)\n"
+            "db.execute('ROLLBACK')\n")], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            out: dict = {}
+            t = threading.Thread(target=lambda: out.update(r=httpx.post(
+                url, json=body(2), headers=AUTH, timeout=60)))
+            t.start()
+            _until(lambda: sum(q.path == "/v1/chat/completions" for q in fake.rec.requests) >= 2,
+                   what="the engine call")
+            t0 = time.monotonic()
+            assert httpx.get(ts.url + "/admin/status", headers=AUTH, timeout=5).status_code == 200
+            assert time.monotonic() - t0 < 2  # the loop is not blocked by the waiting write
+            t.join(60)
+            assert _error(out["r"], 503)["code"] == "store_busy"
+            s = httpx.post(url, json=body(3, stream=True), headers=AUTH, timeout=60)
+            assert '"store_busy"' in s.text and '"finish_reason":"length"' not in s.text
+        finally:
+            holder.wait(60)
+
+        wal = data / "turnstile.sqlite3-wal"
+        resource.prlimit(ts.proc.pid, resource.RLIMIT_FSIZE,
+                         (wal.stat().st_size, resource.RLIM_INFINITY))
+        try:
+            for seed, stream in ((4, False), (5, True)):
+                r = httpx.post(url, json=body(seed, stream), headers=AUTH, timeout=60)
+                if stream:
+                    assert '"finish_reason":"length"' not in r.text
+                    assert '"store_full"' in r.text or '"store_busy"' in r.text, r.text
+                else:
+                    assert _error(r, 507, 503)["code"] in ("store_full", "store_busy")
+            assert httpx.get(ts.url + "/health").status_code == 200
+        finally:
+            resource.prlimit(ts.proc.pid, resource.RLIMIT_FSIZE,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        r = httpx.post(url, json=body(6), headers=AUTH, timeout=60)
+        assert r.status_code == 200, r.text
+        ok = [c for c in ts.calls(sid) if c["status"] == "ok"]
+        assert [c["id"] for c in ok][0] == first["id"] and len(ok) == 2
+        assert ok[1]["parent_id"] == first["id"] and ok[1]["segment_reason"] is None, ok[1]
+        assert ts.in_flight() == 0

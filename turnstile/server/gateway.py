@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
-import sys
 import time
 from array import array
 from collections import OrderedDict
@@ -30,7 +28,7 @@ from ..store.sqlite import CallRecord, SessionGone, Store, new_id
 from .admission import POLICY_ABORT, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket
 from .errors import APIError
-from .record import call_info, weight_version
+from .record import STORE_ERRORS, call_info, commit, store_error, weight_version
 from .requests import ChatRequest
 
 CLIENT_GONE = "the client disconnected"
@@ -38,21 +36,6 @@ CLIENT_GONE = "the client disconnected"
 
 class ClientGone(Exception):
     """The harness went away before its (non-streamed) answer was ready."""
-
-
-def store_error(exc: BaseException, session_id: str) -> APIError:
-    """A record that could not be committed, as the harness sees it: nothing was
-    acknowledged, the call did not enter the session's tree, and retrying is safe."""
-    if isinstance(exc, SessionGone):
-        return APIError(404, f"Session {session_id!r} was deleted while the call ran; nothing "
-                             "was recorded.", "session_id", code="session_not_found")
-    text = str(exc)
-    if "full" in text or "disk" in text or isinstance(exc, OSError):
-        return APIError(507, f"The record store could not save the call ({text}); it was not "
-                             "recorded. Free space under --data and retry.",
-                        code="store_full", type_="server_error")
-    return APIError(503, f"The record store is busy ({text}); the call was not recorded. "
-                         "Retry it.", code="store_busy", type_="server_error")
 
 
 @dataclass
@@ -381,7 +364,7 @@ class Gateway:
                                 started, extra, req, response)
         try:
             await asyncio.shield(fut)
-        except (sqlite3.Error, OSError, SessionGone) as exc:
+        except STORE_ERRORS as exc:
             if isinstance(exc, SessionGone):
                 self.forget(session_id)
             raise store_error(exc, session_id) from exc
@@ -444,23 +427,9 @@ class Gateway:
             finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
             seam=prompt.seam, status=status, error=error, message=message,
             history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
-        created = getattr(tree, "created", None)
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, lambda: self.store.add_call(
-            rec, request_body=req.raw if req else None, response_body=response,
-            session_created=created))
-
-        def committed(f: asyncio.Future) -> None:
-            if f.cancelled():
-                return
-            exc = f.exception()
-            if exc is None:
-                tree.add(node, prompt.hashes, reply_hash, echo_hash)
-            elif status != "ok":
-                print(f"turnstile: call {call_id} ({status}) of session {session_id} was not "
-                      f"recorded: {exc}", file=sys.stderr)
-
-        fut.add_done_callback(committed)
+        fut = commit(self.store, rec, req.raw if req else None, response,
+                     getattr(tree, "created", None),
+                     then=lambda: tree.add(node, prompt.hashes, reply_hash, echo_hash))
         return rec, fut
 
     # the call

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import time
 from array import array
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,7 @@ from .control import PolicyControl
 from .errors import APIError
 from .lineage import LineageIndex, Link, new_node
 from .lineage import link as lineage_link
-from .record import call_info, weight_version
+from .record import STORE_ERRORS, call_info, commit, committed, weight_version
 from .requests import ChatRequest
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
@@ -187,10 +187,9 @@ class PassthroughGateway:
 
     # recording
 
-    def _record(self, call: _Call, idx: LineageIndex, link: Link | None, choice: Choice | None,
-                status: str, error: str | None, response: object = None,
-                notes: list[str] | None = None) -> CallRecord:
-        """One call (one choice) committed to the store, then added to the session's index."""
+    def _build(self, call: _Call, idx: LineageIndex, link: Link | None, choice: Choice | None,
+               status: str, error: str | None, notes: list[str] | None = None) -> CallRecord:
+        """The record of one call (one choice)."""
         cap, body = call.cap, call.body
         call_id = new_id("call_")
         ids = array("i", (choice.ids or []) if choice else [])
@@ -247,27 +246,37 @@ class PassthroughGateway:
             completion_logprobs=array("f", values), finish_reason=choice.finish_reason
             if choice else None, stop_token_id=stop_token, seam=None, status=status,
             error=error, message=message, history_hash=reply_hash, info=info)
-        self.store.add_call(rec, request_body=body, response_body=response)
-        if status == "ok" and link is not None:
-            idx.add(new_node(call_id, parent, rec.prompt_delta, ids, seq, prompt))
-            if reply_hash is not None:
-                idx.replies[reply_hash] = call_id
         return rec
 
+    def _commit(self, call: _Call, idx: LineageIndex, rec: CallRecord, link: Link | None,
+                response: object) -> asyncio.Future:
+        """Write the record off the event loop; an ok call joins the session's index once it
+        is committed (a call the store never saved can be nobody's parent)."""
+        def index() -> None:
+            if rec.status == "ok" and link is not None:
+                idx.add(new_node(rec.id, link.parent, rec.prompt_delta, rec.completion_ids,
+                                 rec.seq, link.prompt))
+                if rec.history_hash is not None:
+                    idx.replies[rec.history_hash] = rec.id
+        return commit(self.store, rec, call.body, response, then=index)
+
     async def _record_ok(self, call: _Call, response: object) -> None:
-        """A call the harness gets whole: linked into the session's tree, one record a choice."""
+        """A call the harness gets whole: linked into the session's tree, one record a choice.
+        A store failure reaches the harness as 503/507, never as an acknowledged reply."""
         cap = call.cap
         idx = self.index(call.session_id)
         prompt = array("i", cap.prompt_ids or [])
         link = await lineage_link(idx, call.req.messages, self._hashes(call.req), prompt,
                                   call.engine.detokenize)
         for i in sorted(cap.choices):
-            self._record(call, idx, link, cap.choices[i], "ok", None, response,
-                         cap.usage_notes(len(prompt)))
+            rec = self._build(call, idx, link, cap.choices[i], "ok", None,
+                              cap.usage_notes(len(prompt)))
+            await committed(self._commit(call, idx, rec, link, response), call.session_id)
 
     def _record_failure(self, call: _Call, status: str, error: str,
-                        response: object = None) -> None:
-        """A call the harness did not get whole: recorded with whatever tokens came back."""
+                        response: object = None) -> list[asyncio.Future]:
+        """A call the harness did not get whole: recorded with whatever tokens came back. The
+        writes run on their own; a caller still talking to the harness awaits them."""
         cap = call.cap
         idx = self.index(call.session_id)
         link = None
@@ -275,18 +284,26 @@ class PassthroughGateway:
             link = Link(array("i", cap.prompt_ids), [])
             link.parent = idx.parent_of(link.prompt)
         choices: list[Choice | None] = [cap.choices[i] for i in sorted(cap.choices)]
-        for c in choices or [None]:
-            self._record(call, idx, link, c, status, error, response)
+        return [self._commit(call, idx, self._build(call, idx, link, c, status, error), link,
+                             response) for c in choices or [None]]
 
-    @contextlib.contextmanager
-    def _failures(self, call: _Call) -> Iterator[None]:
+    async def _recorded_failure(self, call: _Call, status: str, error: str,
+                                response: object = None) -> None:
+        """The failure is recorded before the harness hears of it (a read right after the
+        error finds the call); a store that fails too does not hide the engine's error."""
+        for fut in self._record_failure(call, status, error, response):
+            with contextlib.suppress(*STORE_ERRORS):
+                await asyncio.shield(fut)
+
+    @contextlib.asynccontextmanager
+    async def _failures(self, call: _Call) -> AsyncIterator[None]:
         """Before the harness has an answer: an engine failure or a policy abort is recorded
         with what came back, and raised as the harness's HTTP error."""
         try:
             yield
         except EngineError as exc:
             self._failed(call.bound, exc)
-            self._record_failure(call, "error", str(exc))
+            await self._recorded_failure(call, "error", str(exc))
             raise _api_error(exc) from exc
         except asyncio.CancelledError:
             if not self.control.aborted():
@@ -307,7 +324,7 @@ class PassthroughGateway:
         async with admitted(self.control):
             call = await self._begin(session_id, req)
             engine = call.engine
-            with self._failures(call):
+            async with self._failures(call):
                 try:
                     resp = await engine.open_chat(call.body)
                     try:
@@ -338,7 +355,7 @@ class PassthroughGateway:
         resp = None
         ready = False
         try:
-            with self._failures(call):
+            async with self._failures(call):
                 try:
                     resp = await engine.open_chat(call.body)
                     events = sse_data(resp).__aiter__()
@@ -401,11 +418,15 @@ class PassthroughGateway:
                 raise EngineError(problem, 502)
             status, error = "ok", None
         except EngineError as exc:
-            status, error = "error", str(exc)
+            status = "recorded"
             self._failed(call.bound, exc)
+            await self._recorded_failure(call, "error", str(exc),
+                                         {"chunks": chunks} if keep else None)
             raise _api_error(exc) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            status, error = "error", f"{engine.label} at {engine.url} failed: {exc}"
+            status, error = "recorded", f"{engine.label} at {engine.url} failed: {exc}"
+            await self._recorded_failure(call, "error", error,
+                                         {"chunks": chunks} if keep else None)
             raise APIError(502, error, type_="engine_error") from exc
         except asyncio.CancelledError:
             if self.control.aborted():
@@ -414,7 +435,7 @@ class PassthroughGateway:
             raise
         finally:
             resp.close()
-            if status != "ok":
+            if status not in ("ok", "recorded"):
                 self._record_failure(call, status, error or "",
                                      response={"chunks": chunks} if keep else None)
         await self._record_ok(call, {"chunks": chunks} if keep else None)

@@ -8,9 +8,68 @@ sampling, the weight versions, usage and timings alike: :func:`call_info` builds
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+import sys
 import time
+from collections.abc import Callable
 
 from ..engines.base import token_versions
+from ..store.sqlite import CallRecord, SessionGone, Store
+from .errors import APIError
+
+# What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.
+STORE_ERRORS = (sqlite3.Error, OSError, SessionGone)
+
+
+def store_error(exc: BaseException, session_id: str) -> APIError:
+    """A record that could not be committed, as the harness sees it: nothing was
+    acknowledged, the call did not enter the session's tree, and retrying is safe."""
+    if isinstance(exc, SessionGone):
+        return APIError(404, f"Session {session_id!r} was deleted while the call ran; nothing "
+                             "was recorded.", "session_id", code="session_not_found")
+    text = str(exc)
+    if "full" in text or "disk" in text or isinstance(exc, OSError):
+        return APIError(507, f"The record store could not save the call ({text}); it was not "
+                             "recorded. Free space under --data and retry.",
+                        code="store_full", type_="server_error")
+    return APIError(503, f"The record store is busy ({text}); the call was not recorded. "
+                         "Retry it.", code="store_busy", type_="server_error")
+
+
+def commit(store: Store, rec: CallRecord, request_body: object = None,
+           response_body: object = None, session_created: float | None = None,
+           then: Callable[[], None] | None = None) -> asyncio.Future:
+    """Write ``rec`` off the event loop (a locked store waits there, not in the loop). ``then``
+    runs on the loop once the row is committed: the in-memory tree follows the store, never
+    leads it. A failed write of a call nobody waits for is reported on stderr."""
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(None, lambda: store.add_call(
+        rec, request_body=request_body, response_body=response_body,
+        session_created=session_created))
+
+    def done(f: asyncio.Future) -> None:
+        if f.cancelled():
+            return
+        exc = f.exception()
+        if exc is None:
+            if then is not None:
+                then()
+        elif rec.status != "ok":
+            print(f"turnstile: call {rec.id} ({rec.status}) of session {rec.session_id} was "
+                  f"not recorded: {exc}", file=sys.stderr)
+
+    fut.add_done_callback(done)
+    return fut
+
+
+async def committed(fut: asyncio.Future, session_id: str) -> None:
+    """Wait for a commit (a cancellation lets it finish); store failures as the harness's
+    error."""
+    try:
+        await asyncio.shield(fut)
+    except STORE_ERRORS as exc:
+        raise store_error(exc, session_id) from exc
 
 
 def weight_version(spans: list[dict] | None, n: int, whole: object,
