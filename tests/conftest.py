@@ -121,27 +121,37 @@ def _relay_handler(upstream: str, relay: Relay) -> type[BaseHTTPRequestHandler]:
             self.send_response(resp.status)
             ctype = resp.headers.get("content-type", "application/json")
             self.send_header("content-type", ctype)
+            recorded = False
+
+            def record(data: dict) -> None:
+                # before the client can have the whole answer: a test reads the exchange as
+                # soon as its call returns
+                nonlocal recorded
+                if body and not recorded:
+                    relay.exchanges.append(Exchange(self.path, json.loads(body), data))
+                recorded = True
+
             if "event-stream" in ctype:
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
                 tokens, probs, last = [], [], {}
                 for line in resp:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                    self.wfile.flush()
-                    if line.startswith(b"data: "):
+                    if line.startswith(b"data: ") and line[6:].strip().startswith(b"{"):
                         last = json.loads(line[6:])
                         tokens += last.get("tokens") or []
                         probs += last.get("completion_probabilities") or []
+                        if last.get("stop"):
+                            record({**last, "tokens": tokens, "completion_probabilities": probs})
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                record({**last, "tokens": tokens, "completion_probabilities": probs})
                 self.wfile.write(b"0\r\n\r\n")
-                data = {**last, "tokens": tokens, "completion_probabilities": probs}
             else:
                 raw = resp.read()
+                record(json.loads(raw) if raw else {})
                 self.send_header("content-length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)
-                data = json.loads(raw) if raw else {}
-            if body:
-                relay.exchanges.append(Exchange(self.path, json.loads(body), data))
 
         def do_GET(self) -> None:  # noqa: N802
             self._forward("GET")
