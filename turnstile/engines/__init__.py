@@ -31,8 +31,9 @@ def make_engine(kind: str, url: str, **options: object) -> EngineAdapter:
     and ``logprobs_mode`` (its ``--logprobs-mode``); SGLang ``original_logprobs``; all take
     ``timeout`` (seconds)."""
     # mypy checks here that each adapter meets the token-in contract
-    kinds: dict[str, Callable[..., EngineAdapter]] = {"llama-cpp": LlamaCppEngine, "llamacpp": LlamaCppEngine, "llama.cpp": LlamaCppEngine,
-                                                      "vllm": VLLMEngine, "sglang": SGLangEngine}
+    kinds: dict[str, Callable[..., EngineAdapter]] = {
+        "llama-cpp": LlamaCppEngine, "llamacpp": LlamaCppEngine, "llama.cpp": LlamaCppEngine,
+        "vllm": VLLMEngine, "sglang": SGLangEngine}
     try:
         cls = kinds[kind.lower()]
     except KeyError:

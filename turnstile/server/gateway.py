@@ -26,7 +26,8 @@ from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEve
 from ..parsing import Parser, grammar
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
-from ..store.sqlite import CallRecord, SessionGone, Store, new_id
+from ..store.records import CallRecord, new_id
+from ..store.sqlite import SessionGone, Store
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket
 from .errors import APIError

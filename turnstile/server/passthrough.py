@@ -54,7 +54,8 @@ from ..engines.capture import (
 from ..engines.chat_dialects import Asked, strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
-from ..store.sqlite import CallRecord, Store, new_id
+from ..store.records import CallRecord, new_id
+from ..store.sqlite import Store
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl
 from .errors import APIError
