@@ -350,10 +350,13 @@ def tool_result(call_id: str, turn: int) -> dict:
 
 
 class InProcessEngine:
-    """Token-in engine without HTTP: yields the spec's tokens with logprobs, then a Finish."""
+    """Token-in engine without HTTP: yields the spec's tokens with logprobs, then a Finish.
+    It meets ``turnstile.engines.base.EngineAdapter`` written out (not by subclassing
+    ``EngineBase``: this module is also imported against baseline checkouts without it)."""
 
     name = "fake"
     context_length = 1 << 20
+    url = None
 
     def __init__(self, spec: dict):
         self.ids, self.lps = spec["token_ids"], spec["logprobs"]
@@ -369,6 +372,20 @@ class InProcessEngine:
 
     def pick(self, session_id: str) -> InProcessEngine:
         return self
+
+    def forget(self, session_id: str) -> None: ...
+
+    def sampling_notes(self, params) -> list[str]:  # noqa: ANN001
+        return []
+
+    async def pause(self, mode: str) -> str:
+        return "no pause route"
+
+    async def resume(self) -> str:
+        return "no resume route"
+
+    def replica_health(self) -> None:
+        return None
 
     def logprob_warning(self, params=None) -> None:  # noqa: ANN001
         return None

@@ -33,7 +33,7 @@ from turnstile.chat.audit import TOOLS, audit, corpus_renderer
 from turnstile.chat.patches import apply_patches
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate, TemplateError
-from turnstile.engines.base import Finish, SamplingParams, TokenEvent
+from turnstile.engines.base import EngineBase, Finish, SamplingParams, TokenEvent
 from turnstile.parsing.detect import detect_format
 from turnstile.server.errors import APIError
 from turnstile.server.gateway import Gateway
@@ -50,12 +50,11 @@ REAL_VOCAB = ["Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder", "Qwen3.5-4B", "Qwen-Qwe
 CHECKED: dict[str, int] = {}  # template -> calls checked (printed at the end)
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineBase):
     """An engine that records every prompt it receives and answers with the next script."""
 
     name = "scripted"
     context_length = 1 << 20
-    url = None
 
     def __init__(self) -> None:
         self.received: list[list[int]] = []
@@ -64,11 +63,10 @@ class ScriptedEngine:
     async def start(self) -> None: ...
     async def close(self) -> None: ...
     async def refresh(self) -> None: ...
-    def forget(self, session_id: str) -> None: ...
-    def pick(self, session_id: str) -> ScriptedEngine:
-        return self
+    async def health(self) -> bool:
+        return True
 
-    def logprob_warning(self, params: SamplingParams) -> str | None:
+    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
         return None
 
     async def generate(self, prompt_ids, params: SamplingParams, stream: bool = False
@@ -93,7 +91,7 @@ def _setup(name: str) -> tuple[Renderer, object, object]:
 def _gateway(name: str, tmp: Path) -> tuple[Gateway, ScriptedEngine]:
     renderer, policy, choice = _setup(name)
     engine = ScriptedEngine()
-    return Gateway(renderer, engine, Store(tmp), name, choice, policy), engine  # type: ignore[arg-type]
+    return Gateway(renderer, engine, Store(tmp), name, choice, policy), engine
 
 
 # What a harness does between calls, and how the model replies.

@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from turnstile.engines.base import EngineBase
 from turnstile.parsing.grammar import tool_call_grammar
 
 pytestmark = pytest.mark.timeout(300)
@@ -187,7 +188,7 @@ def test_reasoning_effort_reaches_the_template_or_is_flagged(turnstile):
     assert "the chat template does not read 'reasoning_effort'" in call["warnings"]
 
 
-class _Batches:
+class _Batches(EngineBase):
     """An engine that streams fixed batches of token IDs (as vLLM and SGLang do)."""
 
     name = "stub"
@@ -195,9 +196,6 @@ class _Batches:
 
     def __init__(self, batches: list[list[int]], stop: str):
         self.batches, self.stop = batches, stop
-
-    def pick(self, session_id: str) -> _Batches:
-        return self
 
     def logprob_warning(self, params=None) -> None:
         return None

@@ -23,7 +23,8 @@ __all__ = ["build_gateway", "build_renderer", "detect_parser", "limits_from", "m
 def audit_command(args: argparse.Namespace) -> None:
     import orjson
 
-    from .chat.audit import behaviour, corpus_table, stand_in
+    from .chat.audit import behaviour
+    from .chat.audit_corpus import corpus_table, stand_in
 
     if args.corpus:
         from . import testbed

@@ -24,7 +24,7 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -64,7 +64,7 @@ class SessionInfo:
     n_calls: int | None = None
 
     @classmethod
-    def from_json(cls, d: dict) -> SessionInfo:
+    def from_json(cls, d: dict) -> Self:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
 

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import uvicorn
@@ -24,6 +25,12 @@ from .server.app import create_app
 from .server.gateway import Gateway
 from .store.trajectories import trajectories
 from .wiring import build_gateway
+
+if TYPE_CHECKING:  # the client is imported when the demo runs
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam
+
+MODEL = "SmolLM2-135M-Instruct"
 
 CONVERSATIONS = [
     ["What is the capital of France?", "And what river runs through it?",
@@ -55,7 +62,7 @@ def run(args: argparse.Namespace) -> None:
     testbed.llama_server_binary()
     data = Path(args.data or tempfile.mkdtemp(prefix="turnstile-demo-"))
     with testbed.llama_server(model, ctx=8192, parallel=2) as engine_url:
-        gateway = build_gateway(engine_url, str(model), data, model_name="SmolLM2-135M-Instruct")
+        gateway = build_gateway(engine_url, str(model), data, model_name=MODEL)
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
         token = load_or_create_token(data)[0]  # as `turnstile serve` does: DATA/turnstile.token
@@ -68,23 +75,28 @@ def run(args: argparse.Namespace) -> None:
                                headers={"authorization": f"Bearer {token}"}).json()
                 client = openai.OpenAI(base_url=s["base_url"], api_key="unused")
                 stream = i == 1
-                msgs: list[dict] = []
+                msgs: list[ChatCompletionMessageParam] = []
                 for turn in user_turns:
                     msgs.append({"role": "user", "content": turn})
-                    kw = dict(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=96,
-                              temperature=1.0, seed=i, logprobs=True)
-                    if stream:
-                        text = "".join(c.choices[0].delta.content or "" for c in
-                                       client.chat.completions.create(**kw, stream=True)
-                                       if c.choices)
-                    else:
-                        text = client.chat.completions.create(**kw).choices[0].message.content
+                    text = _ask(client, msgs, i, stream)
                     msgs.append({"role": "assistant", "content": text})
                 sessions.append((s["id"], stream, msgs))
             _report(gateway, sessions, data)
         finally:
             server.should_exit = True
             time.sleep(0.3)
+
+
+def _ask(client: openai.OpenAI, msgs: list[ChatCompletionMessageParam], seed: int,
+         stream: bool) -> str | None:
+    """The reply's text, asked for whole or streamed."""
+    if stream:
+        return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=96, temperature=1.0, seed=seed,
+            logprobs=True, stream=True) if c.choices)
+    return client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=96, temperature=1.0, seed=seed,
+        logprobs=True).choices[0].message.content
 
 
 def _report(gateway: Gateway, sessions: list, data: Path) -> None:

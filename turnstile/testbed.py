@@ -291,7 +291,7 @@ def llama_server(model: Path, ctx: int = 4096, parallel: int = 2, extra: list[st
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if log:
+        if not isinstance(out, int):  # our log file (not DEVNULL)
             out.close()
 
 

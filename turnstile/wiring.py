@@ -20,7 +20,7 @@ from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
 from .engines import make_engine
 from .engines.base import Engine
-from .engines.capture import capture_engine
+from .engines.capture import CaptureEngine, capture_engine
 from .engines.pool import ReplicaPool
 from .parsing.detect import FormatChoice, detect_format
 from .server.gateway import Gateway
@@ -58,12 +58,11 @@ def build_renderer(model: str, chat_template: str | None = None, patches: bool =
     return Renderer(tok, template), applied
 
 
-def build_engine(kind: str, urls: str | list[str], options: dict | None = None
-                 ) -> Engine | ReplicaPool:
+def build_engine(kind: str, urls: str | list[str], options: dict | None = None) -> Engine:
     """The token-in adapter for one engine URL, or a replica pool over several."""
     urls = [urls] if isinstance(urls, str) else list(urls)
     replicas = [make_engine(kind, u, **(options or {})) for u in urls]
-    return replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)  # type: ignore[arg-type]
+    return replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
 
 
 def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
@@ -80,8 +79,8 @@ def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
     adapter = build_engine(engine, engine_url, engine_options)
     name = model_name or Path(model).name
     store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
-    return Gateway(renderer, adapter, store, name,  # type: ignore[arg-type]
-                   detect_parser(renderer.template, tool_parser), policy, max_trees=max_trees)
+    return Gateway(renderer, adapter, store, name, detect_parser(renderer.template, tool_parser),
+                   policy, max_trees=max_trees)
 
 
 def build_passthrough(engine_url: str | list[str], model_name: str, data: str | Path,
@@ -90,9 +89,10 @@ def build_passthrough(engine_url: str | list[str], model_name: str, data: str | 
                       synchronous: str = "full") -> PassthroughGateway:
     """An engine-rendered capture gateway in front of one engine, or a replica pool."""
     urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
-    replicas = [capture_engine(u, dialect, logprobs_mode=logprobs_mode,
-                               original_logprobs=original_logprobs) for u in urls]
-    engine = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)  # type: ignore[arg-type]
+    replicas: list[CaptureEngine] = [capture_engine(u, dialect, logprobs_mode=logprobs_mode,
+                                                    original_logprobs=original_logprobs)
+                                     for u in urls]
+    engine = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
     store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
     return PassthroughGateway(engine, store, model_name)
 
@@ -150,6 +150,6 @@ def server_from_args(args: argparse.Namespace) -> Server:
                   f"reasoning {p.reasoning_tags if p.reasoning else 'off'}",
                   *gateway.policy.describe()]
     public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(gateway, public, max_body=args.max_body_mb << 20,  # type: ignore[arg-type]
+    app = create_app(gateway, public, max_body=args.max_body_mb << 20,
                      token=args.trainer_token, limits=limits_from(args))
     return Server(app, gateway, banner)

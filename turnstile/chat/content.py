@@ -107,7 +107,7 @@ def required_id_length(source: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def text_parts(content: object) -> list[str]:
+def text_parts(content: str | list | None) -> list[str]:
     """The texts of ``content`` (validated at the door: a string, ``None`` or text parts)."""
     if content is None:
         return []

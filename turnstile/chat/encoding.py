@@ -31,7 +31,7 @@ class PromptEncoder:
         self._cache: dict[tuple[str, bool], array] = {}
         self._cached_tokens = 0
         self.hits = self.misses = 0
-        self._anchor = anchor
+        self._anchor = anchor or ""  # used only when pieces are cached (anchor given)
         self._split, self._ids = _added_token_split(tok) if anchor else (None, {})
         if self._split is not None and not self._agrees():
             self._split = None
@@ -67,9 +67,9 @@ class PromptEncoder:
         self.hits += len(pieces) - len(missing)
         out: list[int] = []
         added = self._ids
-        for i, ids in enumerate(found):
-            if ids:
-                out.extend(ids)
+        for i, piece in enumerate(found):
+            if piece:
+                out.extend(piece)
             if i + 1 < len(pieces):
                 out.append(added[parts[2 * i + 1]])
         return out

@@ -37,7 +37,7 @@ class _TokenizerMetadataReader(GGUFReader):
         if item_type != GGUFValueType.STRING:
             raise ValueError(f"nested GGUF arrays are not supported (at offset {orig_offs})")
         length = struct.Struct(self._uint64_format())
-        buffer = memoryview(self.data)
+        buffer = self.data.data  # the memmap's bytes, as a memoryview (no copy)
         end = start
         for _ in range(count):
             end += 8 + length.unpack_from(buffer, end)[0]

@@ -208,6 +208,8 @@ def _repair_added_tokens(
 
     model = backend.model
     if raw_ids:
+        if not isinstance(model, models.BPE):  # a "gpt2" GGUF tokenizer is byte-level BPE
+            raise ValueError(f"GGUF tokenizer_type gpt2 with a {type(model).__name__} model")
         vocab = backend.get_vocab(with_added_tokens=False)
         raw = set(raw_ids)
         shadowed: set[str] = set()
@@ -244,7 +246,7 @@ def _repair_added_tokens(
 
 
 def _bpe_like(
-    model: models.Model, vocab: dict[str, int], tokenizer_dict: Mapping[str, Any]
+    model: models.BPE, vocab: dict[str, int], tokenizer_dict: Mapping[str, Any]
 ) -> models.Model:
     """A BPE model with ``model``'s options and merges but another vocabulary."""
     if "merges" in tokenizer_dict:

@@ -25,8 +25,10 @@ try:  # the pieces of render_jinja_template, see the module docstring
         _alias_reasoning_fields,
         _compile_jinja_template,
     )
+
+    _PIECES = True
 except ImportError:  # pragma: no cover - depends on the transformers version
-    _alias_reasoning_fields = _compile_jinja_template = None
+    _PIECES = False  # render_jinja_template whole (the names above are then never used)
 
 from .content import ContentFormat, detect_content_format, normalise, required_id_length
 from .tokenizer import LoadedTokenizer
@@ -59,11 +61,12 @@ class ChatTemplate:
                add_generation_prompt: bool = True, **kwargs: Any) -> str:
         variables = {**self.variables, **kwargs}
         try:
-            if _compile_jinja_template is not None:
+            if _PIECES:
                 return self._render_plain(messages, tools, add_generation_prompt, variables)
-            rendered, _ = render_jinja_template(
+            # transformers annotates -> str; it returns (rendered, generation indices)
+            rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
                 conversations=[self.messages(messages)],
-                tools=tools or None,
+                tools=list(tools) if tools else None,
                 chat_template=self.source,
                 add_generation_prompt=add_generation_prompt,
                 **variables,

@@ -107,7 +107,7 @@ def to_skyrl_generator_output(
         ]
     rewards = require_rewards(rows, "SkyRL")
     ids = trajectory_ids(rows)
-    out: dict[str, list | None] = {
+    cols: dict[str, list] = {
         k: []
         for k in (
             "prompt_token_ids",
@@ -127,18 +127,19 @@ def to_skyrl_generator_output(
         if fill_logprob is not None:
             filled += len(filled_positions(t, t.prompt_len))
         reward = rw if is_last else 0.0
-        out["prompt_token_ids"].append(p.tolist())
-        out["response_ids"].append(r.tolist())
-        out["loss_masks"].append(m.astype(np.int64).tolist())
-        out["rollout_logprobs"].append(lp.astype(np.float64).tolist())
+        cols["prompt_token_ids"].append(p.tolist())
+        cols["response_ids"].append(r.tolist())
+        cols["loss_masks"].append(m.astype(np.int64).tolist())
+        cols["rollout_logprobs"].append(lp.astype(np.float64).tolist())
         if per_token_rewards:
             per_tok = [0.0] * len(r)
             per_tok[-1] = reward
-            out["rewards"].append(per_tok)
+            cols["rewards"].append(per_tok)
         else:
-            out["rewards"].append(reward)
-        out["stop_reasons"].append(finish_reason(t))
-        out["trajectory_ids"].append(ids[t.session_id])
+            cols["rewards"].append(reward)
+        cols["stop_reasons"].append(finish_reason(t))
+        cols["trajectory_ids"].append(ids[t.session_id])
+    out: dict[str, object] = dict(cols)
     out["is_last_step"] = [bool(x) for x in last] if step_wise else None
     out["rollout_metrics"] = {"logprob_filled_tokens": filled}
     out["rollout_expert_indices"] = None

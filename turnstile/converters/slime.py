@@ -122,7 +122,7 @@ def normalised_rewards(
             std = r[sel].std(ddof=1) if sel.sum() > 1 else 0.0
             centred = centred / (std + 1e-6)
         out[sel] = centred
-    return raw, np.float32(out).astype(np.float64).tolist()
+    return raw, out.astype(np.float32).astype(np.float64).tolist()
 
 
 def to_slime_train_data(

@@ -13,7 +13,7 @@ import math
 from array import array
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Self
 
 # What the logprob numbers an engine returns mean (``Finish.logprob_kind``). Only a logprob of
 # the distribution the token was actually sampled from is a behaviour-policy logprob.
@@ -100,7 +100,7 @@ def token_versions(spans: list[dict] | None, n: int) -> list[str | None] | None:
     return out
 
 
-def wire_ids(ids: Sequence[int]) -> Sequence[int]:
+def wire_ids(ids: Sequence[int]) -> object:
     """Prompt token IDs for a JSON request body. The gateway hands adapters the prompt as an
     int32 ``array``: it goes out as a numpy view that orjson writes in C
     (``OPT_SERIALIZE_NUMPY``), instead of first making a Python int per token (at 100k tokens
@@ -158,15 +158,20 @@ def logprob_unfitness(kind: str, params: SamplingParams | None) -> str | None:
             f"sampling distribution: they are not behaviour-policy logprobs")
 
 
-class Engine(Protocol):
-    name: str
-    context_length: int
+# The contracts. An engine is what the server drives (:class:`EngineControl`); a token-in engine
+# (:class:`Engine`) also picks what serves a session's call (:class:`Generator`): an adapter
+# serves every call itself (:class:`EngineAdapter`), a replica pool binds one replica per
+# session. :class:`EngineBase` gives the parts a single engine need not implement.
 
-    async def start(self) -> None: ...
 
-    async def close(self) -> None: ...
+class Generator(Protocol):
+    """What serves one call: an engine adapter, or the replica a pool picked for a session."""
 
-    async def refresh(self) -> None: ...
+    @property
+    def url(self) -> str | None:
+        """Where the call goes (recorded as ``info.engine_url``); None for an in-process
+        engine."""
+        ...
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
                  ) -> AsyncIterator[list[TokenEvent] | Finish]:
@@ -176,6 +181,28 @@ class Engine(Protocol):
         returns them all at once."""
         ...
 
+
+class EngineControl(Protocol):
+    """What the server drives on every engine, token-in or engine-rendered capture, one engine
+    or a replica pool: its life, health, logprob contract, sessions and weight-update pauses."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def context_length(self) -> int:
+        """Tokens of context (0: not known yet; :meth:`refresh` learns it)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def refresh(self) -> None:
+        """Learn the engine's settings (model, context, logprob kind); EngineError if it
+        cannot be reached."""
+        ...
+
     async def health(self) -> bool: ...
 
     def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
@@ -183,3 +210,61 @@ class Engine(Protocol):
         with ``params`` (None: fit). Without ``params``: what is wrong with the engine's
         configuration whatever the request (for a warning at start)."""
         ...
+
+    def sampling_notes(self, params: SamplingParams) -> list[str]:
+        """What of ``params`` this engine cannot honour as asked (for the record's warnings)."""
+        ...
+
+    def forget(self, session_id: str) -> None:
+        """A deleted session: drop what is kept for it (a pool's sticky replica)."""
+        ...
+
+    async def pause(self, mode: str) -> str:
+        """Forward a pause for a weight update ("drain" | "abort"); what the engine said."""
+        ...
+
+    async def resume(self) -> str: ...
+
+    def replica_health(self) -> list[tuple[str | None, bool]] | None:
+        """``(url, healthy)`` of each replica of a pool; None for a single engine."""
+        ...
+
+
+class Engine(EngineControl, Protocol):
+    """A token-in engine as the gateway uses it: one adapter, or a replica pool of them."""
+
+    def pick(self, session_id: str) -> Generator:
+        """What serves this session's next call (a pool keeps a session on one replica)."""
+        ...
+
+
+class EngineAdapter(Engine, Generator, Protocol):
+    """One token-in engine: it serves every call itself (``pick`` returns it)."""
+
+
+class EngineBase:
+    """The parts of the contract a single engine (an adapter, or a test's in-process engine)
+    need not implement: it serves every session itself, honours every sampling option, keeps
+    nothing per session and has no pause route."""
+
+    url: str | None = None
+
+    def pick(self, session_id: str) -> Self:
+        """The engine that serves this session: itself (a replica pool chooses one)."""
+        return self
+
+    def forget(self, session_id: str) -> None:
+        """A deleted session: nothing to drop (a replica pool drops its sticky replica)."""
+
+    def sampling_notes(self, params: SamplingParams) -> list[str]:
+        return []
+
+    async def pause(self, mode: str) -> str:
+        """Forward a pause for a weight update; engines without such a route say so."""
+        return "no pause route on this engine; Turnstile holds new calls itself"
+
+    async def resume(self) -> str:
+        return "no resume route on this engine"
+
+    def replica_health(self) -> list[tuple[str | None, bool]] | None:
+        return None

@@ -19,7 +19,7 @@ from typing import Protocol
 import aiohttp
 import orjson
 
-from .base import EngineError, Finish, TokenEvent
+from .base import EngineBase, EngineError, Finish, SamplingParams, TokenEvent
 
 
 def new_request_id() -> str:
@@ -168,11 +168,14 @@ class GenerationReader(Protocol):
 KEEPALIVE_S = 2.0  # idle engine connections are reused for this long, well under 5 s
 
 
-class HTTPEngine:
-    """Session, JSON requests and background aborts for an engine reached over HTTP."""
+class HTTPEngine(EngineBase):
+    """Session, JSON requests and background aborts for an engine reached over HTTP (the
+    :class:`~.base.EngineControl` contract but the settings each adapter learns)."""
 
     name = "http"
     label = "engine"  # how messages name the engine
+
+    url: str
 
     def __init__(self, url: str, timeout: float = 600.0):
         self.url = url.rstrip("/")
@@ -194,6 +197,10 @@ class HTTPEngine:
             pass  # not up yet: calls answer 503 until it is, and then pick up its settings
 
     async def refresh(self) -> None:  # pragma: no cover - every adapter overrides it
+        raise NotImplementedError
+
+    def logprob_warning(self, params: SamplingParams | None = None
+                        ) -> str | None:  # pragma: no cover - every adapter overrides it
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -261,20 +268,6 @@ class HTTPEngine:
         finally:
             if not ended:
                 self._give_up(resp, abort)
-
-    def pick(self, session_id: str) -> HTTPEngine:
-        """The engine that serves this session: itself (a replica pool chooses one)."""
-        return self
-
-    def forget(self, session_id: str) -> None:
-        """A deleted session: nothing to drop (a replica pool drops its sticky replica)."""
-
-    async def pause(self, mode: str) -> str:
-        """Forward a pause for a weight update; engines without such a route say so."""
-        return "no pause route on this engine; Turnstile holds new calls itself"
-
-    async def resume(self) -> str:
-        return "no resume route on this engine"
 
     async def _post_admin(self, path: str, body: object = None) -> str:
         status, raw = await self._request("POST", path, body, timeout=30)

@@ -15,7 +15,7 @@ exact result to a streaming harness instead.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import orjson
@@ -59,7 +59,7 @@ class LlamaCppEngine(HTTPEngine):
         """``completion_probabilities`` are pre-sampling: raw logits, no bias or temperature."""
         return logprob_unfitness(RAW_LOGPROBS, params)
 
-    def request_body(self, prompt_ids: list[int], params: SamplingParams) -> dict:
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict:
         body = {
             "prompt": wire_ids(prompt_ids),
             "n_predict": params.max_tokens,
@@ -99,7 +99,7 @@ class LlamaCppEngine(HTTPEngine):
                     "too (OpenAI and vLLM: to the completion's tokens only)"]
         return []
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
                        ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """Always one non-streamed request (see the module doc). A consumer that stops waiting
         closes the connection, which makes llama-server stop the task."""

@@ -13,17 +13,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Generic, Protocol, TypeVar
 
-from .base import EngineError, Finish, SamplingParams, TokenEvent
-from .http import HTTPEngine
+from .base import EngineAdapter, EngineControl, EngineError, Finish, SamplingParams, TokenEvent
 
 
-class ReplicaPool:
-    def __init__(self, replicas: list[HTTPEngine], check_every: float = 2.0):
+class Replica(EngineControl, Protocol):
+    """What a pool needs of each replica: an engine at a URL (token-in adapters and capture
+    engines alike)."""
+
+    @property
+    def url(self) -> str | None: ...
+
+
+R = TypeVar("R", bound=Replica)
+
+
+class ReplicaPool(Generic[R]):
+    """Replicas of one engine, as one engine (:class:`~.base.EngineControl`; over token-in
+    adapters, a token-in :class:`~.base.Engine`)."""
+
+    def __init__(self, replicas: Sequence[R], check_every: float = 2.0):
         if not replicas:
             raise ValueError("a replica pool needs at least one engine URL")
-        self.replicas = replicas
+        self.replicas = list(replicas)
         self.name = replicas[0].name
         self.healthy = [True] * len(replicas)
         self._sticky: dict[str, int] = {}
@@ -68,10 +82,12 @@ class ReplicaPool:
         return self.replicas[0].logprob_warning(params)
 
     def sampling_notes(self, params: SamplingParams) -> list[str]:
-        notes = getattr(self.replicas[0], "sampling_notes", None)
-        return notes(params) if notes else []
+        return self.replicas[0].sampling_notes(params)
 
-    def pick(self, session_id: str) -> Bound:
+    def replica_health(self) -> list[tuple[str | None, bool]] | None:
+        return [(r.url, ok) for r, ok in zip(self.replicas, self.healthy, strict=True)]
+
+    def pick(self, session_id: str) -> Bound[R]:
         """The replica for this session: its sticky one while healthy, else the healthy
         replica that rendezvous hashing ranks first for it (stable as replicas come and go)."""
         i = self._sticky.get(session_id)
@@ -98,15 +114,17 @@ class ReplicaPool:
         return "; ".join(f"{r.url}: {s}" for r, s in zip(self.replicas, said, strict=True))
 
 
-class Bound:
-    """One replica chosen for one call; marks it unhealthy when the call cannot reach it."""
+class Bound(Generic[R]):
+    """One replica chosen for one call; marks it unhealthy when the call cannot reach it. Over
+    token-in adapters it is the :class:`~.base.Generator` that serves the call."""
 
-    def __init__(self, pool: ReplicaPool, index: int):
+    def __init__(self, pool: ReplicaPool[R], index: int):
         self.pool, self.index = pool, index
-        self.engine = pool.replicas[index]
+        self.engine: R = pool.replicas[index]
         self.url = self.engine.url
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
+    async def generate(self: Bound[EngineAdapter], prompt_ids: Sequence[int],
+                       params: SamplingParams, stream: bool = True
                        ) -> AsyncIterator[list[TokenEvent] | Finish]:
         try:
             async for batch in self.engine.generate(prompt_ids, params, stream=stream):

@@ -22,7 +22,7 @@ with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (say so with ``original_logprobs=True`
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import orjson
 
@@ -92,7 +92,7 @@ class SGLangServer(HTTPEngine):
 class SGLangEngine(SGLangServer):
     name = "sglang"
 
-    def request_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool,
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool,
                      rid: str) -> dict:
         sp: dict = {
             "max_new_tokens": params.max_tokens,
@@ -137,7 +137,7 @@ class SGLangEngine(SGLangServer):
     async def _abort(self, rid: str) -> None:
         await self._request("POST", "/abort_request", {"rid": rid}, timeout=5)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
                        ) -> AsyncIterator[list[TokenEvent] | Finish]:
         rid = new_request_id()
         body = self.request_body(prompt_ids, params, stream, rid)

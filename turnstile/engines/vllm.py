@@ -28,7 +28,7 @@ by whoever starts Turnstile, and otherwise vLLM's default (``raw_logprobs``) is 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import orjson
 
@@ -216,7 +216,7 @@ class VLLMEngine(VLLMServer):
             sp["detokenize"] = bool(params.stop)
         return sp
 
-    def request_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool,
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool,
                      request_id: str, route: str) -> dict:
         if route == GENERATE:
             body: dict = {"request_id": request_id, "token_ids": wire_ids(prompt_ids),
@@ -249,7 +249,7 @@ class VLLMEngine(VLLMServer):
 
     # generation
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, stream: bool = True
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
                        ) -> AsyncIterator[list[TokenEvent] | Finish]:
         if self.route is None:
             await self.refresh()
@@ -287,7 +287,7 @@ class _Reader:
     """Turns response bodies / stream chunks of either route into events and one Finish."""
 
     def __init__(self, engine: VLLMEngine, route: str, params: SamplingParams,
-                 prompt_ids: list[int]):
+                 prompt_ids: Sequence[int]):
         self.engine, self.route, self.params = engine, route, params
         self.prompt_len = len(prompt_ids)
         self.pending: list[TokenEvent] = []
@@ -365,9 +365,8 @@ class _Reader:
                 raise EngineError(f"vLLM /v1/completions logprob {i} is for token {named}, "
                                   f"not the sampled {tid}", 502)
             top_d = tops[i] if i < len(tops) and tops[i] else {}
-            top = [(_placeholder_id(t), float(v)) for t, v in top_d.items()]
-            top = [(t, v) for t, v in top if t is not None]
-            out.append(TokenEvent(int(tid), float(values[i]), _top_k(top, k)))
+            cands = [(_placeholder_id(t), float(v)) for t, v in top_d.items()]
+            out.append(TokenEvent(int(tid), float(values[i]), _top_k(cands, k)))
         return out
 
     def finish(self) -> Finish:

@@ -113,7 +113,7 @@ SOLAR_SPEC = TaggedSpec(
 
 # Cohere: Command-R7B/A/Cohere2 write [{"tool_call_id": "0", "tool_name": NAME, "parameters":
 # {…}}, …] in <|START_ACTION|>; the Command-R/R+ tool-use template writes Action: ```json[…]```.
-COHERE_KEYS = {"name_keys": ("tool_name", "name"), "args_keys": ("parameters", "arguments")}
+COHERE_NAMES, COHERE_ARGS = ("tool_name", "name"), ("parameters", "arguments")
 
 # Functionary v3.1 (Llama-3.1 based): <function=NAME>{args}</function>, several in a row, and
 # <|python_tag|>code for the code interpreter (a call to ``python``).
@@ -234,7 +234,8 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "cohere",
-        Regions({"<|START_ACTION|>": ListSpec(closes=("<|END_ACTION|>",), **COHERE_KEYS)},
+        Regions({"<|START_ACTION|>": ListSpec(closes=("<|END_ACTION|>",),
+                                              name_keys=COHERE_NAMES, args_keys=COHERE_ARGS)},
                 drops=("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
                 markers=("<|START_THINKING|>", "<|END_THINKING|>")),
         detect=(Template("cohere command-r7b/a", has("<|START_ACTION|>"),
@@ -243,7 +244,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "command_r",
         Regions({"Action:": ListSpec(closes=("```",), prefix=("```json", "```"), lenient=True,
-                                     **COHERE_KEYS)}),
+                                     name_keys=COHERE_NAMES, args_keys=COHERE_ARGS)}),
         detect=(Template("cohere command-r tool_use",
                          has("Action:", "```json", "<|CHATBOT_TOKEN|>"), think=None),),
     ),

@@ -169,10 +169,10 @@ class _GemmaCall(Region):
         if at < 0 and not final:
             return 0, False
         body = buf if at < 0 else buf[:at]
-        end = _object_end(body)
-        ok = marker == CLOSE and end is not None and not body[end:].strip()
+        obj_end = _object_end(body)
+        ok = marker == CLOSE and obj_end is not None and not body[obj_end:].strip()
         try:
-            args = gemma_to_json(body[:end] if end is not None else body)
+            args = gemma_to_json(body[:obj_end] if obj_end is not None else body)
         except (GemmaSyntaxError, RecursionError):
             args, ok = "{}", False
         out.append(ArgsDelta(args))

@@ -13,6 +13,7 @@ value". Optional properties are left out: what the grammar admits is always vali
 from __future__ import annotations
 
 import json
+from typing import TypeGuard
 
 from .family import JsonGrammar, XmlGrammar
 from .registry import family
@@ -37,8 +38,8 @@ def shape(tool_format: str | None) -> JsonGrammar | XmlGrammar | None:
         return None
 
 
-def supports(tool_format: str | None) -> bool:
-    """Whether a call in ``tool_format`` can be forced."""
+def supports(tool_format: str | None) -> TypeGuard[str]:
+    """Whether a call in ``tool_format`` can be forced (never for None)."""
     return shape(tool_format) is not None
 
 

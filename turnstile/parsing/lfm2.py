@@ -142,10 +142,10 @@ class _CallList(Region):
                 malformed(out, self._call)
                 self._state = _AFTER
             return len(avail), False
-        end = self._scanner.feed(avail)
-        piece = avail if end is None else avail[:end]
+        closed = self._scanner.feed(avail)
+        piece = avail if closed is None else avail[:closed]
         self._call += piece
-        if end is not None:
+        if closed is not None:
             parsed = python_call(self._call)
             out.append(ArgsDelta(parsed[1] if parsed else "{}"))
             if parsed is None:
@@ -153,7 +153,7 @@ class _CallList(Region):
             out.append(CallEnd())
             self._calls += 1
             self._state = _BETWEEN
-            return end, False
+            return closed, False
         if stop >= 0 or final:
             out += [ArgsDelta("{}"), Issue(STATUS_MALFORMED_TOOL_CALL), CallEnd()]
             self._state = _AFTER

@@ -195,7 +195,7 @@ class XmlCalls(Region):
         marker = self._at_marker(buf, i, (spec.call_open or "", *closers), final)
         if marker == "":
             return 0, False
-        if marker == spec.region_close:
+        if marker is not None and marker == spec.region_close:
             if not self._calls:
                 malformed(out, self._opener + buf[: i + len(marker)])
             return i + len(marker), True

@@ -101,8 +101,8 @@ def harness_session(request: Request) -> str | None:
                             "capability as the API key (Authorization: Bearer "
                             "<capability>).", code="invalid_api_key",
                        type_="authentication_error")
-    named = request.headers.get("x-session-id")
-    if named is not None and named != sid:
+    claimed = request.headers.get("x-session-id")
+    if claimed is not None and claimed != sid:
         raise APIError(403, "X-Session-Id names another session than this capability's.",
                        "X-Session-Id", code="forbidden", type_="permission_error")
     return sessions.require(sid)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from .control import PolicyControl, Ticket
 from .errors import APIError
@@ -29,7 +29,7 @@ class Chunks:
     response never iterated them (its client went away first), which a plain async generator
     cannot tell (it runs no ``finally`` when it never started)."""
 
-    def __init__(self, gen: AsyncIterator[dict], end: Callable[[], None]):
+    def __init__(self, gen: AsyncGenerator[dict, None], end: Callable[[], None]):
         self._gen, self._end = gen, end
 
     def __aiter__(self) -> Chunks:
@@ -40,7 +40,7 @@ class Chunks:
 
     async def aclose(self) -> None:
         try:
-            await self._gen.aclose()  # type: ignore[attr-defined]
+            await self._gen.aclose()
         finally:
             self._end()
 
@@ -60,7 +60,7 @@ def _nothing() -> None:
 
 
 async def open_stream(control: PolicyControl,
-                      prepare: Callable[[], Awaitable[AsyncIterator[dict]]],
+                      prepare: Callable[[], Awaitable[AsyncGenerator[dict, None]]],
                       release: Callable[[], None] = _nothing) -> Chunks:
     """Admit a streamed call and prepare it (errors raised here are the harness's HTTP
     status); its chunks then run bound to the ticket, and the call ends (``release``, then out
@@ -83,12 +83,12 @@ async def open_stream(control: PolicyControl,
         end()
         raise
 
-    async def run() -> AsyncIterator[dict]:
+    async def run() -> AsyncGenerator[dict, None]:
         control.bind(ticket)  # pause(abort) cancels the task the stream runs in
         try:
             if ticket.abort:  # paused with abort before the stream began: nothing ran
                 raise policy_abort()
-            async with contextlib.aclosing(chunks) as it:  # type: ignore[type-var]
+            async with contextlib.aclosing(chunks) as it:
                 async for c in it:
                     yield c
         finally:

@@ -18,10 +18,9 @@ from starlette.routing import Route
 
 from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
+from .contract import AppGateway
 from .error_handlers import EXCEPTION_HANDLERS
-from .gateway import Gateway
 from .limits import Limits
-from .requests import parse_chat_request
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
 from .routes_harness import chat, models
 from .routes_sessions import (
@@ -61,15 +60,13 @@ ROUTES = [
 ]
 
 
-def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
+def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *,
                token: str | None, limits: Limits | None = None) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``)."""
     store = gateway.store
     ctx = AppContext(
         gateway=gateway, store=store, public_url=public_url, max_body=max_body, token=token,
         limits=limits or Limits(),
-        # A gateway may validate requests its own way (passthrough leaves most to the engine).
-        parse_request=getattr(gateway, "parse_request", parse_chat_request),
         sessions=SessionIndex(store))
     app = Starlette(routes=ROUTES, lifespan=_lifespan,
                     exception_handlers=dict(EXCEPTION_HANDLERS))
@@ -80,7 +77,7 @@ def create_app(gateway: Gateway, public_url: str, max_body: int = 32 << 20, *,
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     """Start the engine (and say what the records will lack), close it on shutdown."""
-    gateway = app.state.turnstile.gateway
+    gateway: AppGateway = app.state.turnstile.gateway
     await gateway.engine.start()
     warning = gateway.engine.logprob_warning()
     if warning:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..store.sqlite import Store
+from .contract import AppGateway
 from .errors import APIError
 from .limits import Limits
 from .session_index import SessionIndex
@@ -22,13 +22,12 @@ class AppContext:
     ``token``: the trainer's token (None: every route open, ``--no-auth``).
     """
 
-    gateway: Any
-    store: Any
+    gateway: AppGateway
+    store: Store
     public_url: str
     max_body: int
     token: str | None
     limits: Limits
-    parse_request: Callable[[object], Any]
     sessions: SessionIndex
 
 

@@ -71,7 +71,7 @@ class PolicyControl:
         task = asyncio.current_task()
         for t in [t for t in self._tickets if t.task is task]:
             self.release(t)
-        self._aborting.discard(task)  # type: ignore[arg-type]
+        self._aborting.discard(task)
 
     def aborted(self) -> bool:
         """True (once) if the current task's cancellation came from ``pause(abort)``; the
@@ -79,7 +79,7 @@ class PolicyControl:
         task = asyncio.current_task()
         if task in self._aborting:
             self._aborting.discard(task)
-            task.uncancel()  # type: ignore[union-attr]
+            task.uncancel()
             return True
         return False
 

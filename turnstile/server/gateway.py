@@ -12,7 +12,7 @@ import contextlib
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ..chat.detokenize import IncrementalDetokenizer
@@ -24,12 +24,13 @@ from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEve
 from ..parsing import Parser, grammar
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
-from ..store.sqlite import CallRecord, SessionGone, Store, new_id
-from .admission import POLICY_ABORT, admitted, open_stream, policy_abort
+from ..store.records import CallRecord, new_id
+from ..store.sqlite import SessionGone, Store
+from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket
 from .errors import APIError
 from .record import STORE_ERRORS, call_info, commit, store_error, weight_version
-from .requests import ChatRequest
+from .requests import ChatRequest, parse_chat_request
 
 CLIENT_GONE = "the client disconnected"
 
@@ -50,7 +51,7 @@ class _Tree(SessionTree):
 class _Session:
     """A cached call tree: the session incarnation it belongs to, and its running calls."""
 
-    tree: SessionTree
+    tree: _Tree
     created: float | None
     busy: int = 0
     evict: bool = False  # closed while a call ran: dropped when the last one ends
@@ -140,14 +141,16 @@ class Gateway:
         self._gone: set[asyncio.Task] = set()  # calls whose harness went away
         self._ignores_tools: bool | None = None
 
+    def parse_request(self, body: object) -> ChatRequest:
+        """The request, validated in full: Turnstile renders and samples it itself."""
+        return parse_chat_request(body)
+
     # sessions
 
     def forget(self, session_id: str) -> None:
         """Drop a deleted session's cached tree (a reused id starts empty)."""
         self._trees.pop(session_id, None)
-        forget = getattr(self.engine, "forget", None)
-        if forget is not None:
-            forget(session_id)
+        self.engine.forget(session_id)
 
     def closed(self, session_id: str) -> None:
         """A closed session takes no more calls: free its tree (now, or when its last running
@@ -181,7 +184,7 @@ class Gateway:
                 break
             del self._trees[sid]
 
-    def tree(self, session_id: str) -> SessionTree:
+    def tree(self, session_id: str) -> _Tree:
         """The session's call tree, rebuilt from the store the first time after a restart.
         Calls rendered under another template/tokenizer fingerprint stay in the tree but are
         never extended: their tokens are not what this renderer would produce."""
@@ -337,9 +340,7 @@ class Gateway:
         if req is not None and "reasoning_effort" in req.template_kwargs and \
                 "reasoning_effort" not in self.renderer.template.source:
             warnings.append("the chat template does not read 'reasoning_effort'")
-        notes = getattr(self.engine, "sampling_notes", None)
-        if notes is not None:
-            warnings.extend(notes(params))
+        warnings.extend(self.engine.sampling_notes(params))
         out: dict = {}
         if warnings:
             out["warnings"] = warnings
@@ -351,7 +352,7 @@ class Gateway:
 
     # record
 
-    async def record(self, session_id: str, tree: SessionTree, prompt: Prompt,
+    async def record(self, session_id: str, tree: _Tree, prompt: Prompt,
                      params: SamplingParams, gen: Generation, status: str,
                      message: dict | None, error: str | None, started: float,
                      extra: dict | None = None, req: ChatRequest | None = None,
@@ -370,11 +371,15 @@ class Gateway:
             raise store_error(exc, session_id) from exc
         return rec
 
-    def record_later(self, *args: object, **kw: object) -> None:
+    def record_later(self, session_id: str, tree: _Tree, prompt: Prompt,
+                     params: SamplingParams, gen: Generation, status: str,
+                     message: dict | None, error: str | None, started: float,
+                     extra: dict | None = None, req: ChatRequest | None = None) -> None:
         """Record a call nobody waits for (its harness is gone): the write runs on its own."""
-        self._commit(*args, **kw)  # type: ignore[arg-type]
+        self._commit(session_id, tree, prompt, params, gen, status, message, error, started,
+                     extra, req)
 
-    def _commit(self, session_id: str, tree: SessionTree, prompt: Prompt,
+    def _commit(self, session_id: str, tree: _Tree, prompt: Prompt,
                 params: SamplingParams, gen: Generation, status: str, message: dict | None,
                 error: str | None, started: float, extra: dict | None = None,
                 req: ChatRequest | None = None, response: dict | None = None
@@ -427,8 +432,7 @@ class Gateway:
             finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
             seam=prompt.seam, status=status, error=error, message=message,
             history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
-        fut = commit(self.store, rec, req.raw if req else None, response,
-                     getattr(tree, "created", None),
+        fut = commit(self.store, rec, req.raw if req else None, response, tree.created,
                      then=lambda: tree.add(node, prompt.hashes, reply_hash, echo_hash))
         return rec, fut
 
@@ -439,7 +443,7 @@ class Gateway:
         """Batches of engine events, accumulated into ``gen``; sets ``gen.finish``."""
         eog = self.tok.eog_token_ids
         engine = self.engine.pick(session_id)  # the session's replica
-        gen.engine_url = getattr(engine, "url", None)
+        gen.engine_url = engine.url
         async for batch in engine.generate(prompt.ids, params, stream=stream):
             if isinstance(batch, Finish):
                 if batch.stop_string is None and len(gen.ids) and gen.ids[-1] in eog:
@@ -458,6 +462,8 @@ class Gateway:
             if params.top_logprobs:
                 gen.top.extend([ev.top or [] for ev in batch])
             yield batch
+        raise EngineError(f"the {self.engine.name} engine ended the generation without saying "
+                          "how it finished", 502)
 
     def _parser(self, req: ChatRequest, tail: str) -> Parser:
         """The parser for this completion; the prompt's tail says whether the generation
@@ -490,7 +496,7 @@ class Gateway:
             finally:
                 self._unhold(session_id, entry)
 
-    async def _watched(self, session_id: str, req: ChatRequest, tree: SessionTree,
+    async def _watched(self, session_id: str, req: ChatRequest, tree: _Tree,
                        ticket: Ticket, disconnected: Callable[[], Awaitable[object]]) -> dict:
         call = asyncio.ensure_future(self._complete(session_id, req, tree, ticket))
         watch = asyncio.ensure_future(disconnected())
@@ -515,7 +521,7 @@ class Gateway:
             self._gone.discard(call)
         raise ClientGone(session_id)
 
-    async def _complete(self, session_id: str, req: ChatRequest, tree: SessionTree,
+    async def _complete(self, session_id: str, req: ChatRequest, tree: _Tree,
                         ticket: Ticket | None = None) -> dict:
         if ticket is not None:
             self.control.bind(ticket)  # pause(abort) cancels this task
@@ -549,6 +555,7 @@ class Gateway:
         parser.finish()
         parsed = parser.result()
         message = parsed.to_openai()
+        assert gen.finish is not None  # _events raised otherwise
         finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
                   "logprobs": self._logprobs(gen) if req.logprobs else None}
@@ -564,12 +571,12 @@ class Gateway:
             "usage": self._usage(rec),
         }
 
-    async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
+    async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
         """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
         the first chunk; the call is recorded before the final chunk is sent."""
         entry: _Session | None = None
 
-        async def prepare() -> AsyncIterator[dict]:
+        async def prepare() -> AsyncGenerator[dict, None]:
             nonlocal entry
             entry = self._hold(session_id)
             started = time.time()
@@ -585,9 +592,9 @@ class Gateway:
 
         return await open_stream(self.control, prepare, release)
 
-    async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: SessionTree,
+    async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: _Tree,
                              prompt: Prompt, params: SamplingParams, started: float, tail: str
-                             ) -> AsyncIterator[dict]:
+                             ) -> AsyncGenerator[dict, None]:
         gen = Generation()
         parser = self._parser(req, tail)
         detok = IncrementalDetokenizer(self.tok)
@@ -662,6 +669,7 @@ class Gateway:
                                   started, req=req)
         parsed = parser.result()
         message = parsed.to_openai()
+        assert gen.finish is not None  # _events raised otherwise
         finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
         rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
                                 started, {"parse_status": parsed.parse_status}, req,

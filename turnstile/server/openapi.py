@@ -108,7 +108,7 @@ class Op:
     streams: bool = False
 
 
-_LIST_Q = {"group": _STR, "group_id": _STR, "status": {"enum": ["open", "closed"]},
+_LIST_Q: dict[str, dict] = {"group": _STR, "group_id": _STR, "status": {"enum": ["open", "closed"]},
            "limit": {"type": "integer", "minimum": 1, "maximum": 1000}, "after": _STR,
            "exported": {"enum": ["true", "false"]}}
 
@@ -185,7 +185,7 @@ def document(version: str, server_url: str | None = None) -> dict:
     paths: dict[str, dict] = {}
     for op in ROUTES:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op)
-    doc = {
+    doc: dict[str, object] = {
         "openapi": "3.1.0",
         "info": {"title": "Turnstile", "version": version, "description": (
             "OpenAI-compatible gateway that records the exact tokens a policy saw and "

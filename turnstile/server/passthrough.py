@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import time
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +54,9 @@ from ..engines.capture import (
 from ..engines.chat_dialects import Asked, strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
-from ..store.sqlite import CallRecord, Store, new_id
-from .admission import POLICY_ABORT, admitted, open_stream, policy_abort
+from ..store.records import CallRecord, new_id
+from ..store.sqlite import Store
+from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl
 from .errors import APIError
 from .lineage import LineageIndex, Link, new_node
@@ -76,7 +77,7 @@ class _Call:
     session_id: str
     req: ChatRequest
     engine: CaptureEngine
-    bound: Bound | None
+    bound: Bound[CaptureEngine] | None
     body: dict
     asked: Asked
     added: list[str]
@@ -99,17 +100,16 @@ def _api_error(exc: EngineError) -> APIError:
 
 
 class PassthroughGateway:
-    """The gateway interface ``server.app`` drives (``complete``, ``stream``, ``forget``,
-    ``parse_request``, ``store``, ``engine``, ``control``, ``model_name``), in capture mode."""
+    """The gateway ``server.app`` drives (:class:`~.contract.AppGateway`), in capture mode."""
 
     # The engine renders; whether its template reads ``tools`` is not Turnstile's to know.
     template_ignores_tools = False
 
-    def __init__(self, engine: CaptureEngine | ReplicaPool, store: Store, model_name: str):
+    def __init__(self, engine: CaptureEngine | ReplicaPool[CaptureEngine], store: Store,
+                 model_name: str):
         """``engine``: a :class:`CaptureEngine`, or a replica pool of them."""
         self.engine = engine
-        self.primary: CaptureEngine = (engine.replicas[0]  # type: ignore[assignment]
-                                       if isinstance(engine, ReplicaPool) else engine)
+        self.primary = engine.replicas[0] if isinstance(engine, ReplicaPool) else engine
         self.store = store
         self.model_name = model_name
         self.control = PolicyControl()
@@ -120,6 +120,9 @@ class PassthroughGateway:
     def forget(self, session_id: str) -> None:
         self._index.pop(session_id, None)
         self.engine.forget(session_id)
+
+    def closed(self, session_id: str) -> None:
+        """A closed session: its token index stays (it is small, and read for every call)."""
 
     def index(self, session_id: str) -> LineageIndex:
         """The session's token index, rebuilt from the store the first time after a restart."""
@@ -159,7 +162,8 @@ class PassthroughGateway:
             logprobs=bool(body.get("logprobs")),
             template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
 
-    async def _target(self, session_id: str) -> tuple[CaptureEngine, Bound | None]:
+    async def _target(self, session_id: str
+                      ) -> tuple[CaptureEngine, Bound[CaptureEngine] | None]:
         """The engine for this session, and the pool's binding when there are replicas (a
         pool keeps a session on one replica)."""
         try:
@@ -167,14 +171,14 @@ class PassthroughGateway:
         except EngineError as exc:
             raise _api_error(exc) from exc
         bound = picked if isinstance(picked, Bound) else None
-        engine: CaptureEngine = bound.engine if bound else picked  # type: ignore[assignment]
+        engine = picked.engine if isinstance(picked, Bound) else picked
         if engine.model is None:  # unreachable when Turnstile started: learn its version now
             with contextlib.suppress(EngineError):
                 await engine.refresh()
         return engine, bound
 
     @staticmethod
-    def _failed(bound: Bound | None, exc: EngineError) -> None:
+    def _failed(bound: Bound[CaptureEngine] | None, exc: EngineError) -> None:
         """A replica that could not serve a call gets no new sessions until it is healthy."""
         if bound is not None and exc.status in (502, 503) and \
                 not isinstance(exc, EngineHTTPError):
@@ -320,7 +324,10 @@ class PassthroughGateway:
         return _Call(session_id, req, engine, bound, body, asked, added, Capture(engine.dialect),
                      started)
 
-    async def complete(self, session_id: str, req: ChatRequest) -> dict:
+    async def complete(self, session_id: str, req: ChatRequest,
+                       disconnected: Callable[[], Awaitable[object]] | None = None) -> dict:
+        """The whole response. ``disconnected`` is not watched yet: a call whose harness went
+        away runs to its end and is recorded."""
         async with admitted(self.control):
             call = await self._begin(session_id, req)
             engine = call.engine
@@ -343,13 +350,13 @@ class PassthroughGateway:
             out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body: whole
             return strip_response(out, call.asked, engine.dialect)
 
-    async def stream(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
+    async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
         """Chunks of a streamed completion. The engine's answer to the request (an error
         status, or the first chunk) is awaited before the stream starts, so failures there are
         HTTP errors; the call is recorded before the last chunk reaches the harness."""
         return await open_stream(self.control, lambda: self._open(session_id, req))
 
-    async def _open(self, session_id: str, req: ChatRequest) -> AsyncIterator[dict]:
+    async def _open(self, session_id: str, req: ChatRequest) -> AsyncGenerator[dict, None]:
         call = await self._begin(session_id, req)
         engine = call.engine
         resp = None
@@ -377,7 +384,8 @@ class PassthroughGateway:
         return self._stream(call, resp, events, chunk)
 
     async def _stream(self, call: _Call, resp: aiohttp.ClientResponse,
-                      events: AsyncIterator[bytes], first: dict | None) -> AsyncIterator[dict]:
+                      events: AsyncIterator[bytes], first: dict | None
+                      ) -> AsyncGenerator[dict, None]:
         engine, cap = call.engine, call.cap
         keep = self.store.keep_bodies
         chunks: list[dict] = []  # as the engine sent them (kept with --keep-bodies)

@@ -39,7 +39,7 @@ def store_error(exc: BaseException, session_id: str) -> APIError:
 
 def commit(store: Store, rec: CallRecord, request_body: object = None,
            response_body: object = None, session_created: float | None = None,
-           then: Callable[[], None] | None = None) -> asyncio.Future:
+           then: Callable[[], object] | None = None) -> asyncio.Future:
     """Write ``rec`` off the event loop (a locked store waits there, not in the loop). ``then``
     runs on the loop once the row is committed: the in-memory tree follows the store, never
     leads it. A failed write of a call nobody waits for is reported on stderr."""

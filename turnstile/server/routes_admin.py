@@ -51,12 +51,11 @@ async def admin_resume(request: Request) -> Response:
 async def admin_status(request: Request) -> Response:
     gateway = context(request).gateway
     c = gateway.control
-    pool = getattr(gateway.engine, "replicas", None)
+    replicas = gateway.engine.replica_health()
     return json_response({"paused": c.paused, "in_flight": c.in_flight,
                           "weight_version": c.version,
-                          "replicas": [{"url": r.url, "healthy": ok} for r, ok in
-                                       zip(pool, gateway.engine.healthy, strict=True)]
-                          if pool else None})
+                          "replicas": [{"url": url, "healthy": ok} for url, ok in replicas]
+                          if replicas else None})
 
 
 async def openapi(request: Request) -> Response:

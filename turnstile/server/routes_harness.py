@@ -15,7 +15,7 @@ from starlette.responses import Response
 from .access import harness_session, require_json
 from .context import context, json_response, read_json
 from .errors import APIError
-from .gateway import ClientGone, Gateway
+from .gateway import ClientGone
 from .limits import check as check_limits
 from .streaming import EventStream, disconnect_watch
 
@@ -29,14 +29,12 @@ async def chat(request: Request) -> Response:
     ctx.sessions.require_open(sid)
     body = await read_json(request, ctx.max_body)
     check_limits(body, ctx.limits)  # before anything is built from it
-    req = ctx.parse_request(body)
+    req = gateway.parse_request(body)  # each mode validates as strictly as it needs
     try:
         if not req.stream:
             try:
-                if isinstance(gateway, Gateway):  # passthrough: no disconnect watch yet
-                    return json_response(await gateway.complete(sid, req,
-                                                                disconnect_watch(request)))
-                return json_response(await gateway.complete(sid, req))
+                return json_response(await gateway.complete(sid, req,
+                                                            disconnect_watch(request)))
             except ClientGone:  # nobody to answer; the call is recorded as aborted
                 return Response(status_code=499)
         chunks = await gateway.stream(sid, req)

@@ -10,7 +10,6 @@ from starlette.responses import Response
 from ..store.trajectories import MODES, stitch
 from .context import AppContext, context, json_response, read_json
 from .errors import APIError
-from .gateway import Gateway
 from .validation import int_param, number, session_fields
 
 
@@ -149,8 +148,7 @@ async def close(request: Request) -> Response:
                        "termination_reason")
     ctx.store.close_session(sid, reason)
     ctx.sessions.mark_closed(sid)
-    if isinstance(ctx.gateway, Gateway):
-        ctx.gateway.closed(sid)  # its call tree is freed (rebuilt from the store if needed)
+    ctx.gateway.closed(sid)  # token-in: its call tree is freed (rebuilt from the store if needed)
     return json_response(session_json(ctx, sid))
 
 

@@ -9,13 +9,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from .admission import Chunks
+
 
 class EventStream(StreamingResponse):
     """``text/event-stream`` of ``body`` (bytes), closing ``source`` (the gateway's chunks)
     however the response ends: finished, failed, cancelled by a disconnect, or never started
     because the client was gone first. That close ends the call's in-flight count."""
 
-    def __init__(self, body: AsyncIterator[bytes], source: Any):
+    def __init__(self, body: AsyncIterator[bytes], source: Chunks):
         super().__init__(body, media_type="text/event-stream",
                          headers={"cache-control": "no-cache"})
         self._source = source
@@ -24,9 +26,7 @@ class EventStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            close = getattr(self._source, "aclose", None)
-            if close is not None:
-                await close()
+            await self._source.aclose()
 
 
 def disconnect_watch(request: Request) -> Callable[[], Any]:

@@ -6,6 +6,7 @@ are made.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ class Columns:
             v.append(row.get(k))
         self.rows += 1
 
-    def extend(self, columns: dict[str, list], n: int) -> None:
+    def extend(self, columns: Mapping[str, Sequence], n: int) -> None:
         """Append ``n`` rows given column-wise (missing columns are null)."""
         for k, v in self.cols.items():
             c = columns.get(k)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 import numpy as np
 import orjson
@@ -55,11 +56,11 @@ def session_row(s: dict, batch: str, versions: list[int]) -> dict:
 
 
 def call_columns(rows: list[sqlite3.Row], infos: list[dict], s: dict, batch: str,
-                 bodies: dict[str, tuple] | None) -> dict[str, list]:
+                 bodies: dict[str, tuple] | None) -> dict[str, Sequence]:
     """The ``calls`` table columns of one session's stored rows (blobs and JSON untouched)."""
     c = dict(zip(rows[0].keys(), zip(*rows, strict=True), strict=True))
     n = len(rows)
-    out = {
+    out: dict[str, Sequence] = {
         "schema_version": [EXPORT_SCHEMA_VERSION] * n, "export_batch": [batch] * n,
         "id": c["id"], "session_id": c["session_id"], "group_id": [s["group_id"]] * n,
         "sample_index": [s["sample_index"]] * n, "seq": c["seq"], "parent_id": c["parent_id"],

@@ -5,6 +5,7 @@ Each file is written as ``.tmp``; the caller renames every complete file into pl
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ class TableWriter:
         if self.in_file >= self.rows_per_file:
             self.close()
 
-    def extend(self, columns: dict[str, list], n: int) -> None:
+    def extend(self, columns: Mapping[str, Sequence], n: int) -> None:
         self.cols.extend(columns, n)
         self.in_file += n
         if self.cols.rows >= self.rows_per_group:

@@ -41,8 +41,10 @@ def unpack_floats(blob: bytes) -> array:
 
 @dataclass
 class CallRecord:
-    """One engine call, as recorded. ``info`` holds the rest: sampling params as sent,
-    timings, engine request id, usage, template/tokenizer fingerprint, segment detail."""
+    """One engine call, as recorded: the record contract both gateways produce (token-in
+    ``Gateway.record``, capture ``PassthroughGateway._record``) and ``Store.add_call`` takes.
+    ``info`` holds the rest: sampling params as sent, timings, engine request id, usage,
+    template/tokenizer fingerprint, segment detail."""
 
     id: str
     session_id: str

@@ -8,6 +8,7 @@ go straight to SQLite in large transactions, in the same layout :class:`Store.ad
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def _row(cid: str, sid: str, seq: int, parent: str | None, pd: bytes, cp: bytes,
             orjson.dumps(info), now)
 
 
-def _flush(db: object, sessions: list, calls: list, rewards: list) -> None:
+def _flush(db: sqlite3.Connection, sessions: list, calls: list, rewards: list) -> None:
     db.execute("BEGIN")
     db.executemany("INSERT INTO sessions (id, created, metadata, status, closed, "
                    "termination_reason, group_id, sample_index, task_id, exported) "
@@ -99,6 +100,6 @@ def _flush(db: object, sessions: list, calls: list, rewards: list) -> None:
     rewards.clear()
 
 
-def make_store(path: str | Path, sessions: int, calls: int, **kw: object) -> tuple[Store, int]:
+def make_store(path: str | Path, sessions: int, calls: int, **kw: int) -> tuple[Store, int]:
     store = Store(path)
     return store, fill(store, sessions, calls, **kw)

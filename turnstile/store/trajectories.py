@@ -207,7 +207,7 @@ def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
     mask = np.zeros(total, dtype=np.int8)
     logprobs = np.zeros(total, dtype=np.float32)
     versions = np.full(total, NO_VERSION, dtype=np.int64)
-    turns = []
+    turns: list[dict] = []
     for i in range(first, len(path)):
         c = path[i]
         start, end = int(ends[2 * i]), int(ends[2 * i + 1])  # the completion
