@@ -103,7 +103,7 @@ def main() -> None:
         # warm everything that is allocated once (template compile, caches, the memo of the
         # tool outputs' token IDs): one session through all 64 tool outputs, then forgotten
         asyncio.run(build(gw, 1, 64 * (args.tool_tokens + 64), outputs, "warm"))
-        gw._trees.pop("warm-00000", None)
+        gw.trees.entries.pop("warm-00000", None)
         gc.collect()
         disk0 = db_size(gw)
         tracemalloc.start()
@@ -123,7 +123,7 @@ def main() -> None:
         tracemalloc.stop()
         grown = rss() - base_rss
         disk = db_size(gw) - disk0
-        calls = sum(len(e.tree.nodes) for e in gw._trees.values())
+        calls = sum(len(e.tree.nodes) for e in gw.trees.entries.values())
         print(f"\nbuilt in {elapsed:.0f} s: {calls} calls, {total / 1e6:.2f}M recorded tokens")
         rows = [["live Python bytes held by the gateway (tracemalloc)", live, live / total, 12],
                 ["RSS growth (incl. the harness's histories)", grown, grown / total, "-"],

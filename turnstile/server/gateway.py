@@ -1,24 +1,24 @@
 """The hot path of one chat completion: request → render → engine → parse → record → response.
 
-:class:`Gateway` owns the pieces (renderer, engine, store, per-session call trees) and turns a
-validated Chat Completions request into either one response dict or a stream of chunk dicts.
-It knows nothing about HTTP; ``server.app`` does.
+:class:`Gateway` owns the pieces (renderer, engine, store, per-session call trees) and runs a
+validated Chat Completions request through them: the prompt (``server.prompting``), the
+session's trees (``server.session_trees``), the engine, the parser, the record
+(``server.record``), and the response shapes (``server.chat_completions``). It knows nothing
+about HTTP; ``server.app`` does.
 """
-
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
 from array import array
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ..chat.detokenize import IncrementalDetokenizer
-from ..chat.history import Node, SessionTree, describe_divergence, prefix_hashes, root_hash
-from ..chat.policy import Policy, append_kind, has_reasoning
-from ..chat.render import NotPrefixPreserving, Renderer
+from ..chat.history import Node, prefix_hashes
+from ..chat.policy import Policy
+from ..chat.render import Renderer
 from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
 from ..parsing import Parser, grammar
@@ -26,48 +26,20 @@ from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
 from ..store.records import CallRecord, new_id
 from ..store.sqlite import SessionGone, Store
+from . import chat_completions as cc
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket
 from .errors import APIError
+from .prompting import Prompt, build_prompt
 from .record import STORE_ERRORS, call_info, commit, store_error, weight_version
 from .requests import ChatRequest, parse_chat_request
+from .session_trees import Entry, SessionTrees, Tree
 
 CLIENT_GONE = "the client disconnected"
 
 
 class ClientGone(Exception):
     """The harness went away before its (non-streamed) answer was ready."""
-
-
-@dataclass
-class _Tree(SessionTree):
-    """A session's tree with the creation time of the session it was built for: a call that
-    began in it is recorded only into that incarnation of the id."""
-
-    created: float | None = None
-
-
-@dataclass
-class _Session:
-    """A cached call tree: the session incarnation it belongs to, and its running calls."""
-
-    tree: _Tree
-    created: float | None
-    busy: int = 0
-    evict: bool = False  # closed while a call ran: dropped when the last one ends
-
-
-@dataclass
-class Prompt:
-    """The prompt of one call and how it was obtained."""
-
-    ids: array
-    delta: array  # the tokens after the reused prefix (the whole prompt for a new segment)
-    parent: Node | None
-    hashes: list[bytes]
-    segment_reason: str | None = None  # why the call starts a new segment, if it does
-    segment_detail: str | None = None
-    seam: str | None = None
 
 
 @dataclass
@@ -81,49 +53,9 @@ class Generation:
     engine_url: str | None = None  # the replica that served the call
 
 
-def _cut_stop(text: str, finish: Finish | None) -> str:
-    """The text a harness gets: OpenAI leaves a matched stop string (and anything the last
-    token carried after it) out. The record keeps every sampled ID."""
-    stop = finish.stop_string if finish else None
-    if stop:
-        i = text.find(stop)
-        if i >= 0:
-            return text[:i]
-    return text
-
-
-def _held(text: str, stops: list[str]) -> int:
-    """How many characters at the end of ``text`` could begin a stop string: a stream holds
-    them back until the next tokens show whether the stop string follows."""
-    n = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), n, -1):
-            if text.endswith(s[:k]):
-                n = k
-                break
-    return n
-
-
-def _finish_reason(tool_calls: bool, finish: Finish) -> str:
-    """As OpenAI and vLLM: a reply cut by the token limit is "length" even when it holds a
-    (then truncated) tool call; "tool_calls" only for calls the model finished."""
-    if finish.reason == "length":
-        return "length"
-    return "tool_calls" if tool_calls else finish.reason
-
-
-def with_echoed_ids(reply: dict, echoed: dict) -> dict:
-    """Our recorded reply with the tool-call IDs the harness echoed: the tool results that
-    follow refer to those, and templates look names up by them (Solar-Open, Gemma 4)."""
-    ours, theirs = reply.get("tool_calls") or [], echoed.get("tool_calls") or []
-    if len(ours) != len(theirs) or all(a.get("id") == b.get("id") for a, b in
-                                       zip(ours, theirs, strict=True)):
-        return reply
-    calls = [{**a, "id": b.get("id")} for a, b in zip(ours, theirs, strict=True)]
-    return {**reply, "tool_calls": calls}
-
-
 class Gateway:
+    """Token-in mode: Turnstile renders, the engine sees token IDs only."""
+
     def __init__(self, renderer: Renderer, engine: Engine, store: Store, model_name: str,
                  parser: FormatChoice, policy: Policy | None = None, max_trees: int = 1024):
         self.renderer = renderer
@@ -134,10 +66,7 @@ class Gateway:
         self.store = store
         self.model_name = model_name
         self.parser = parser
-        # Call trees of recent sessions, least recently used first; a tree is rebuilt from the
-        # store when it is needed again (after a restart, an eviction or a close).
-        self.max_trees = max_trees
-        self._trees: OrderedDict[str, _Session] = OrderedDict()
+        self.trees = SessionTrees(store, renderer, max_trees)
         self._gone: set[asyncio.Task] = set()  # calls whose harness went away
         self._ignores_tools: bool | None = None
 
@@ -149,130 +78,23 @@ class Gateway:
 
     def forget(self, session_id: str) -> None:
         """Drop a deleted session's cached tree (a reused id starts empty)."""
-        self._trees.pop(session_id, None)
+        self.trees.drop(session_id)
         self.engine.forget(session_id)
 
     def closed(self, session_id: str) -> None:
-        """A closed session takes no more calls: free its tree (now, or when its last running
-        call ends). It is rebuilt from the store if it is ever read again."""
-        entry = self._trees.get(session_id)
-        if entry is not None:
-            if entry.busy:
-                entry.evict = True
-            else:
-                del self._trees[session_id]
+        """A closed session takes no more calls: its tree is freed (rebuilt if read again)."""
+        self.trees.closed(session_id)
 
-    def _hold(self, session_id: str) -> _Session:
-        self.tree(session_id)
-        entry = self._trees[session_id]
-        entry.busy += 1
-        return entry
-
-    def _unhold(self, session_id: str, entry: _Session) -> None:
-        entry.busy -= 1
-        if entry.busy <= 0 and entry.evict and self._trees.get(session_id) is entry:
-            del self._trees[session_id]
-        self._trim()
-
-    def _trim(self) -> None:
-        """Keep at most ``max_trees`` cached trees, dropping the least recently used idle
-        ones (a tree with a running call stays: its call adds to it when it commits)."""
-        if len(self._trees) <= self.max_trees:
-            return
-        for sid in [sid for sid, e in list(self._trees.items())[:-1] if not e.busy]:
-            if len(self._trees) <= self.max_trees:
-                break
-            del self._trees[sid]
-
-    def tree(self, session_id: str) -> _Tree:
-        """The session's call tree, rebuilt from the store the first time after a restart.
-        Calls rendered under another template/tokenizer fingerprint stay in the tree but are
-        never extended: their tokens are not what this renderer would produce."""
-        entry = self._trees.get(session_id)
-        if entry is not None:
-            self._trees.move_to_end(session_id)
-            return entry.tree
-        created = self.store.session_created(session_id)
-        tree = _Tree(content_format=self.renderer.template.content_format, created=created)
-        for c in self.store.calls(session_id):
-            parent = tree.nodes.get(c.parent_id) if c.parent_id else None
-            node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
-                        c.stop_token_id)
-            tree.nodes[c.id] = node
-            tree.n_calls += 1
-            tree.known.update(c.prefix_hashes)
-            if c.status == "ok" and c.history_hash is not None:
-                if c.info.get("fingerprint") == self.renderer.fingerprint:
-                    tree.replies.setdefault(c.history_hash, []).append(c.id)
-                    if c.info.get("stop_echo_hash"):
-                        echo = bytes.fromhex(c.info["stop_echo_hash"])
-                        tree.replies.setdefault(echo, []).append(c.id)
-                        tree.known.add(echo)
-                else:
-                    tree.stale[c.history_hash] = c.id
-        self._trees[session_id] = _Session(tree, created)
-        self._trim()
-        return tree
+    def tree(self, session_id: str) -> Tree:
+        """The session's call tree (rebuilt from the store the first time after a restart)."""
+        return self.trees.get(session_id)
 
     # render
 
-    def prompt(self, tree: SessionTree, req: ChatRequest) -> Prompt:
-        root = root_hash(req.tools, req.template_kwargs)
-        match = tree.match(req.messages, root)
-        parent = match.parent
-        reason = detail = None
-        if parent is not None:
-            new = match.new_messages
-            kind = append_kind(new)
-            # reasoning anywhere on the path, recorded or echoed (after a segment break the
-            # recorded calls may not show it)
-            think = parent.has_reasoning() or has_reasoning(req.messages)
-            variant = "think" if think else "plain"
-            if any(m.get("role") == "assistant" for m in new):
-                reason = "unsampled_assistant_message"
-                detail = "the new messages include an assistant turn the model did not sample"
-            elif not self.policy.allows(kind, variant):
-                reason, detail = "template_policy", self.policy.reason(kind, variant)
-            else:
-                try:
-                    first = req.messages[0]
-                    system = first if first.get("role") in ("system", "developer") else None
-                    reply = with_echoed_ids(parent.message or {}, req.messages[match.matched - 1])
-                    delta, seam = self.renderer.extension(
-                        reply, new, req.tools, parent.stop_token_id, system,
-                        **req.template_kwargs)
-                except NotPrefixPreserving as exc:
-                    reason, detail = "template_not_prefix_preserving", str(exc)
-                except TemplateError as exc:
-                    # the stand-in conversation failed; the full render decides (400 if the
-                    # template refuses the real conversation too)
-                    reason = "template_not_prefix_preserving"
-                    detail = f"the delta could not be rendered: {exc}"[:300]
-                else:
-                    ids = parent.context_ids()
-                    d = array("i", delta)
-                    ids.extend(d)
-                    return Prompt(ids, d, parent, match.hashes, seam=seam.kind,
-                                  segment_detail=match.note)
-        elif match.stale is not None:
-            reason = "template_changed"
-            detail = (f"the messages continue {match.stale}, recorded under another template/"
-                      f"tokenizer fingerprint; this server renders with "
-                      f"{self.renderer.fingerprint}")
-        elif match.matched == len(req.messages) and tree.requests.get(match.hashes[-1]):
-            reason = "first_call"  # a new root: the same request as an earlier one (a retry)
-            detail = f"a retry: the same messages as {tree.requests[match.hashes[-1]]}"
-        elif tree.n_calls == 0:
-            reason = "first_call"
-        else:
-            reason = "history_diverged"
-            detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
-        try:
-            ids = array("i", self.renderer.render_full(req.messages, req.tools,
-                                                       **req.template_kwargs))
-        except TemplateError as exc:
-            raise APIError(400, str(exc), "messages") from exc
-        return Prompt(ids, ids, None, match.hashes, reason, detail)
+    def prompt(self, tree: Tree, req: ChatRequest) -> Prompt:
+        return build_prompt(self.renderer, self.policy, tree, req)
+
+    # render
 
     async def sampling(self, req: ChatRequest, prompt_len: int, prompt_tail: str = ""
                        ) -> SamplingParams:
@@ -352,7 +174,7 @@ class Gateway:
 
     # record
 
-    async def record(self, session_id: str, tree: _Tree, prompt: Prompt,
+    async def record(self, session_id: str, tree: Tree, prompt: Prompt,
                      params: SamplingParams, gen: Generation, status: str,
                      message: dict | None, error: str | None, started: float,
                      extra: dict | None = None, req: ChatRequest | None = None,
@@ -371,7 +193,7 @@ class Gateway:
             raise store_error(exc, session_id) from exc
         return rec
 
-    def record_later(self, session_id: str, tree: _Tree, prompt: Prompt,
+    def record_later(self, session_id: str, tree: Tree, prompt: Prompt,
                      params: SamplingParams, gen: Generation, status: str,
                      message: dict | None, error: str | None, started: float,
                      extra: dict | None = None, req: ChatRequest | None = None) -> None:
@@ -379,7 +201,7 @@ class Gateway:
         self._commit(session_id, tree, prompt, params, gen, status, message, error, started,
                      extra, req)
 
-    def _commit(self, session_id: str, tree: _Tree, prompt: Prompt,
+    def _commit(self, session_id: str, tree: Tree, prompt: Prompt,
                 params: SamplingParams, gen: Generation, status: str, message: dict | None,
                 error: str | None, started: float, extra: dict | None = None,
                 req: ChatRequest | None = None, response: dict | None = None
@@ -488,15 +310,15 @@ class Gateway:
         engine call is then abandoned (the engine stops on the dropped connection), the call
         recorded as aborted, and :class:`ClientGone` raised."""
         async with admitted(self.control) as ticket:
-            entry = self._hold(session_id)
+            entry = self.trees.hold(session_id)
             try:
                 if disconnected is None:
                     return await self._complete(session_id, req, entry.tree)
                 return await self._watched(session_id, req, entry.tree, ticket, disconnected)
             finally:
-                self._unhold(session_id, entry)
+                self.trees.release(session_id, entry)
 
-    async def _watched(self, session_id: str, req: ChatRequest, tree: _Tree,
+    async def _watched(self, session_id: str, req: ChatRequest, tree: Tree,
                        ticket: Ticket, disconnected: Callable[[], Awaitable[object]]) -> dict:
         call = asyncio.ensure_future(self._complete(session_id, req, tree, ticket))
         watch = asyncio.ensure_future(disconnected())
@@ -521,7 +343,7 @@ class Gateway:
             self._gone.discard(call)
         raise ClientGone(session_id)
 
-    async def _complete(self, session_id: str, req: ChatRequest, tree: _Tree,
+    async def _complete(self, session_id: str, req: ChatRequest, tree: Tree,
                         ticket: Ticket | None = None) -> dict:
         if ticket is not None:
             self.control.bind(ticket)  # pause(abort) cancels this task
@@ -549,36 +371,31 @@ class Gateway:
                                   CLIENT_GONE, started, req=req)
                 raise ClientGone(session_id) from None
             raise
-        text = _cut_stop(self.tok.decode(self._text_ids(gen)), gen.finish)
+        text = cc.cut_stop(self.tok.decode(self._text_ids(gen)), gen.finish)
         parser = self._parser(req, tail)
         parser.feed(text)
         parser.finish()
         parsed = parser.result()
         message = parsed.to_openai()
         assert gen.finish is not None  # _events raised otherwise
-        finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
+        finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
-                  "logprobs": self._logprobs(gen) if req.logprobs else None}
+                  "logprobs": cc.logprobs(self.tok, gen.ids, gen.logprobs,
+                                          gen.top or [[] for _ in gen.ids])
+                  if req.logprobs else None}
         rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
                                 started, {"parse_status": parsed.parse_status}, req,
                                 {"choices": [choice]})
-        return {
-            "id": "chatcmpl-" + rec.id.removeprefix("call_"),
-            "object": "chat.completion",
-            "created": int(started),
-            "model": req.model or self.model_name,
-            "choices": [choice],
-            "usage": self._usage(rec),
-        }
+        return cc.completion(rec, started, req.model or self.model_name, choice)
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
         """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
         the first chunk; the call is recorded before the final chunk is sent."""
-        entry: _Session | None = None
+        entry: Entry | None = None
 
         async def prepare() -> AsyncGenerator[dict, None]:
             nonlocal entry
-            entry = self._hold(session_id)
+            entry = self.trees.hold(session_id)
             started = time.time()
             prompt = self.prompt(entry.tree, req)
             tail = self._tail(prompt)
@@ -588,49 +405,23 @@ class Gateway:
 
         def release() -> None:
             if entry is not None:
-                self._unhold(session_id, entry)
+                self.trees.release(session_id, entry)
 
         return await open_stream(self.control, prepare, release)
 
-    async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: _Tree,
+    async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: Tree,
                              prompt: Prompt, params: SamplingParams, started: float, tail: str
                              ) -> AsyncGenerator[dict, None]:
         gen = Generation()
         parser = self._parser(req, tail)
         detok = IncrementalDetokenizer(self.tok)
-        chunk_id = "chatcmpl-" + new_id("")
-        model = req.model or self.model_name
-
-        def chunk(delta: dict, finish: str | None = None, logprobs: list | None = None) -> dict:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            if logprobs is not None:
-                choice["logprobs"] = {"content": logprobs}
-            out = {"id": chunk_id, "object": "chat.completion.chunk", "created": int(started),
-                   "model": model, "choices": [choice]}
-            if req.include_usage:
-                out["usage"] = None
-            return out
+        chunk = cc.ChunkMaker(started, req.model or self.model_name, req.include_usage)
 
         yield chunk({"role": "assistant", "content": ""})
         eog = self.tok.eog_token_ids
         status = "aborted"
         error: str | None = CLIENT_GONE
-        stops = params.stop
-        held = ""  # with stop strings: text that may be the start of one, not sent yet
-        stopped = False  # a stop string was seen: nothing after it is sent
-
-        def visible(text: str, last: bool = False) -> str:
-            nonlocal held, stopped
-            if not stops or stopped:
-                return "" if stopped else text
-            held += text
-            cut = min([i for x in stops if (i := held.find(x)) >= 0], default=-1)
-            if cut >= 0:
-                out, held, stopped = held[:cut], "", True
-                return out
-            keep = 0 if last else _held(held, stops)
-            out, held = held[:len(held) - keep], held[len(held) - keep:]
-            return out
+        visible = cc.StopStrings(params.stop).visible
 
         try:
             async for batch in self._events(session_id, prompt, params, gen, stream=True):
@@ -638,7 +429,7 @@ class Gateway:
                 # (or a few, when the parser splits content from a tool call).
                 sampled = [ev for ev in batch if ev.token_id not in eog]
                 text = visible("".join([detok.push(ev.token_id) for ev in sampled]))
-                lp = [self._logprob_entry(ev.token_id, ev.logprob, ev.top or [])
+                lp = [cc.logprob_entry(self.tok, ev.token_id, ev.logprob, ev.top or [])
                       for ev in sampled] if req.logprobs and sampled else None
                 deltas = parser.feed(text) if text else []
                 if lp and not deltas:
@@ -670,35 +461,11 @@ class Gateway:
         parsed = parser.result()
         message = parsed.to_openai()
         assert gen.finish is not None  # _events raised otherwise
-        finish_reason = _finish_reason(bool(parsed.tool_calls), gen.finish)
+        finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
         rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
                                 started, {"parse_status": parsed.parse_status}, req,
                                 {"choices": [{"message": message,
                                               "finish_reason": finish_reason}]})
         yield chunk({}, finish_reason)
         if req.include_usage:
-            last = chunk({})
-            last["choices"] = []
-            last["usage"] = self._usage(rec)
-            yield last
-
-    # response pieces
-
-    def _usage(self, rec: CallRecord) -> dict:
-        u = rec.info["usage"]
-        return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-                "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
-                "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
-
-    def _logprob_entry(self, tid: int, logprob: float, top: list) -> dict:
-        text = self.tok.decode([tid])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode()),
-                "top_logprobs": [
-                    {"token": (t := self.tok.decode([i])), "logprob": lp,
-                     "bytes": list(t.encode())} for i, lp in top]}
-
-    def _logprobs(self, gen: Generation) -> dict:
-        tops = gen.top or [[] for _ in gen.ids]
-        return {"content": [self._logprob_entry(t, lp, top)
-                            for t, lp, top in zip(gen.ids, gen.logprobs, tops, strict=False)
-                            if t not in self.tok.eog_token_ids], "refusal": None}
+            yield chunk.usage(rec)

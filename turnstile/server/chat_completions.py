@@ -1,0 +1,122 @@
+"""The Chat Completions dialect's response shapes: what a harness gets back for a call, whole or
+as chunks (the request side is ``server.requests``). The gateway hands over what was sampled
+and recorded; nothing here touches an engine or the store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..chat.tokenizer import LoadedTokenizer
+from ..engines.base import Finish
+from ..store.records import CallRecord, new_id
+
+
+def cut_stop(text: str, finish: Finish | None) -> str:
+    """The text a harness gets: OpenAI leaves a matched stop string (and anything the last
+    token carried after it) out. The record keeps every sampled ID."""
+    stop = finish.stop_string if finish else None
+    if stop:
+        i = text.find(stop)
+        if i >= 0:
+            return text[:i]
+    return text
+
+
+def held(text: str, stops: list[str]) -> int:
+    """How many characters at the end of ``text`` could begin a stop string: a stream holds
+    them back until the next tokens show whether the stop string follows."""
+    n = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), n, -1):
+            if text.endswith(s[:k]):
+                n = k
+                break
+    return n
+
+
+def finish_reason(tool_calls: bool, finish: Finish) -> str:
+    """As OpenAI and vLLM: a reply cut by the token limit is "length" even when it holds a
+    (then truncated) tool call; "tool_calls" only for calls the model finished."""
+    if finish.reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else finish.reason
+
+
+class StopStrings:
+    """What of a stream's text may leave yet: text that could be the start of a stop string is
+    held until the next tokens tell; once a stop string is seen, nothing after it leaves."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.held = ""
+        self.stopped = False
+
+    def visible(self, text: str, last: bool = False) -> str:
+        if not self.stops or self.stopped:
+            return "" if self.stopped else text
+        self.held += text
+        at = min([i for x in self.stops if (i := self.held.find(x)) >= 0], default=-1)
+        if at >= 0:
+            out, self.held, self.stopped = self.held[:at], "", True
+            return out
+        keep = 0 if last else held(self.held, self.stops)
+        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out
+
+
+def usage(rec: CallRecord) -> dict:
+    u = rec.info["usage"]
+    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+            "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
+
+
+def logprob_entry(tok: LoadedTokenizer, tid: int, logprob: float, top: Sequence) -> dict:
+    text = tok.decode([tid])
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode()),
+            "top_logprobs": [
+                {"token": (t := tok.decode([i])), "logprob": lp,
+                 "bytes": list(t.encode())} for i, lp in top]}
+
+
+def logprobs(tok: LoadedTokenizer, ids: Sequence[int], lps: Sequence[float],
+             tops: Iterable[Sequence]) -> dict:
+    """The response's ``logprobs`` (end-of-turn tokens are not content)."""
+    return {"content": [logprob_entry(tok, t, lp, top)
+                        for t, lp, top in zip(ids, lps, tops, strict=False)
+                        if t not in tok.eog_token_ids], "refusal": None}
+
+
+def completion(rec: CallRecord, started: float, model: str, choice: dict) -> dict:
+    """A whole ``chat.completion``; its id is the call's."""
+    return {"id": "chatcmpl-" + rec.id.removeprefix("call_"), "object": "chat.completion",
+            "created": int(started), "model": model, "choices": [choice],
+            "usage": usage(rec)}
+
+
+class ChunkMaker:
+    """The ``chat.completion.chunk`` objects of one streamed completion."""
+
+    def __init__(self, started: float, model: str, include_usage: bool):
+        self.id = "chatcmpl-" + new_id("")
+        self.created = int(started)
+        self.model = model
+        self.include_usage = include_usage
+
+    def __call__(self, delta: dict, finish: str | None = None,
+                 logprobs: list | None = None) -> dict:
+        choice: dict = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs is not None:
+            choice["logprobs"] = {"content": logprobs}
+        out: dict = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                     "model": self.model, "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage(self, rec: CallRecord) -> dict:
+        """The last chunk, with ``stream_options.include_usage``."""
+        last = self({})
+        last["choices"] = []
+        last["usage"] = usage(rec)
+        return last

@@ -1,0 +1,100 @@
+"""A call's prompt: reuse the tokens recorded for the conversation it continues and render only
+the new messages, or render it whole as a new segment and say why."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from ..chat.history import Node, SessionTree, describe_divergence, root_hash
+from ..chat.policy import Policy, append_kind, has_reasoning
+from ..chat.render import NotPrefixPreserving, Renderer
+from ..chat.template import TemplateError
+from .errors import APIError
+from .requests import ChatRequest
+
+
+@dataclass
+class Prompt:
+    """The prompt of one call and how it was obtained."""
+
+    ids: array
+    delta: array  # the tokens after the reused prefix (the whole prompt for a new segment)
+    parent: Node | None
+    hashes: list[bytes]
+    segment_reason: str | None = None  # why the call starts a new segment, if it does
+    segment_detail: str | None = None
+    seam: str | None = None
+
+
+def with_echoed_ids(reply: dict, echoed: dict) -> dict:
+    """Our recorded reply with the tool-call IDs the harness echoed: the tool results that
+    follow refer to those, and templates look names up by them (Solar-Open, Gemma 4)."""
+    ours, theirs = reply.get("tool_calls") or [], echoed.get("tool_calls") or []
+    if len(ours) != len(theirs) or all(a.get("id") == b.get("id") for a, b in
+                                       zip(ours, theirs, strict=True)):
+        return reply
+    calls = [{**a, "id": b.get("id")} for a, b in zip(ours, theirs, strict=True)]
+    return {**reply, "tool_calls": calls}
+
+
+def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: ChatRequest
+                 ) -> Prompt:
+    """The call's prompt IDs: the parent's recorded IDs plus only the new messages rendered
+    (a delta the policy allows), or a full render as a new segment with the reason."""
+    root = root_hash(req.tools, req.template_kwargs)
+    match = tree.match(req.messages, root)
+    parent = match.parent
+    reason = detail = None
+    if parent is not None:
+        new = match.new_messages
+        kind = append_kind(new)
+        # reasoning anywhere on the path, recorded or echoed (after a segment break the
+        # recorded calls may not show it)
+        think = parent.has_reasoning() or has_reasoning(req.messages)
+        variant = "think" if think else "plain"
+        if any(m.get("role") == "assistant" for m in new):
+            reason = "unsampled_assistant_message"
+            detail = "the new messages include an assistant turn the model did not sample"
+        elif not policy.allows(kind, variant):
+            reason, detail = "template_policy", policy.reason(kind, variant)
+        else:
+            try:
+                first = req.messages[0]
+                system = first if first.get("role") in ("system", "developer") else None
+                reply = with_echoed_ids(parent.message or {}, req.messages[match.matched - 1])
+                delta, seam = renderer.extension(
+                    reply, new, req.tools, parent.stop_token_id, system,
+                    **req.template_kwargs)
+            except NotPrefixPreserving as exc:
+                reason, detail = "template_not_prefix_preserving", str(exc)
+            except TemplateError as exc:
+                # the stand-in conversation failed; the full render decides (400 if the
+                # template refuses the real conversation too)
+                reason = "template_not_prefix_preserving"
+                detail = f"the delta could not be rendered: {exc}"[:300]
+            else:
+                ids = parent.context_ids()
+                d = array("i", delta)
+                ids.extend(d)
+                return Prompt(ids, d, parent, match.hashes, seam=seam.kind,
+                              segment_detail=match.note)
+    elif match.stale is not None:
+        reason = "template_changed"
+        detail = (f"the messages continue {match.stale}, recorded under another template/"
+                  f"tokenizer fingerprint; this server renders with "
+                  f"{renderer.fingerprint}")
+    elif match.matched == len(req.messages) and tree.requests.get(match.hashes[-1]):
+        reason = "first_call"  # a new root: the same request as an earlier one (a retry)
+        detail = f"a retry: the same messages as {tree.requests[match.hashes[-1]]}"
+    elif tree.n_calls == 0:
+        reason = "first_call"
+    else:
+        reason = "history_diverged"
+        detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
+    try:
+        ids = array("i", renderer.render_full(req.messages, req.tools,
+                                                   **req.template_kwargs))
+    except TemplateError as exc:
+        raise APIError(400, str(exc), "messages") from exc
+    return Prompt(ids, ids, None, match.hashes, reason, detail)

@@ -1,0 +1,107 @@
+"""The call trees of recent sessions: kept in memory, least recently used first, and rebuilt
+from the store when one is needed again (after a restart, an eviction or a close)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..chat.history import Node, SessionTree
+from ..chat.render import Renderer
+from ..store.sqlite import Store
+
+
+@dataclass
+class Tree(SessionTree):
+    """A session's tree with the creation time of the session it was built for: a call that
+    began in it is recorded only into that incarnation of the id."""
+
+    created: float | None = None
+
+
+@dataclass
+class Entry:
+    """A cached call tree: the session incarnation it belongs to, and its running calls."""
+
+    tree: Tree
+    created: float | None
+    busy: int = 0
+    evict: bool = False  # closed while a call ran: dropped when the last one ends
+
+
+
+class SessionTrees:
+    """Which session's tree is in memory, which is busy, and which to drop."""
+
+    def __init__(self, store: Store, renderer: Renderer, max_trees: int = 1024):
+        self.store = store
+        self.renderer = renderer
+        self.max_trees = max_trees
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
+
+    def drop(self, session_id: str) -> None:
+        """Forget a deleted session's tree (a reused id starts empty)."""
+        self.entries.pop(session_id, None)
+
+    def closed(self, session_id: str) -> None:
+        """A closed session takes no more calls: free its tree (now, or when its last running
+        call ends). It is rebuilt from the store if it is ever read again."""
+        entry = self.entries.get(session_id)
+        if entry is not None:
+            if entry.busy:
+                entry.evict = True
+            else:
+                del self.entries[session_id]
+
+    def hold(self, session_id: str) -> Entry:
+        """The session's entry, counted busy until :meth:`release` (a busy tree stays)."""
+        self.get(session_id)
+        entry = self.entries[session_id]
+        entry.busy += 1
+        return entry
+
+    def release(self, session_id: str, entry: Entry) -> None:
+        entry.busy -= 1
+        if entry.busy <= 0 and entry.evict and self.entries.get(session_id) is entry:
+            del self.entries[session_id]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Keep at most ``max_trees`` cached trees, dropping the least recently used idle
+        ones (a tree with a running call stays: its call adds to it when it commits)."""
+        if len(self.entries) <= self.max_trees:
+            return
+        for sid in [sid for sid, e in list(self.entries.items())[:-1] if not e.busy]:
+            if len(self.entries) <= self.max_trees:
+                break
+            del self.entries[sid]
+
+    def get(self, session_id: str) -> Tree:
+        """The session's call tree, rebuilt from the store the first time after a restart.
+        Calls rendered under another template/tokenizer fingerprint stay in the tree but are
+        never extended: their tokens are not what this renderer would produce."""
+        entry = self.entries.get(session_id)
+        if entry is not None:
+            self.entries.move_to_end(session_id)
+            return entry.tree
+        created = self.store.session_created(session_id)
+        tree = Tree(content_format=self.renderer.template.content_format, created=created)
+        for c in self.store.calls(session_id):
+            parent = tree.nodes.get(c.parent_id) if c.parent_id else None
+            node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
+                        c.stop_token_id)
+            tree.nodes[c.id] = node
+            tree.n_calls += 1
+            tree.known.update(c.prefix_hashes)
+            if c.status == "ok" and c.history_hash is not None:
+                if c.info.get("fingerprint") == self.renderer.fingerprint:
+                    tree.replies.setdefault(c.history_hash, []).append(c.id)
+                    if c.info.get("stop_echo_hash"):
+                        echo = bytes.fromhex(c.info["stop_echo_hash"])
+                        tree.replies.setdefault(echo, []).append(c.id)
+                        tree.known.add(echo)
+                else:
+                    tree.stale[c.history_hash] = c.id
+        self.entries[session_id] = Entry(tree, created)
+        self._trim()
+        return tree
