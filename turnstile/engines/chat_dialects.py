@@ -32,6 +32,13 @@ class Asked:
     weight_versions: bool
 
 
+# The body fields that shape sampling: a capture record keeps them (``info.sampling``).
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
+                 "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
+                 "tool_choice", "response_format", "ignore_eos", "min_tokens")
+
+
 class ChatDialect(Protocol):
     """How one engine's Chat Completions route is asked for token IDs and gives them back."""
 

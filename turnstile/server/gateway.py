@@ -21,7 +21,7 @@ from ..chat.policy import Policy
 from ..chat.render import Renderer
 from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
-from ..parsing import Parser, grammar
+from ..parsing import Parser
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
 from ..store.records import CallRecord, new_id
@@ -33,6 +33,7 @@ from .errors import APIError
 from .prompting import Prompt, build_prompt
 from .record import STORE_ERRORS, call_info, commit, store_error, weight_version
 from .requests import ChatRequest, parse_chat_request
+from .sampling import sampling_params
 from .session_trees import Entry, SessionTrees, Tree
 
 CLIENT_GONE = "the client disconnected"
@@ -103,38 +104,8 @@ class Gateway:
                 await self.engine.refresh()
             except EngineError as exc:
                 raise APIError(exc.status, str(exc), type_="engine_unavailable") from exc
-        room = self.engine.context_length - prompt_len
-        if room <= 0:
-            raise APIError(400, f"The prompt is {prompt_len} tokens; the model's context is "
-                                f"{self.engine.context_length}. Shorten the messages.",
-                           "messages", code="context_length_exceeded")
-        return SamplingParams(
-            max_tokens=min(req.max_tokens or room, room),
-            temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
-            top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
-            # vLLM/SGLang stop on the template's end-of-turn even if the model config omits it
-            stop_token_ids=sorted(self.tok.eog_token_ids),
-            grammar=self.tool_grammar(req, prompt_tail), json_schema=req.json_schema,
-            frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-            repetition_penalty=req.repetition_penalty, top_k=req.top_k, min_p=req.min_p)
-
-    def tool_grammar(self, req: ChatRequest, prompt_tail: str = "") -> str | None:
-        """For ``tool_choice`` "required" or a named function: a grammar that admits only a
-        call in the template's own syntax. The call record keeps it (``sampling.grammar``):
-        the sample came from a masked distribution."""
-        if req.tool_choice not in ("required", "function"):
-            return None
-        fmt = self.parser.tool_format
-        if not grammar.supports(fmt):
-            raise APIError(400, f"tool_choice={req.tool_choice!r} needs constrained decoding in "
-                                f"this template's tool-call syntax ({fmt or 'none detected'}), "
-                                "which Turnstile cannot build yet; use 'auto'.", "tool_choice")
-        close = None
-        if self.parser.reasoning_tags and self.parser.reasoning_started(prompt_tail):
-            close = self.parser.reasoning_tags[1]
-        return grammar.tool_call_grammar(fmt, req.tools or [], req.forced_function, close,
-                                         parallel=req.tool_choice == "required" and
-                                         req.parallel_tool_calls)
+        return sampling_params(req, prompt_len, self.engine.context_length,
+                               self.tok.eog_token_ids, self.parser, prompt_tail)
 
     @property
     def template_ignores_tools(self) -> bool:

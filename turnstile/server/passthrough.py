@@ -51,7 +51,7 @@ from ..engines.capture import (
     loads,
     request_logprob_warning,
 )
-from ..engines.chat_dialects import Asked, strip_chunk, strip_response
+from ..engines.chat_dialects import SAMPLING_KEYS, Asked, strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
 from ..store.records import CallRecord, new_id
@@ -63,11 +63,6 @@ from .lineage import LineageIndex, Link, new_node
 from .lineage import link as lineage_link
 from .record import STORE_ERRORS, call_info, commit, committed, weight_version
 from .requests import ChatRequest
-
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
-                 "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
-                 "tool_choice", "response_format", "ignore_eos", "min_tokens")
 
 
 @dataclass
