@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from ..chat.tokenizer import LoadedTokenizer
 from ..engines.base import Finish
+from ..parsing.markers import partial_marker_len
 from ..store.records import CallRecord, new_id
 
 
@@ -20,18 +21,6 @@ def cut_stop(text: str, finish: Finish | None) -> str:
         if i >= 0:
             return text[:i]
     return text
-
-
-def held(text: str, stops: list[str]) -> int:
-    """How many characters at the end of ``text`` could begin a stop string: a stream holds
-    them back until the next tokens show whether the stop string follows."""
-    n = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), n, -1):
-            if text.endswith(s[:k]):
-                n = k
-                break
-    return n
 
 
 def finish_reason(tool_calls: bool, finish: Finish) -> str:
@@ -59,7 +48,7 @@ class StopStrings:
         if at >= 0:
             out, self.held, self.stopped = self.held[:at], "", True
             return out
-        keep = 0 if last else held(self.held, self.stops)
+        keep = 0 if last else partial_marker_len(self.held, self.stops)
         out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
         return out
 
