@@ -250,6 +250,17 @@ def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, serve
 # faults
 
 
+def _hold_write_lock(db: Path, seconds: int) -> subprocess.Popen:
+    """Another process holding the store's write lock for ``seconds`` (returns once held)."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, time\n"
+        f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "db.execute('BEGIN IMMEDIATE')\nprint('locked', flush=True)\n"
+        f"time.sleep({seconds})\ndb.execute('ROLLBACK')\n")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
 def test_store_locked_for_35_s(tiny_qwen2, servers, tmp_path):
     """Another process holds the write lock for 35 s: calls get a clean 503 after the busy
     wait, the event loop keeps answering, nothing half-recorded becomes a parent; after the
@@ -263,14 +274,8 @@ def test_store_locked_for_35_s(tiny_qwen2, servers, tmp_path):
         assert r.status_code == 200
         first = ts.calls(sid)[0]
         msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "two"}]
-        holder = subprocess.Popen([sys.executable, "-c", (
-            "import sqlite3, sys, time\n"
-            f"db = sqlite3.connect({str(ts.data / 'turnstile.sqlite3')!r}, "
-            "isolation_level=None)\n"
-            "db.execute('BEGIN IMMEDIATE')\nprint('locked', flush=True)\ntime.sleep(35)\n"
-            "db.execute('ROLLBACK')\n")], stdout=subprocess.PIPE, text=True)
+        holder = _hold_write_lock(ts.data / "turnstile.sqlite3", 35)
         try:
-            assert holder.stdout.readline().strip() == "locked"
             out: dict = {}
             t = threading.Thread(target=lambda: out.update(r=httpx.post(
                 url, json=_body(msgs, 2), headers=AUTH, timeout=60)))
@@ -603,13 +608,8 @@ def test_passthrough_store_faults(servers, tmp_path):
         first = ts.calls(sid)[0]
         msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "two"}]
 
-        holder = subprocess.Popen([sys.executable, "-c", (
-            "import sqlite3, sys, time\n"
-            f"db = sqlite3.connect({str(data / 'turnstile.sqlite3')!r}, isolation_level=None)\n"
-            "db.execute('BEGIN IMMEDIATE')\nprint('locked', flush=True)\ntime.sleep(12)\n"
-            "db.execute('ROLLBACK')\n")], stdout=subprocess.PIPE, text=True)
+        holder = _hold_write_lock(data / "turnstile.sqlite3", 12)
         try:
-            assert holder.stdout.readline().strip() == "locked"
             out: dict = {}
             t = threading.Thread(target=lambda: out.update(r=httpx.post(
                 url, json=body(2), headers=AUTH, timeout=60)))
