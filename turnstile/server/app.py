@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from ..dialects.base import Dialect
 from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
 from .contract import AppGateway
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
-from .routes_harness import chat, models
+from .routes_harness import chat, models, responses, stored_response
 from .routes_sessions import (
     call_body,
     calls,
@@ -42,6 +43,10 @@ __all__ = ["DEFAULT_SESSION", "create_app"]
 ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/s/{sid}/v1/chat/completions", chat, methods=["POST"]),
+    Route("/v1/responses", responses, methods=["POST"]),
+    Route("/s/{sid}/v1/responses", responses, methods=["POST"]),
+    Route("/v1/responses/{rid}", stored_response, methods=["GET"]),
+    Route("/s/{sid}/v1/responses/{rid}", stored_response, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/s/{sid}/v1/models", models, methods=["GET"]),
     Route("/v1/sessions", trainer(create_session), methods=["POST"]),
@@ -67,11 +72,20 @@ def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *
     ctx = AppContext(
         gateway=gateway, store=store, public_url=public_url, max_body=max_body, token=token,
         limits=limits or Limits(),
-        sessions=SessionIndex(store))
+        sessions=SessionIndex(store), dialects=_dialects(gateway))
     app = Starlette(routes=ROUTES, lifespan=_lifespan,
                     exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.turnstile = ctx
     return app
+
+
+def _dialects(gateway: AppGateway) -> dict[str, Dialect]:
+    from ..dialects.chat import ChatDialect
+    from ..dialects.responses import ResponsesDialect
+
+    found: list[Dialect] = [ChatDialect(gateway),
+                            ResponsesDialect(gateway)]
+    return {d.name: d for d in found}
 
 
 @contextlib.asynccontextmanager

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import Request
@@ -13,6 +14,9 @@ from .contract import AppGateway
 from .errors import APIError
 from .limits import Limits
 from .session_index import SessionIndex
+
+if TYPE_CHECKING:
+    from ..dialects.base import Dialect
 
 
 @dataclass
@@ -29,6 +33,7 @@ class AppContext:
     token: str | None
     limits: Limits
     sessions: SessionIndex
+    dialects: dict[str, Dialect] = field(default_factory=dict)  # by name: "chat", ...
 
 
 def context(request: Request) -> AppContext:

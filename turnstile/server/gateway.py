@@ -134,9 +134,11 @@ class Gateway:
                 "reasoning_effort" not in self.renderer.template.source:
             warnings.append("the chat template does not read 'reasoning_effort'")
         warnings.extend(self.engine.sampling_notes(params))
-        out: dict = {}
+        out: dict = {"dialect": req.dialect if req is not None else "chat"}
         if warnings:
             out["warnings"] = warnings
+        if req is not None and req.dialect_state:
+            out["dialect_state"] = req.dialect_state
         if req is not None and req.inert:
             out["request_options"] = req.inert
         if req is not None and req.tool_choice == "required":
@@ -179,7 +181,7 @@ class Gateway:
                 ) -> tuple[CallRecord, asyncio.Future]:
         finish = gen.finish
         stop_token = finish.stop_token_id if finish else None
-        call_id = new_id("call_")
+        call_id = req.call_id if req is not None and req.call_id else new_id("call_")
         node = Node(call_id, prompt.parent, prompt.delta, gen.ids, message, stop_token)
         reply_hash = echo_hash = None
         if status == "ok" and message is not None:
@@ -357,6 +359,7 @@ class Gateway:
         rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
                                 started, {"parse_status": parsed.parse_status}, req,
                                 {"choices": [choice]})
+        req.record = rec
         return cc.completion(rec, started, req.model or self.model_name, choice)
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
@@ -437,6 +440,7 @@ class Gateway:
                                 started, {"parse_status": parsed.parse_status}, req,
                                 {"choices": [{"message": message,
                                               "finish_reason": finish_reason}]})
+        req.record = rec
         yield chunk({}, finish_reason)
         if req.include_usage:
             yield chunk.usage(rec)

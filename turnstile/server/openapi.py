@@ -75,6 +75,25 @@ SCHEMAS: dict[str, dict] = {
         "user": _STR, "metadata": {"type": "object"}, "store": {"type": "boolean"},
         "service_tier": _STR, "prompt_cache_key": _STR, "safety_identifier": _STR,
         "modalities": {"type": "array", "items": {"const": "text"}}}, ("messages",)),
+    "ResponsesRequest": _obj({
+        "model": _STR, "instructions": _STR,
+        "input": {"oneOf": [{"type": "string", "minLength": 1}, {
+            "type": "array", "minItems": 1, "items": _obj({
+                "role": {"enum": ["system", "developer", "user"]}, "content": _STR,
+                "type": {"const": "message"}}, ("role", "content"))}]},
+        "tools": {"type": "array", "items": _obj({
+            "type": {"const": "function"}, "name": _STR, "description": _STR,
+            "strict": {"type": "boolean"}, "parameters": {"type": "object"}},
+            ("type", "name"))},
+        "tool_choice": {"oneOf": [{"enum": ["auto", "none"]}]},
+        "parallel_tool_calls": {"type": "boolean"},
+        "stream": {"type": "boolean"},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+        "previous_response_id": _STR, "store": {"type": "boolean"},
+        "user": _STR, "metadata": {"type": "object"}}, ("input",)),
     "SessionCreate": _obj({
         "metadata": {"type": "object"},
         "id": {"type": "string", "pattern": "^[^/]+$"},
@@ -121,6 +140,13 @@ ROUTES: list[Op] = [
        "Chat Completions: the session is the bearer capability's, or (trainer token) the one "
        "X-Session-Id names, created on first use", "ChatCompletionRequest", streams=True),
     Op("GET", "/v1/models", HARNESS, "The model list (capability or trainer token)"),
+    Op("POST", "/s/{capability}/v1/responses", HARNESS,
+       "OpenAI Responses for the session this base URL belongs to", "ResponsesRequest",
+       streams=True),
+    Op("POST", "/v1/responses", HARNESS, "OpenAI Responses (session as for chat completions)",
+       "ResponsesRequest", streams=True),
+    Op("GET", "/s/{capability}/v1/responses/{rid}", HARNESS, "A response of this session"),
+    Op("GET", "/v1/responses/{rid}", HARNESS, "A response of the capability's session"),
     Op("POST", "/v1/sessions", TRAINER, "Open a session; returns its id and base_url",
        "SessionCreate", body_required=False),
     Op("GET", "/v1/sessions", TRAINER, "List sessions in creation order", query=_LIST_Q),
@@ -152,10 +178,10 @@ _ERRORS = {"400": "a field is invalid (param names it)", "401": "no or unknown c
 
 def _operation(op: Op) -> dict:
     params = [{"name": name, "in": "path", "required": True, "schema": _STR}
-              for name in ("capability", "sid", "cid") if "{" + name + "}" in op.path]
+              for name in ("capability", "sid", "cid", "rid") if "{" + name + "}" in op.path]
     params += [{"name": k, "in": "query", "required": False, "schema": v}
                for k, v in op.query.items()]
-    if op.path == "/v1/chat/completions":
+    if op.path in ("/v1/chat/completions", "/v1/responses"):
         params.append({"name": "X-Session-Id", "in": "header", "required": False,
                        "schema": _STR})
     out: dict = {

@@ -313,6 +313,12 @@ class PassthroughGateway:
     # the call
 
     async def _begin(self, session_id: str, req: ChatRequest) -> _Call:
+        if req.dialect != "chat":
+            # The engine renders here, from the Chat Completions body the harness sent.
+            raise APIError(400, f"Capture mode (serve --passthrough) records Chat Completions "
+                                f"calls only; this was a {req.dialect!r} request. Serve in "
+                                "token-in mode (the default) for the other dialects.",
+                           code="unsupported_dialect")
         started = time.time()
         engine, bound = await self._target(session_id)
         body, asked, added = engine.outgoing(req.raw)

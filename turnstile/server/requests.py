@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..store.records import CallRecord
 from .errors import APIError
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -47,6 +48,18 @@ class ChatRequest:
     # ``metadata``, ``store``, ...): accepted, and kept in the call record's info.
     inert: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)  # the body as received (retention)
+    # The wire dialect the harness spoke ("chat", "responses", "messages"): every dialect is
+    # turned into this one request, and each call records which one it came in.
+    dialect: str = "chat"
+    # Set by the gateway once the call is committed: what a dialect's answer needs beyond the
+    # Chat Completions shape (the stop string that ended it, the call's ID).
+    record: CallRecord | None = field(default=None, repr=False)
+    # What a dialect keeps in the call's record to answer later requests (the Responses
+    # dialect: the input items this call added to its response chain).
+    dialect_state: dict = field(default_factory=dict, repr=False)
+    # The call's ID when a dialect names it before the call runs (a streamed response's ID is
+    # sent first); None: the gateway draws one.
+    call_id: str | None = None
 
 
 def _bad(param: str, message: str) -> APIError:
