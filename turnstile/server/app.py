@@ -23,7 +23,7 @@ from .contract import AppGateway
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
-from .routes_harness import chat, models, responses, stored_response
+from .routes_harness import chat, count_tokens, messages, models, responses, stored_response
 from .routes_sessions import (
     call_body,
     calls,
@@ -47,6 +47,10 @@ ROUTES = [
     Route("/s/{sid}/v1/responses", responses, methods=["POST"]),
     Route("/v1/responses/{rid}", stored_response, methods=["GET"]),
     Route("/s/{sid}/v1/responses/{rid}", stored_response, methods=["GET"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/s/{sid}/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/s/{sid}/v1/models", models, methods=["GET"]),
     Route("/v1/sessions", trainer(create_session), methods=["POST"]),
@@ -81,10 +85,11 @@ def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *
 
 def _dialects(gateway: AppGateway) -> dict[str, Dialect]:
     from ..dialects.chat import ChatDialect
+    from ..dialects.messages import MessagesDialect
     from ..dialects.responses import ResponsesDialect
 
-    found: list[Dialect] = [ChatDialect(gateway),
-                            ResponsesDialect(gateway)]
+    found: list[Dialect] = [ChatDialect(gateway), ResponsesDialect(gateway),
+                            MessagesDialect(gateway)]
     return {d.name: d for d in found}
 
 

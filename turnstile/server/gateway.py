@@ -95,7 +95,14 @@ class Gateway:
     def prompt(self, tree: Tree, req: ChatRequest) -> Prompt:
         return build_prompt(self.renderer, self.policy, tree, req)
 
-    # render
+    def count_tokens(self, session_id: str, req: ChatRequest) -> int:
+        """The prompt tokens this request would send now (extending the session's recorded
+        tokens where it can): nothing is sampled or recorded."""
+        entry = self.trees.hold(session_id)
+        try:
+            return len(self.prompt(entry.tree, req).ids)
+        finally:
+            self.trees.release(session_id, entry)
 
     async def sampling(self, req: ChatRequest, prompt_len: int, prompt_tail: str = ""
                        ) -> SamplingParams:

@@ -312,6 +312,10 @@ class PassthroughGateway:
 
     # the call
 
+    def count_tokens(self, session_id: str, req: ChatRequest) -> int:
+        raise APIError(400, "Capture mode (serve --passthrough) cannot count tokens: the "
+                            "engine renders the prompt.", code="unsupported_dialect")
+
     async def _begin(self, session_id: str, req: ChatRequest) -> _Call:
         if req.dialect != "chat":
             # The engine renders here, from the Chat Completions body the harness sent.

@@ -53,6 +53,26 @@ async def responses(request: Request) -> Response:
     return await call(request, context(request).dialects["responses"])
 
 
+async def messages(request: Request) -> Response:
+    return await call(request, context(request).dialects["messages"])
+
+
+async def count_tokens(request: Request) -> Response:
+    """``POST …/v1/messages/count_tokens``: the prompt tokens the request would send now."""
+    ctx = context(request)
+    dialect = ctx.dialects["messages"]
+    request.state.error_body = dialect.error
+    require_json(request)
+    sid = harness_session(request)
+    assert sid is not None
+    body = await read_json(request, ctx.max_body)
+    check_limits(body, ctx.limits)
+    if isinstance(body, dict):
+        body = {"max_tokens": 1, **body}  # not sampled: count_tokens takes none
+    req = dialect.parse(body, sid)
+    return json_response({"input_tokens": ctx.gateway.count_tokens(sid, req)})
+
+
 async def models(request: Request) -> Response:
     harness_session(request)
     gateway = context(request).gateway
