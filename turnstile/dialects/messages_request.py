@@ -142,9 +142,11 @@ def _tools(value: Any) -> list[dict] | None:
         schema = t.get("input_schema")
         if not isinstance(schema, dict):
             raise bad(f"tools.{i}.input_schema", "expected a JSON Schema object.")
-        fn = {"name": t["name"], "parameters": schema}
+        # keys in Chat's order: templates print tools as JSON, so the order is in the prompt
+        fn: dict = {"name": t["name"]}
         if t.get("description") is not None:
             fn["description"] = t["description"]
+        fn["parameters"] = schema
         out.append({"type": "function", "function": fn})
     return out or None
 

@@ -146,10 +146,11 @@ def _tools(value: Any) -> list[dict] | None:
                       code="unsupported_value")
         if not isinstance(t.get("name"), str):
             raise bad(f"tools[{i}].name", "expected a string.")
-        fn = {"name": t["name"], "parameters": t.get("parameters") or
-              {"type": "object", "properties": {}}}
+        # keys in Chat's order: templates print tools as JSON, so the order is in the prompt
+        fn: dict = {"name": t["name"]}
         if t.get("description") is not None:
             fn["description"] = t["description"]
+        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
         out.append({"type": "function", "function": fn})
     return out or None
 
