@@ -141,7 +141,7 @@ class Gateway:
                 "reasoning_effort" not in self.renderer.template.source:
             warnings.append("the chat template does not read 'reasoning_effort'")
         warnings.extend(self.engine.sampling_notes(params))
-        out: dict = {"dialect": req.dialect if req is not None else "chat"}
+        out: dict = {}
         if warnings:
             out["warnings"] = warnings
         if req is not None and req.dialect_state:
@@ -218,7 +218,8 @@ class Gateway:
                 stop_string=finish.stop_string if finish else None,
                 usage={"prompt_tokens": len(prompt.ids), "completion_tokens": n,
                        "cached_tokens": finish.cached_tokens if finish else 0},
-                started=started, timings=finish.timings if finish else None),
+                started=started, timings=finish.timings if finish else None,
+                dialect=req.dialect if req is not None else "chat"),
             "engine_url": gen.engine_url,
             "engine_finish_reason": finish.engine_reason if finish else None,
             "stop_echo_hash": echo_hash.hex() if echo_hash else None,

@@ -84,10 +84,12 @@ def call_info(*, model: str, engine: str, fingerprint: str | None,
               logprob_warning: str | None, engine_request_id: str | None,
               weight_versions: list[dict] | None, version: object, policy_version: str | None,
               stop_string: str | None, usage: dict, started: float,
-              timings: dict | None = None) -> dict:
+              timings: dict | None = None, dialect: str = "chat") -> dict:
     """The shared part of a call record's ``info``; ``usage`` holds at least
-    ``prompt_tokens``, ``completion_tokens`` and ``cached_tokens``."""
+    ``prompt_tokens``, ``completion_tokens`` and ``cached_tokens``; ``dialect`` is the wire
+    dialect the harness spoke (the record is the same whichever it was)."""
     return {
+        "dialect": dialect,
         "model": model,
         "engine": engine,
         "fingerprint": fingerprint,
