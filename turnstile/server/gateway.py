@@ -19,7 +19,6 @@ from ..chat.detokenize import IncrementalDetokenizer
 from ..chat.history import Node, prefix_hashes
 from ..chat.policy import Policy
 from ..chat.render import Renderer
-from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
 from ..parsing import Parser
 from ..parsing.call_ids import calls_before
@@ -69,7 +68,6 @@ class Gateway:
         self.parser = parser
         self.trees = SessionTrees(store, renderer, max_trees)
         self._gone: set[asyncio.Task] = set()  # calls whose harness went away
-        self._ignores_tools: bool | None = None
 
     def parse_request(self, body: object) -> ChatRequest:
         """The request, validated in full: Turnstile renders and samples it itself."""
@@ -116,19 +114,7 @@ class Gateway:
 
     @property
     def template_ignores_tools(self) -> bool:
-        """True when the chat template renders the same prompt with and without ``tools``
-        (SmolLM2's, for one): a request's tools then never reach the model."""
-        if self._ignores_tools is None:
-            msgs = [{"role": "user", "content": "hi"}]
-            probe = [{"type": "function", "function": {
-                "name": "turnstile_probe", "description": "probe",
-                "parameters": {"type": "object", "properties": {}}}}]
-            try:
-                self._ignores_tools = (self.renderer.render_full(msgs, probe) ==
-                                       self.renderer.render_full(msgs, None))
-            except TemplateError:
-                self._ignores_tools = False  # it reads tools (and refuses this probe)
-        return self._ignores_tools
+        return self.renderer.ignores_tools
 
     def call_notes(self, req: ChatRequest | None, params: SamplingParams) -> dict:
         """What the call record's info says about the request beyond the sampling: warnings

@@ -62,7 +62,7 @@ from .errors import APIError
 from .lineage import LineageIndex, Link, new_node
 from .lineage import link as lineage_link
 from .record import STORE_ERRORS, call_info, commit, committed, weight_version
-from .requests import ChatRequest
+from .requests import ChatRequest, parse_capture_request
 
 
 @dataclass
@@ -78,10 +78,6 @@ class _Call:
     added: list[str]
     cap: Capture
     started: float
-
-
-def _bad(param: str, message: str) -> APIError:
-    return APIError(400, f"Invalid '{param}': {message}", param, code="invalid_value")
 
 
 def _api_error(exc: EngineError) -> APIError:
@@ -130,32 +126,7 @@ class PassthroughGateway:
     # the request
 
     def parse_request(self, body: Any) -> ChatRequest:
-        """Only what Turnstile itself relies on is checked; every other field is the engine's
-        to accept or refuse (its 4xx reaches the harness as is)."""
-        if not isinstance(body, dict):
-            raise APIError(400, "The request body must be a JSON object.", None,
-                           code="invalid_request_body")
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise _bad("messages", "expected a non-empty list of messages.")
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _bad(f"messages[{i}].role", "expected a message object with a role.")
-        for key in ("stream", "logprobs", "return_token_ids"):
-            if body.get(key) is not None and not isinstance(body[key], bool):
-                raise _bad(key, "expected a boolean.")
-        n = body.get("n")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise _bad("n", "expected an integer >= 1.")
-        opts = body.get("stream_options")
-        kwargs = body.get("chat_template_kwargs")
-        tools = body.get("tools")
-        return ChatRequest(
-            messages=msgs, model=body.get("model") if isinstance(body.get("model"), str) else None,
-            tools=tools if isinstance(tools, list) else None, stream=bool(body.get("stream")),
-            include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-            logprobs=bool(body.get("logprobs")),
-            template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
+        return parse_capture_request(body)
 
     async def _target(self, session_id: str
                       ) -> tuple[CaptureEngine, Bound[CaptureEngine] | None]:

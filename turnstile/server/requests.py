@@ -413,3 +413,33 @@ def parse_chat_request(body: Any) -> ChatRequest:
 
 def _optional(body: dict, key: str, lo: float, hi: float) -> float | None:
     return None if body.get(key) is None else _number(body, key, lo, hi, 0.0)
+
+
+def parse_capture_request(body: Any) -> ChatRequest:
+    """Capture mode's request (the engine renders it): only what Turnstile itself relies on
+    is checked; every other field is the engine's to accept or refuse (its 4xx reaches the
+    harness as is)."""
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", None,
+                       code="invalid_request_body")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", "expected a non-empty list of messages.")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}].role", "expected a message object with a role.")
+    for key in ("stream", "logprobs", "return_token_ids"):
+        if body.get(key) is not None and not isinstance(body[key], bool):
+            raise _bad(key, "expected a boolean.")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise _bad("n", "expected an integer >= 1.")
+    opts = body.get("stream_options")
+    kwargs = body.get("chat_template_kwargs")
+    tools = body.get("tools")
+    return ChatRequest(
+        messages=msgs, model=body.get("model") if isinstance(body.get("model"), str) else None,
+        tools=tools if isinstance(tools, list) else None, stream=bool(body.get("stream")),
+        include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+        logprobs=bool(body.get("logprobs")),
+        template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
