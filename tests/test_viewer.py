@@ -213,7 +213,8 @@ def test_view_serves_a_store_read_only_and_renders_lazily(browser, tmp_path: Pat
     try:
         testbed.wait_healthy(base + "/v1/viewer/sessions", proc, timeout=60)
         for method, path in (("POST", "/v1/chat/completions"), ("POST", "/v1/sessions"),
-                             ("GET", "/v1/models")):
+                             ("GET", "/v1/models"), ("POST", "/v1/responses"),
+                             ("POST", "/admin/pause")):
             r = httpx.request(method, base + path, json={})
             assert r.status_code == 503, (path, r.text)
             assert "read-only" in r.json()["error"]["message"]

@@ -3,7 +3,8 @@
 It serves the page and the trainer's read routes (sessions, calls, kept bodies, trajectories)
 from the store; every other route of ``turnstile serve`` (harness, admin, writes) answers 503
 saying why, in the API's error shape. Records are read through the store's read paths and
-the viewer's read-only connection; nothing is written (a store written by an older Turnstile is migrated on open, as by serve)."""
+the viewer's read-only connection; nothing is written (a store written by an older
+Turnstile is migrated on open, as by serve)."""
 
 from __future__ import annotations
 
