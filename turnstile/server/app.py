@@ -1,7 +1,8 @@
 """HTTP routes. Harness-facing: ``/v1/chat/completions`` and ``/v1/models`` under a session's
 base URL ``/s/<capability>/v1`` (or with the capability as the API key). Trainer-facing (the
 trainer's token): sessions (open, list, reward, close, delete), their calls and trajectories
-(merged or per call), admin, the OpenAPI document. Credentials: turnstile/auth.py.
+(merged or per call), admin, the OpenAPI document, the trajectory viewer's data (its page at
+``/ui`` is open). Credentials: turnstile/auth.py.
 
 This module wires the app; the handlers live in ``routes_harness``, ``routes_sessions`` and
 ``routes_admin``, access checks in ``access``, shared state in ``context``, the session cache
@@ -16,7 +17,16 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..dialects.base import Dialect
+from ..viewer.routes import (
+    ui_page,
+    ui_script,
+    ui_style,
+    viewer_parquet,
+    viewer_sessions,
+    viewer_trajectories,
+)
 from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
 from .contract import AppGateway
@@ -37,6 +47,18 @@ from .routes_sessions import (
 from .session_index import SessionIndex
 
 __all__ = ["DEFAULT_SESSION", "create_app"]
+
+# The trajectory viewer (turnstile/viewer): its page is open (no data in it), its data trainer's.
+VIEWER_ROUTES = [
+    Route("/ui", ui_page, methods=["GET"]),
+    Route("/ui/viewer.js", ui_script, methods=["GET"]),
+    Route("/ui/viewer.css", ui_style, methods=["GET"]),
+    Route("/v1/viewer/sessions", trainer(viewer_sessions), methods=["GET"]),
+    Route("/v1/viewer/sessions/{sid}/trajectories", trainer(viewer_trajectories),
+          methods=["GET"]),
+    Route("/v1/viewer/sessions/{sid}/trajectories.parquet", trainer(viewer_parquet),
+          methods=["GET"]),
+]
 
 # Harness routes check the capability themselves; trainer() guards the rest; /health is
 # open (engine up or not, for probes). Each route is described in openapi.py.
@@ -66,17 +88,20 @@ ROUTES = [
     Route("/admin/resume", trainer(admin_resume), methods=["POST"]),
     Route("/admin/status", trainer(admin_status), methods=["GET"]),
     Route("/openapi.json", trainer(openapi), methods=["GET"]),
+    *VIEWER_ROUTES,
 ]
 
 
 def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *,
-               token: str | None, limits: Limits | None = None) -> Starlette:
-    """``token``: the trainer's token (None: every route open, ``--no-auth``)."""
+               token: str | None, limits: Limits | None = None,
+               tokenizer: LoadedTokenizer | None = None) -> Starlette:
+    """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
+    the viewer shows token IDs as its text pieces (None: as IDs)."""
     store = gateway.store
     ctx = AppContext(
         gateway=gateway, store=store, public_url=public_url, max_body=max_body, token=token,
         limits=limits or Limits(),
-        sessions=SessionIndex(store), dialects=_dialects(gateway))
+        sessions=SessionIndex(store), dialects=_dialects(gateway), tokenizer=tokenizer)
     app = Starlette(routes=ROUTES, lifespan=_lifespan,
                     exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.turnstile = ctx

@@ -9,6 +9,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..store.sqlite import Store
 from .contract import AppGateway
 from .errors import APIError
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 class AppContext:
     """The gateway and store behind the routes, the server's settings and the session cache.
 
-    ``token``: the trainer's token (None: every route open, ``--no-auth``).
+    ``token``: the trainer's token (None: every route open, ``--no-auth``). ``tokenizer``:
+    what the viewer decodes token IDs with (None: it shows the IDs).
     """
 
     gateway: AppGateway
@@ -34,6 +36,7 @@ class AppContext:
     limits: Limits
     sessions: SessionIndex
     dialects: dict[str, Dialect] = field(default_factory=dict)  # by name: "chat", ...
+    tokenizer: LoadedTokenizer | None = None
 
 
 def context(request: Request) -> AppContext:

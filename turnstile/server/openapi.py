@@ -140,11 +140,22 @@ class Op:
     body_required: bool = True
     query: dict[str, dict] = field(default_factory=dict)  # name -> schema
     streams: bool = False
+    media: str = "application/json"  # of the 200 answer
 
 
 _LIST_Q: dict[str, dict] = {"group": _STR, "group_id": _STR, "status": {"enum": ["open", "closed"]},
            "limit": {"type": "integer", "minimum": 1, "maximum": 1000}, "after": _STR,
            "exported": {"enum": ["true", "false"]}}
+
+_NUM = {"type": "number"}
+_VIEWER_Q: dict[str, dict] = {
+    "group": _STR, "status": {"enum": ["open", "closed"]}, "model": _STR,
+    "min_reward": _NUM, "max_reward": _NUM, "new_segments": {"enum": ["true", "false"]},
+    "since": _NUM, "until": _NUM,
+    "sort": {"enum": ["created", "reward", "calls", "errors", "segments", "sampled", "length"]},
+    "order": {"enum": ["asc", "desc"]}, "limit": {"type": "integer", "minimum": 1,
+                                                  "maximum": 5000},
+    "offset": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}
 
 ROUTES: list[Op] = [
     Op("POST", "/s/{capability}/v1/chat/completions", HARNESS,
@@ -191,6 +202,19 @@ ROUTES: list[Op] = [
        "Resume", body_required=False),
     Op("GET", "/admin/status", TRAINER, "Paused?, calls in flight, weight version, replicas"),
     Op("GET", "/openapi.json", TRAINER, "This document"),
+    Op("GET", "/ui", OPEN, "The trajectory viewer (asks for the trainer's token)",
+       media="text/html"),
+    Op("GET", "/ui/viewer.js", OPEN, "The viewer's script", media="text/javascript"),
+    Op("GET", "/ui/viewer.css", OPEN, "The viewer's style sheet", media="text/css"),
+    Op("GET", "/v1/viewer/sessions", TRAINER,
+       "Sessions with their calls summed up (calls, errors, new segments, tokens, models), "
+       "filtered, counted and sorted", query=_VIEWER_Q),
+    Op("GET", "/v1/viewer/sessions/{sid}/trajectories", TRAINER,
+       "Stitched trajectories with each token's text piece and where a segment diverged",
+       query={"mode": {"enum": ["merged", "per_call"]}}),
+    Op("GET", "/v1/viewer/sessions/{sid}/trajectories.parquet", TRAINER,
+       "The session's trajectories as one Parquet file (the export's trajectories schema)",
+       query={"mode": {"enum": ["merged", "per_call"]}}, media="application/vnd.apache.parquet"),
 ]
 
 _ERRORS = {"400": "a field is invalid (param names it)", "401": "no or unknown credential",
@@ -215,7 +239,8 @@ def _operation(op: Op) -> dict:
         "security": {TRAINER: [{"trainer": []}], OPEN: [],
                      HARNESS: [{"capability": []}, {"trainer": []}]}[op.access],
         "responses": {"200": {"description": "OK", "content": {
-            "application/json": {"schema": {"type": "object"}},
+            op.media: {"schema": {"type": "object"} if op.media == "application/json"
+                       else _STR},
             **({"text/event-stream": {"schema": _STR}} if op.streams else {})}},
             **{code: {"description": what, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Error"}}}}
