@@ -10,124 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .openapi_schemas import SCHEMAS, STR
+
 TRAINER, HARNESS, OPEN = "trainer", "harness", "open"
-
-
-def _obj(props: dict, required: tuple[str, ...] = (), extra: bool = False) -> dict:
-    out: dict = {"type": "object", "properties": props, "additionalProperties": extra}
-    if required:
-        out["required"] = list(required)
-    return out
-
-
-_STR = {"type": "string"}
-_TEXT_PART = _obj({"type": {"const": "text"}, "text": _STR}, ("type", "text"))
-_TOOL_CALL = _obj({
-    "id": _STR, "type": {"const": "function"},
-    "function": _obj({"name": _STR, "arguments": _STR}, ("name",))}, ("function",), True)
-
-SCHEMAS: dict[str, dict] = {
-    "Message": _obj({
-        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"oneOf": [_STR, {"type": "null"},
-                              {"type": "array", "items": _TEXT_PART}]},
-        "name": _STR, "tool_call_id": _STR,
-        "tool_calls": {"type": "array", "items": _TOOL_CALL},
-        "reasoning_content": _STR}, ("role", "content"), True),
-    "Tool": _obj({"type": {"const": "function"}, "function": _obj({
-        "name": _STR, "description": _STR, "strict": {"type": "boolean"},
-        "parameters": {"type": "object"}}, ("name",))}, ("type", "function")),
-    "ChatCompletionRequest": _obj({
-        "model": _STR,
-        "messages": {"type": "array", "minItems": 1,
-                     "items": {"$ref": "#/components/schemas/Message"}},
-        "tools": {"type": "array", "items": {"$ref": "#/components/schemas/Tool"}},
-        "tool_choice": {"oneOf": [
-            {"enum": ["auto", "none", "required"]},
-            _obj({"type": {"const": "function"},
-                  "function": _obj({"name": _STR}, ("name",))}, ("type", "function"))]},
-        "parallel_tool_calls": {"type": "boolean"},
-        "stream": {"type": "boolean"},
-        "stream_options": _obj({"include_usage": {"type": "boolean"}}),
-        "max_tokens": {"type": "integer", "minimum": 1},
-        "max_completion_tokens": {"type": "integer", "minimum": 1},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
-        "stop": {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}]},
-        "logprobs": {"type": "boolean"},
-        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-        "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
-                       "additionalProperties": {"type": "number", "minimum": -100,
-                                                "maximum": 100}},
-        "n": {"const": 1},
-        "chat_template_kwargs": {"type": "object"},
-        "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "repetition_penalty": {"type": "number", "minimum": 0.01, "maximum": 2},
-        "top_k": {"type": "integer", "minimum": -1},
-        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "response_format": _obj({
-            "type": {"enum": ["text", "json_object", "json_schema"]},
-            "json_schema": _obj({"name": _STR, "strict": {"type": "boolean"},
-                                 "schema": {"type": "object"}}, ("schema",))}, ("type",)),
-        "reasoning_effort": _STR,
-        "user": _STR, "metadata": {"type": "object"}, "store": {"type": "boolean"},
-        "service_tier": _STR, "prompt_cache_key": _STR, "safety_identifier": _STR,
-        "modalities": {"type": "array", "items": {"const": "text"}}}, ("messages",)),
-    "ResponsesRequest": _obj({
-        "model": _STR, "instructions": _STR,
-        "input": {"oneOf": [{"type": "string", "minLength": 1}, {
-            "type": "array", "minItems": 1, "items": _obj({
-                "role": {"enum": ["system", "developer", "user"]}, "content": _STR,
-                "type": {"const": "message"}}, ("role", "content"))}]},
-        "tools": {"type": "array", "items": _obj({
-            "type": {"const": "function"}, "name": _STR, "description": _STR,
-            "strict": {"type": "boolean"}, "parameters": {"type": "object"}},
-            ("type", "name"))},
-        "tool_choice": {"oneOf": [{"enum": ["auto", "none"]}]},
-        "parallel_tool_calls": {"type": "boolean"},
-        "stream": {"type": "boolean"},
-        "max_output_tokens": {"type": "integer", "minimum": 1},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
-        "previous_response_id": _STR, "store": {"type": "boolean"},
-        "user": _STR, "metadata": {"type": "object"}}, ("input",)),
-    "MessagesRequest": _obj({
-        "model": _STR, "max_tokens": {"type": "integer", "minimum": 1},
-        "system": _STR,
-        "messages": {"type": "array", "minItems": 1, "items": _obj({
-            "role": {"const": "user"}, "content": {"type": "string", "minLength": 1}},
-            ("role", "content"))},
-        "tools": {"type": "array", "items": _obj({
-            "name": _STR, "description": _STR, "input_schema": {"type": "object"}},
-            ("name", "input_schema"))},
-        "tool_choice": _obj({"type": {"enum": ["auto", "none"]}}, ("type",)),
-        "stop_sequences": {"type": "array", "items": _STR, "maxItems": 4},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "stream": {"type": "boolean"},
-        "metadata": {"type": "object"}}, ("max_tokens", "messages")),
-    "SessionCreate": _obj({
-        "metadata": {"type": "object"},
-        "id": {"type": "string", "pattern": "^[^/]+$"},
-        "group_id": {"type": "string", "minLength": 1},
-        "task_id": {"type": "string", "minLength": 1},
-        "sample_index": {"type": "integer", "minimum": 0}}),
-    "Rewards": _obj({
-        "reward": {"type": "number"},
-        "rewards": {"type": "object", "minProperties": 1,
-                    "additionalProperties": {"type": "number"}},
-        "call_id": _STR}),
-    "Close": _obj({"termination_reason": _STR}),
-    "Pause": _obj({"mode": {"enum": ["drain", "abort"]},
-                   "timeout": {"type": "number", "minimum": 0}}),
-    "Resume": _obj({"weight_version": {"oneOf": [_STR, {"type": "integer"}]}}),
-    "Error": _obj({"error": _obj({"message": _STR, "type": _STR,
-                                  "param": {"type": ["string", "null"]},
-                                  "code": {"type": ["string", "null"]}})}, ("error",)),
-}
 
 
 @dataclass(frozen=True)
@@ -143,13 +28,13 @@ class Op:
     media: str = "application/json"  # of the 200 answer
 
 
-_LIST_Q: dict[str, dict] = {"group": _STR, "group_id": _STR, "status": {"enum": ["open", "closed"]},
-           "limit": {"type": "integer", "minimum": 1, "maximum": 1000}, "after": _STR,
+_LIST_Q: dict[str, dict] = {"group": STR, "group_id": STR, "status": {"enum": ["open", "closed"]},
+           "limit": {"type": "integer", "minimum": 1, "maximum": 1000}, "after": STR,
            "exported": {"enum": ["true", "false"]}}
 
 _NUM = {"type": "number"}
 _VIEWER_Q: dict[str, dict] = {
-    "group": _STR, "status": {"enum": ["open", "closed"]}, "model": _STR,
+    "group": STR, "status": {"enum": ["open", "closed"]}, "model": STR,
     "min_reward": _NUM, "max_reward": _NUM, "new_segments": {"enum": ["true", "false"]},
     "since": _NUM, "until": _NUM,
     "sort": {"enum": ["created", "reward", "calls", "errors", "segments", "sampled", "length"]},
@@ -225,13 +110,13 @@ _ERRORS = {"400": "a field is invalid (param names it)", "401": "no or unknown c
 
 
 def _operation(op: Op) -> dict:
-    params = [{"name": name, "in": "path", "required": True, "schema": _STR}
+    params = [{"name": name, "in": "path", "required": True, "schema": STR}
               for name in ("capability", "sid", "cid", "rid") if "{" + name + "}" in op.path]
     params += [{"name": k, "in": "query", "required": False, "schema": v}
                for k, v in op.query.items()]
     if op.path in ("/v1/chat/completions", "/v1/responses"):
         params.append({"name": "X-Session-Id", "in": "header", "required": False,
-                       "schema": _STR})
+                       "schema": STR})
     out: dict = {
         "summary": op.summary,
         "operationId": (op.method.lower() + op.path.replace("/", "_").replace("{", "")
@@ -240,8 +125,8 @@ def _operation(op: Op) -> dict:
                      HARNESS: [{"capability": []}, {"trainer": []}]}[op.access],
         "responses": {"200": {"description": "OK", "content": {
             op.media: {"schema": {"type": "object"} if op.media == "application/json"
-                       else _STR},
-            **({"text/event-stream": {"schema": _STR}} if op.streams else {})}},
+                       else STR},
+            **({"text/event-stream": {"schema": STR}} if op.streams else {})}},
             **{code: {"description": what, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Error"}}}}
                for code, what in _ERRORS.items()}},
