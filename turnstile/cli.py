@@ -14,10 +14,7 @@ from .chat.tokenizer import load_tokenizer
 from .engines import KINDS
 from .parsing import tool_formats
 from .server.limits import Limits
-from .wiring import build_gateway, build_renderer, detect_parser, limits_from, server_from_args
-
-# where they were first defined, kept for callers (the wiring lives in ``turnstile.wiring``)
-__all__ = ["build_gateway", "build_renderer", "detect_parser", "limits_from", "main"]
+from .wiring import build_renderer, server_from_args
 
 
 def audit_command(args: argparse.Namespace) -> None:

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from ..engines.base import token_versions
-from ..store.sqlite import CallRecord, SessionGone, Store
+from ..store.records import CallRecord
+from ..store.sqlite import SessionGone, Store
 from .errors import APIError
 
 # What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.

@@ -28,7 +28,6 @@ import orjson
 from ..auth import new_capability
 from .export_side import ExportSide
 from .records import (
-    INT32_MAX,
     CallRecord,
     call_from_row,
     new_id,
@@ -36,24 +35,13 @@ from .records import (
     pack_floats,
     pack_ids,
     unpack_body,
-    unpack_floats,
-    unpack_ids,
 )
 from .schema import (
     CALL_COLUMNS,
-    SCHEMA,
-    SCHEMA_VERSION,
     SESSION_COLUMNS,
-    SchemaError,
     open_schema,
 )
-from .session_rows import FIELD_ALIASES, scalar_reward, session_fields, session_from_row
-
-# Names other modules import from here.
-__all__ = ["CALL_COLUMNS", "FIELD_ALIASES", "INT32_MAX", "SCHEMA", "SCHEMA_VERSION",
-           "SESSION_COLUMNS", "SYNCHRONOUS", "CallRecord", "SchemaError", "SessionGone", "Store",
-           "call_from_row", "new_id", "pack_floats", "pack_ids", "scalar_reward",
-           "session_fields", "unpack_body", "unpack_floats", "unpack_ids"]
+from .session_rows import session_fields, session_from_row
 
 
 class SessionGone(LookupError):
