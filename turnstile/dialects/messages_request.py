@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 
 from ..server.errors import APIError
+from ..server.request_fields import Fields
+from ..server.requests import function_tool
 
 _USED = frozenset({
     "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p",
@@ -27,6 +29,8 @@ _UNSUPPORTED = {
     "context_management": "server-side context management is not supported: Turnstile never "
                           "edits the context (the recorded tokens would no longer match).",
 }
+
+FIELDS = Fields(_USED, _INERT, _UNSUPPORTED)
 
 
 def bad(param: str, message: str) -> APIError:
@@ -142,12 +146,7 @@ def _tools(value: Any) -> list[dict] | None:
         schema = t.get("input_schema")
         if not isinstance(schema, dict):
             raise bad(f"tools.{i}.input_schema", "expected a JSON Schema object.")
-        # keys in Chat's order: templates print tools as JSON, so the order is in the prompt
-        fn: dict = {"name": t["name"]}
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
-        fn["parameters"] = schema
-        out.append({"type": "function", "function": fn})
+        out.append(function_tool(t["name"], t.get("description"), schema))
     return out or None
 
 
@@ -169,17 +168,7 @@ def _tool_choice(value: Any) -> tuple[Any, bool | None]:
 
 
 def check_fields(body: dict) -> dict:
-    inert = {}
-    for key, value in body.items():
-        if key in _USED or value is None:
-            continue
-        if key in _INERT:
-            inert[key] = value
-        elif key in _UNSUPPORTED:
-            raise bad(key, _UNSUPPORTED[key])
-        else:
-            raise bad(key, "Extra inputs are not permitted")
-    return inert
+    return FIELDS.sort(body, lambda key, why: bad(key, why or "Extra inputs are not permitted"))
 
 
 def chat_body(body: dict) -> dict:

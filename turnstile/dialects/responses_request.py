@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..server.errors import APIError
+from ..server.request_fields import Fields
+from ..server.requests import function_tool
 
 # Fields that shape the prompt or the sampling, and become the internal request's.
 _USED = frozenset({
@@ -35,6 +37,7 @@ _UNSUPPORTED = {
     "prompt": "stored prompt templates are not supported; send 'input'.",
     "max_tool_calls": "'max_tool_calls' is not supported.",
 }
+FIELDS = Fields(_USED, _INERT, _UNSUPPORTED)
 _INCLUDE = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
 
 
@@ -146,12 +149,8 @@ def _tools(value: Any) -> list[dict] | None:
                       code="unsupported_value")
         if not isinstance(t.get("name"), str):
             raise bad(f"tools[{i}].name", "expected a string.")
-        # keys in Chat's order: templates print tools as JSON, so the order is in the prompt
-        fn: dict = {"name": t["name"]}
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
-        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": fn})
+        out.append(function_tool(t["name"], t.get("description"), t.get("parameters") or
+                                 {"type": "object", "properties": {}}))
     return out or None
 
 
@@ -184,18 +183,7 @@ def _format(text: Any) -> dict | None:
 
 def check_fields(body: dict) -> dict:
     """Every field is used, inert (returned) or refused with a 400 naming it."""
-    inert = {}
-    for key, value in body.items():
-        if key in _USED or value is None:
-            continue
-        if key in _INERT:
-            inert[key] = value
-        elif key in _UNSUPPORTED and value not in (False, [], {}):
-            raise APIError(400, f"Unsupported parameter: '{key}': {_UNSUPPORTED[key]}", key,
-                           code="unsupported_parameter")
-        elif key not in _UNSUPPORTED:
-            raise APIError(400, f"Unrecognized request argument supplied: {key}", key,
-                           code="unrecognized_argument")
+    inert = FIELDS.sort(body)
     include = body.get("include") or []
     if not isinstance(include, list) or any(x not in _INCLUDE for x in include):
         raise bad("include", f"supported values are {sorted(_INCLUDE)}.")

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..store.records import CallRecord
 from .errors import APIError
+from .request_fields import Fields
 from .request_messages import bad, check_messages, read_bool, read_int, read_number
 
 
@@ -126,45 +127,34 @@ def _tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None]
                               "{'type': 'function', 'function': {'name': ...}}.")
 
 
-# Every body field is used (passed to the engine or the template, and recorded with the call),
-# kept as inert, or refused with a 400 naming it: nothing a harness asks for is dropped silently.
-_USED = frozenset({
-    "messages", "model", "tools", "tool_choice", "parallel_tool_calls", "stream",
-    "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-    "stop", "logprobs", "top_logprobs", "logit_bias", "n", "chat_template_kwargs",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p",
-    "response_format", "reasoning_effort"})
-# OpenAI platform options that change no token: accepted, recorded in the call's info.
-_INERT = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
-                    "prompt_cache_retention", "safety_identifier"})
-_UNSUPPORTED = {
-    "functions": "the legacy 'functions' API is not supported; send 'tools'.",
-    "function_call": "the legacy 'function_call' is not supported; send 'tool_choice'.",
-    "audio": "audio output is not supported.",
-    "prediction": "predicted outputs are not supported.",
-    "web_search_options": "web search is not supported.",
-    "verbosity": "no chat template reads 'verbosity'; leave it out.",
-}
+FIELDS = Fields(
+    used=frozenset({
+        "messages", "model", "tools", "tool_choice", "parallel_tool_calls", "stream",
+        "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+        "stop", "logprobs", "top_logprobs", "logit_bias", "n", "chat_template_kwargs",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p",
+        "response_format", "reasoning_effort", "modalities"}),
+    # OpenAI platform options that change no token: accepted, recorded in the call's info.
+    inert=frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
+                     "prompt_cache_retention", "safety_identifier"}),
+    unsupported={
+        "functions": "the legacy 'functions' API is not supported; send 'tools'.",
+        "function_call": "the legacy 'function_call' is not supported; send 'tool_choice'.",
+        "audio": "audio output is not supported.",
+        "prediction": "predicted outputs are not supported.",
+        "web_search_options": "web search is not supported.",
+        "verbosity": "no chat template reads 'verbosity'; leave it out.",
+    })
 
 
 def _fields(body: dict) -> dict:
     """Check every top-level field is one Turnstile handles; return the inert ones."""
-    inert = {}
-    for key, value in body.items():
-        if key in _USED or value is None:
-            continue
-        if key in _INERT:
-            inert[key] = value
-        elif key == "modalities":
-            if value != ["text"]:
-                raise bad("modalities", "only text output (['text']) is supported.")
-            inert[key] = value
-        elif key in _UNSUPPORTED:
-            raise APIError(400, f"Unsupported parameter: '{key}': {_UNSUPPORTED[key]}", key,
-                           code="unsupported_parameter")
-        else:
-            raise APIError(400, f"Unrecognized request argument supplied: {key}", key,
-                           code="unrecognized_argument")
+    inert = FIELDS.sort(body)
+    modalities = body.get("modalities")
+    if modalities is not None:
+        if modalities != ["text"]:
+            raise bad("modalities", "only text output (['text']) is supported.")
+        inert["modalities"] = modalities
     return inert
 
 
@@ -198,6 +188,16 @@ RESERVED_TEMPLATE_KWARGS = {
     "chat_template": "start turnstile with --chat-template",
     "system": "send a system message", "assistant": "reserved", "new_messages": "reserved",
     "stop_token_id": "reserved"}
+
+
+def function_tool(name: str, description: str | None, parameters: dict) -> dict:
+    """A Chat tool, keys in Chat's order: templates print tools as JSON, so the order is in the
+    prompt (the other dialects build theirs with this)."""
+    fn: dict = {"name": name}
+    if description is not None:
+        fn["description"] = description
+    fn["parameters"] = parameters
+    return {"type": "function", "function": fn}
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
