@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
+import synthetic  # beside this script (development tooling, not in the package)
 
-from turnstile.store import synthetic
 from turnstile.store.export import export, read_calls
 from turnstile.store.sqlite import Store
 from turnstile.store.trajectories import stitch

@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from turnstile.store import synthetic
+from benchmarks import synthetic
 from turnstile.store.export import export, read_calls
 from turnstile.store.sqlite import Store
 from turnstile.store.trajectories import stitch

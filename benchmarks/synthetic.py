@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from .sqlite import Store
+from turnstile.store.sqlite import Store
 
 
 def fill(store: Store, sessions: int, calls: int, delta: int = 20, completion: int = 30,
