@@ -146,3 +146,9 @@ def test_responses_chain_is_private_to_its_session(turnstile):
     with pytest.raises(openai.NotFoundError):
         _client(b).responses.retrieve(r.id)
     assert _client(a).responses.retrieve(r.id).id == r.id
+    # store=false keeps no chain: such a response cannot be named (as OpenAI)
+    unstored = _client(a).responses.create(model="t", input="hi", max_output_tokens=3,
+                                           store=False)
+    with pytest.raises(openai.BadRequestError):
+        _client(a).responses.create(model="t", input="more", max_output_tokens=3,
+                                    previous_response_id=unstored.id)

@@ -43,7 +43,9 @@ class Chains:
     def messages(self, session_id: str, resp_id: str) -> list[dict]:
         calls = {c.id: c for c in self.store.calls(session_id)}
         rec = calls.get(call_id(resp_id)) if isinstance(resp_id, str) else None
-        if rec is None or rec.status != "ok" or rec.info.get("dialect") != NAME:
+        # a response sent with store=false keeps no chain (as OpenAI: it cannot be named)
+        if rec is None or rec.status != "ok" or rec.info.get("dialect") != NAME or \
+                "dialect_state" not in rec.info:
             raise APIError(400, f"Previous response with id {resp_id!r} not found.",
                            "previous_response_id", code="previous_response_not_found")
         chain: list[CallRecord] = []
