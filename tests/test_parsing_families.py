@@ -166,7 +166,8 @@ def test_register_tool_format_declares_a_family_without_detection() -> None:
 
 
 # Modules of the parsing package that are shared machinery, not a family's parser.
-SHARED = {"__init__", "base", "call_ids", "detect", "families", "family", "grammar", "jsoncalls",
+SHARED = {"__init__", "base", "call_ids", "detect", "families", "family", "family_specs",
+          "grammar", "jsoncalls",
           "jsonlist", "markers", "parser", "reasoning", "registry", "tagged", "types",
           "xmlcalls"}
 
