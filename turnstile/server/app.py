@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from .access import DEFAULT_SESSION, trainer
@@ -21,6 +22,7 @@ from .context import AppContext
 from .contract import AppGateway
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
+from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
 from .routes_harness import chat, models
 from .routes_sessions import (
@@ -57,20 +59,28 @@ ROUTES = [
     Route("/admin/resume", trainer(admin_resume), methods=["POST"]),
     Route("/admin/status", trainer(admin_status), methods=["GET"]),
     Route("/openapi.json", trainer(openapi), methods=["GET"]),
+    Route("/metrics", trainer(metrics_route), methods=["GET"]),
 ]
 
 
 def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *,
-               token: str | None, limits: Limits | None = None) -> Starlette:
-    """``token``: the trainer's token (None: every route open, ``--no-auth``)."""
+               token: str | None, limits: Limits | None = None,
+               replica: str | None = None) -> Starlette:
+    """``token``: the trainer's token (None: every route open, ``--no-auth``); ``replica``:
+    the ``replica`` label of its metrics (default: ``host:pid``)."""
     store = gateway.store
+    metrics = Metrics(replica)
+    if store is not None:  # every committed call feeds the metrics
+        store.observers.append(metrics.committed)
     ctx = AppContext(
         gateway=gateway, store=store, public_url=public_url, max_body=max_body, token=token,
         limits=limits or Limits(),
         sessions=SessionIndex(store))
     app = Starlette(routes=ROUTES, lifespan=_lifespan,
-                    exception_handlers=dict(EXCEPTION_HANDLERS))
+                    exception_handlers=dict(EXCEPTION_HANDLERS),
+                    middleware=[Middleware(MetricsMiddleware, metrics=metrics)])
     app.state.turnstile = ctx
+    app.state.metrics = metrics
     return app
 
 

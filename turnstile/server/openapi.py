@@ -106,6 +106,7 @@ class Op:
     body_required: bool = True
     query: dict[str, dict] = field(default_factory=dict)  # name -> schema
     streams: bool = False
+    media: str = "application/json"  # of the 200 answer
 
 
 _LIST_Q: dict[str, dict] = {"group": _STR, "group_id": _STR, "status": {"enum": ["open", "closed"]},
@@ -141,6 +142,8 @@ ROUTES: list[Op] = [
        "Resume", body_required=False),
     Op("GET", "/admin/status", TRAINER, "Paused?, calls in flight, weight version, replicas"),
     Op("GET", "/openapi.json", TRAINER, "This document"),
+    Op("GET", "/metrics", TRAINER, "Prometheus metrics of this gateway (text format)",
+       media="text/plain"),
 ]
 
 _ERRORS = {"400": "a field is invalid (param names it)", "401": "no or unknown credential",
@@ -165,7 +168,8 @@ def _operation(op: Op) -> dict:
         "security": {TRAINER: [{"trainer": []}], OPEN: [],
                      HARNESS: [{"capability": []}, {"trainer": []}]}[op.access],
         "responses": {"200": {"description": "OK", "content": {
-            "application/json": {"schema": {"type": "object"}},
+            op.media: {"schema": {"type": "object"} if op.media == "application/json"
+                       else _STR},
             **({"text/event-stream": {"schema": _STR}} if op.streams else {})}},
             **{code: {"description": what, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Error"}}}}

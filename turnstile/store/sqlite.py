@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import orjson
@@ -87,6 +87,8 @@ class Store:
         # out a lock held by another process never holds up the reads.
         self._wdb = self._connect(busy_timeout)
         self._wlock = threading.Lock()
+        # told of every committed call with the seconds its write took (server.metrics)
+        self.observers: list[Callable[[CallRecord, float], None]] = []
 
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
@@ -346,6 +348,12 @@ class Store:
                                    (session_id,)).fetchone()
         return None if row is None else row[0]
 
+    def call_count(self, session_id: str) -> int:
+        """How many calls the session has recorded (by any process writing this file)."""
+        with self._lock:
+            return self._db.execute("SELECT count(*) FROM calls WHERE session_id = ?",
+                                    (session_id,)).fetchone()[0]
+
     def add_call(self, c: CallRecord, request_body: object = None,
                  response_body: object = None, session_created: float | None = None) -> None:
         """Record a call; with ``keep_bodies`` also its raw request/response bodies, in the
@@ -365,6 +373,7 @@ class Store:
         keep = self.keep_bodies and (request_body is not None or response_body is not None)
         bodies = (c.id, c.session_id, pack_body(request_body),
                   pack_body(response_body)) if keep else None
+        began = time.perf_counter()
         with self._wlock:
             db = self._wdb
             db.execute("BEGIN IMMEDIATE")
@@ -383,6 +392,8 @@ class Store:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+        for observe in self.observers:
+            observe(c, time.perf_counter() - began)
 
     def body(self, call_id: str) -> dict | None:
         """``{"request": ..., "response": ...}`` as kept for a call, or None."""
