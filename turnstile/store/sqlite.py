@@ -89,6 +89,8 @@ class Store:
         self._wlock = threading.Lock()
         # told of every committed call with the seconds its write took (server.metrics)
         self.observers: list[Callable[[CallRecord, float], None]] = []
+        # added to every call's info (turnstile.ray: the gateway replica that recorded it)
+        self.record_fields: dict = {}
 
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
@@ -363,6 +365,8 @@ class Store:
         session must still be that incarnation: a call that outlived a delete of its session
         (by this server or by ``export --delete`` in another process) raises
         :class:`SessionGone` and writes nothing, so a re-created id starts empty."""
+        if self.record_fields:
+            c.info.update(self.record_fields)
         row = (
             c.id, c.session_id, c.seq, c.parent_id, c.segment_reason, c.reused_prefix_len,
             pack_ids(c.prompt_delta), pack_ids(c.completion_ids),
