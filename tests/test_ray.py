@@ -9,6 +9,7 @@ recorded by one replica; a replica killed with calls in flight fails them with a
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -133,6 +134,15 @@ def check_exact(http: httpx.Client, url: str, sid: str, by_prompt: dict) -> list
     return calls
 
 
+def ring_owner(replicas: list[str], key: str, vnodes: int = 100) -> str:
+    """The replica Ray's consistent-hash ring gives ``key`` (its hash and vnode keys)."""
+    from ray.serve.experimental.consistent_hash_router import _hash_bytes
+
+    ring = sorted((_hash_bytes(f"{r}:{i}".encode()), r) for r in replicas for i in range(vnodes))
+    at = bisect.bisect_right([h for h, _ in ring], _hash_bytes(key.encode()))
+    return ring[at % len(ring)][1]
+
+
 def turn(oa: openai.OpenAI, msgs: list[dict], bias: dict, max_tokens: int = 4) -> None:
     r = oa.chat.completions.create(model="m", messages=msgs, max_tokens=max_tokens,
                                    logit_bias=bias, temperature=1.0)
@@ -169,6 +179,10 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
         owner[sid] = replicas.pop()
     spread = set(owner.values())
     assert len(spread) == 2, spread  # spread over both replicas
+    # ... as Ray's consistent-hash ring places the session's capability (Ray's own hash)
+    caps = {s["id"]: s["base_url"].split("/s/", 1)[1].split("/", 1)[0] for s in sessions}
+    for sid in convs:
+        assert owner[sid] == ring_owner(sorted(spread), caps[sid]), sid
 
     # kill one replica while a call of each of 4 of its sessions (and 4 of the other's)
     # waits at the engine
