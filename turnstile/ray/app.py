@@ -84,9 +84,16 @@ def build_app(options: dict, *, replicas: int = 2, min_replicas: int | None = No
 def serve_ray(args: argparse.Namespace) -> None:
     """``turnstile serve --ray``: join the cluster at ``--ray-address`` (or start one on this
     machine), run the app behind Serve's HTTP proxy on ``--host:--port``, and block."""
+    import signal
+
     import ray
 
     ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+
+    def stop(*_: object) -> None:  # SIGTERM (systemd, Kubernetes) stops it as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     serve.start(http_options={"host": args.host, "port": args.port})
     app = build_app(replica_options(args), replicas=args.ray_replicas,
                     min_replicas=args.ray_min_replicas, max_replicas=args.ray_max_replicas,

@@ -74,6 +74,10 @@ class Metrics:
                               registry=reg)
         self.in_flight = Gauge("turnstile_in_flight", "Chat completions being answered", r,
                                registry=reg)
+        for series in (self.prompt_tokens, self.reused_tokens, self.sampled_tokens,
+                       self.latency, self.engine_time, self.own_time, self.store_write,
+                       self.in_flight):
+            series.labels(self.replica)  # present (at 0) from the first scrape
 
     def committed(self, rec: CallRecord, write_seconds: float) -> None:
         """A call record was committed (runs on the store's writer thread)."""
