@@ -183,6 +183,16 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
     caps = {s["id"]: s["base_url"].split("/s/", 1)[1].split("/", 1)[0] for s in sessions}
     for sid in convs:
         assert owner[sid] == ring_owner(sorted(spread), caps[sid]), sid
+    # a session closed through the other replica (a trainer route, keyed by a name the ring
+    # gives the other one) takes no more calls on its own replica
+    sid0 = next(iter(convs))
+    name = next(f"n{i}" for i in range(10_000)
+                if ring_owner(sorted(spread), f"id:n{i}") != owner[sid0])
+    r = http.post(f"{url}/v1/sessions/{sid0}/close", json={}, headers={"x-session-id": name})
+    assert r.status_code == 200, r.text
+    with pytest.raises(openai.ConflictError):
+        turn(clients[sid0], convs[sid0], no_end_bias)
+    del convs[sid0]
 
     # kill one replica while a call of each of 4 of its sessions (and 4 of the other's)
     # waits at the engine
@@ -237,10 +247,12 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
     from turnstile.ray import trajectories
 
     refs = trajectories("g", fleet["data"])
-    assert len(refs) == len(convs) and all(isinstance(r, ray.ObjectRef) for r in refs)
+    ordered = [s["id"] for s in sessions]  # by sample index (the closed one included)
+    assert len(refs) == len(ordered) and all(isinstance(r, ray.ObjectRef) for r in refs)
     samples = ray.get(refs)
-    for i, (sid, t) in enumerate(zip(convs, samples, strict=True)):
+    for i, (sid, t) in enumerate(zip(ordered, samples, strict=True)):
         (want,) = http.get(f"{url}/v1/sessions/{sid}/trajectories").json()["data"]
         assert t.session_id == sid and t.sample_index == i
         assert t.token_ids.dtype.name == "int32" and t.token_ids.tolist() == want["token_ids"]
         assert t.loss_mask.tolist() == want["loss_mask"]
+

@@ -41,6 +41,7 @@ class GatewayReplica:
         if not isinstance(gateway, Gateway):
             raise ValueError("turnstile.ray runs token-in gateways")
         gateway.trees.shared = True  # other replicas write this store too
+        self.server.app.state.turnstile.sessions.shared = True  # and close its sessions
         gateway.store.record_fields["replica"] = replica  # which replica recorded a call
 
     def __serve_build_asgi_app__(self) -> Any:

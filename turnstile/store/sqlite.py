@@ -350,6 +350,13 @@ class Store:
                                    (session_id,)).fetchone()
         return None if row is None else row[0]
 
+    def session_status(self, session_id: str) -> str | None:
+        """``open`` or ``closed`` (None: no such session), as any process left it."""
+        with self._lock:
+            row = self._db.execute("SELECT status FROM sessions WHERE id = ?",
+                                   (session_id,)).fetchone()
+        return None if row is None else row[0]
+
     def call_count(self, session_id: str) -> int:
         """How many calls the session has recorded (by any process writing this file)."""
         with self._lock:
