@@ -226,9 +226,9 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
         assert outcomes[s] == "ok", outcomes[s]
     for s in mine:
         exc = outcomes[s]
-        assert isinstance(exc, (openai.InternalServerError, openai.APIConnectionError)), exc
-        if isinstance(exc, openai.APIStatusError):
-            assert exc.status_code >= 500  # retryable
+        # Serve's proxy answers 500 for a request whose replica died: one the openai client
+        # retries by default (here the harness retries by hand, to check the retry)
+        assert isinstance(exc, openai.InternalServerError) and exc.status_code == 500, exc
         # the harness retries: the same messages, now on the other replica
         turn(clients[s], convs[s], no_end_bias)
     # every session goes on exactly; nothing acknowledged was lost
