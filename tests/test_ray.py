@@ -256,3 +256,14 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
         assert t.token_ids.dtype.name == "int32" and t.token_ids.tolist() == want["token_ids"]
         assert t.loss_mask.tolist() == want["loss_mask"]
 
+
+    # ... and from a trainer actor, as a trainer on Ray would call it
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def tokens(self, group: str, data: str) -> list[int]:
+            from turnstile.ray import trajectories as fetch
+
+            return [len(t) for t in ray.get(fetch(group, data))]
+
+    trainer = Trainer.remote()
+    assert ray.get(trainer.tokens.remote("g", fleet["data"])) == [len(t) for t in samples]

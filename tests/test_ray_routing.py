@@ -67,3 +67,19 @@ def test_trainer_requests():
     plain = scope_of(sent("http://h:8000/v1", "trainer-token-0123456789"))
     assert session_key(plain["path"], plain["headers"]) is None  # any replica
     assert request_scope(b"not a pickle") is None and request_scope(object()) is None
+
+
+def test_the_app_has_the_router_and_the_bounds_asked_for():
+    from turnstile.ray import build_app
+
+    fixed = build_app({"mode": "token-in"}, replicas=3)._bound_deployment
+    assert fixed.num_replicas == 3
+    assert fixed._deployment_config.request_router_config.request_router_class == \
+        "turnstile.ray.routing:SessionRouter"
+    scaled = build_app({"mode": "token-in"}, min_replicas=2, max_replicas=6,
+                       target_ongoing=8)._bound_deployment._deployment_config
+    bounds = scaled.autoscaling_config
+    assert (bounds.min_replicas, bounds.max_replicas, bounds.target_ongoing_requests) == \
+        (2, 6, 8)
+    with pytest.raises(ValueError, match="token-in"):
+        build_app({"mode": "passthrough"})

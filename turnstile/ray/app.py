@@ -25,6 +25,8 @@ from ..wiring import Server, server_from_args
 
 DEPLOYMENT = "turnstile"
 ROUTER = "turnstile.ray.routing:SessionRouter"  # imported by Serve's proxies
+PASSTHROUGH = ("--ray runs token-in gateways (passthrough keeps a lineage index that is not "
+               "rebuilt when another replica recorded calls)")
 # Paths the replicas open: made absolute in the driver (a replica's working directory is
 # Ray's, not the caller's).
 _PATHS = ("data", "model", "chat_template")
@@ -64,8 +66,7 @@ def build_app(options: dict, *, replicas: int = 2, min_replicas: int | None = No
     ``min_replicas``/``max_replicas`` Serve autoscales between them on ongoing requests per
     replica (``target_ongoing``); otherwise it keeps ``replicas``."""
     if options.get("mode") == "passthrough":
-        raise ValueError("turnstile.ray runs token-in gateways (passthrough keeps a lineage "
-                         "index that is not rebuilt when another replica recorded calls)")
+        raise ValueError(PASSTHROUGH)
     scaling: dict[str, Any] = {"num_replicas": replicas}
     if min_replicas is not None or max_replicas is not None:
         lo = min_replicas if min_replicas is not None else 1
@@ -89,6 +90,9 @@ def serve_ray(args: argparse.Namespace) -> None:
 
     import ray
 
+    options = replica_options(args)
+    if options.get("mode") == "passthrough":  # before a cluster is started or joined
+        raise SystemExit(f"turnstile: refusing to start: {PASSTHROUGH}")
     ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
 
     def stop(*_: object) -> None:  # SIGTERM (systemd, Kubernetes) stops it as Ctrl-C does
@@ -96,7 +100,7 @@ def serve_ray(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     serve.start(http_options={"host": args.host, "port": args.port})
-    app = build_app(replica_options(args), replicas=args.ray_replicas,
+    app = build_app(options, replicas=args.ray_replicas,
                     min_replicas=args.ray_min_replicas, max_replicas=args.ray_max_replicas,
                     replica_cpus=args.ray_replica_cpus)
     serve.run(app, name="turnstile", route_prefix="/", blocking=True)
