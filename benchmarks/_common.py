@@ -401,9 +401,9 @@ def make_gateway(data: Path, spec: dict):
     """The Gateway ``turnstile serve`` builds (template audit left out: Qwen2.5 extends
     exactly), with the in-process engine."""
     from turnstile.chat.audit import Policy
-    from turnstile.cli import build_renderer, detect_parser
     from turnstile.server.gateway import Gateway
     from turnstile.store.sqlite import Store
+    from turnstile.wiring import build_renderer, detect_parser
 
     renderer, _ = build_renderer(str(tiny_qwen2()))
     return Gateway(renderer, InProcessEngine(spec), Store(data), MODEL_NAME,
@@ -616,9 +616,9 @@ def _relay_app(upstream: str, kind: str):
 
 def _turnstile_app(engine_url: str, data: str, port: int):
     """``turnstile serve`` with the vLLM adapter (token-in ``/inference/v1/generate``)."""
-    from turnstile.cli import build_gateway
     from turnstile.engines.vllm import VLLMEngine
     from turnstile.server.app import create_app
+    from turnstile.wiring import build_gateway
 
     gateway = build_gateway(engine_url, str(tiny_qwen2()), data, model_name=MODEL_NAME)
     gateway.engine = VLLMEngine(engine_url, api="generate", logprobs_mode="processed_logprobs")

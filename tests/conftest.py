@@ -181,8 +181,10 @@ class Turnstile:
     ``http`` (an httpx.Client sending it) are the trainer's credentials. Session base URLs
     (``session()["base_url"]``) carry the session's capability, as a harness gets them."""
 
-    def __init__(self, engine_url: str | list[str], model: Path, data: Path, log: Path):
+    def __init__(self, engine_url: str | list[str], model: Path, data: Path, log: Path,
+                 extra: tuple[str, ...] = ()):
         self.engine_url, self.model, self.data, self.log = engine_url, model, data, log
+        self.extra = extra  # more ``turnstile serve`` options
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.token = ""
@@ -209,7 +211,8 @@ class Turnstile:
         urls = [self.engine_url] if isinstance(self.engine_url, str) else self.engine_url
         cmd = [sys.executable, "-m", "turnstile.cli", "serve",
                *(a for u in urls for a in ("--engine-url", u)),
-               "--model", str(self.model), "--port", str(port), "--data", str(self.data)]
+               "--model", str(self.model), "--port", str(port), "--data", str(self.data),
+               *self.extra]
         out = self.log.open("ab")
         # no $TURNSTILE_TOKEN: the server uses (or generates) the token file under --data
         env = {k: v for k, v in os.environ.items() if k != "TURNSTILE_TOKEN"}
@@ -256,9 +259,10 @@ class Turnstile:
 def turnstile_factory(tmp_path: Path) -> Iterator:
     started: list[Turnstile] = []
 
-    def make(engine_url: str | list[str], model: Path, data: Path | None = None) -> Turnstile:
+    def make(engine_url: str | list[str], model: Path, data: Path | None = None,
+             extra: tuple[str, ...] = ()) -> Turnstile:
         t = Turnstile(engine_url, model, data or tmp_path / "data",
-                      tmp_path / f"turnstile-{len(started)}.log")
+                      tmp_path / f"turnstile-{len(started)}.log", extra)
         started.append(t)
         return t.start()
 

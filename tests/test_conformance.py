@@ -29,7 +29,9 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from turnstile import testbed
-from turnstile.chat.audit import TOOLS, audit, corpus_renderer
+from turnstile.chat.audit import audit
+from turnstile.chat.audit_battery import TOOLS
+from turnstile.chat.audit_corpus import corpus_renderer
 from turnstile.chat.patches import apply_patches
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate, TemplateError

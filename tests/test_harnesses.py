@@ -106,7 +106,7 @@ class Requests:
         self.status: collections.Counter = collections.Counter()
 
     def _see(self, response: httpx.Response) -> None:
-        if response.request.url.path.endswith("/chat/completions"):
+        if response.request.url.path.endswith(("/chat/completions", "/responses")):
             self.status[response.status_code] += 1
 
     def client(self) -> httpx.Client:
@@ -240,11 +240,13 @@ def test_openai_client_stream(gateway, no_markup):
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-def test_openai_agents_sdk(gateway, no_markup, streamed):
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_openai_agents_sdk(gateway, no_markup, streamed, api):
     from agents import (
         Agent,
         ModelSettings,
         OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
         Runner,
         function_tool,
         set_tracing_disabled,
@@ -263,9 +265,10 @@ def test_openai_agents_sdk(gateway, no_markup, streamed):
     async def run() -> object:
         client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
                                     http_client=seen.async_client())
+        kind = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
         agent = Agent(
             name="weather", instructions=SYSTEM, tools=[get_weather],
-            model=OpenAIChatCompletionsModel(model="smollm2", openai_client=client),
+            model=kind(model="smollm2", openai_client=client),
             # forced on the first turn; the SDK resets tool_choice after a tool ran
             model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False,
                                          max_tokens=64, extra_body={"logit_bias": no_markup,
@@ -280,6 +283,7 @@ def test_openai_agents_sdk(gateway, no_markup, streamed):
     result = asyncio.run(run())
     assert ran and isinstance(result.final_output, str)
     label = "Agents SDK run_streamed" if streamed else "Agents SDK Runner.run"
+    label += " (Responses)" if api == "responses" else ""
     t = _tally(gateway, session, label, seen.total)
     assert (t["chained"], t["new_segments"]) == (1, {"first_call": 1})
 

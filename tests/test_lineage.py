@@ -21,7 +21,7 @@ from turnstile.server.lineage import (
     link,
     new_node,
 )
-from turnstile.store.sqlite import CallRecord
+from turnstile.store.records import CallRecord
 
 tokens = st.lists(st.integers(0, 3), max_size=6)
 

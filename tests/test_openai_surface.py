@@ -213,8 +213,8 @@ def test_a_stream_holds_back_what_may_start_a_stop_string(tiny_qwen2, tmp_path):
     import asyncio
 
     from turnstile.chat.tokenizer import load_tokenizer
-    from turnstile.cli import build_gateway
     from turnstile.server.requests import parse_chat_request
+    from turnstile.wiring import build_gateway
 
     tok = load_tokenizer(str(tiny_qwen2))
     pieces = ["Hello", " wor", "ld", " EN", "D", " after"]

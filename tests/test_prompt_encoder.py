@@ -11,7 +11,8 @@ import pytest
 from tokenizers import AddedToken
 
 from turnstile import testbed
-from turnstile.chat.audit import TOOLS, battery, corpus_renderer
+from turnstile.chat.audit_battery import TOOLS, battery
+from turnstile.chat.audit_corpus import corpus_renderer
 from turnstile.chat.encoding import PromptEncoder
 from turnstile.chat.tokenizer import load_tokenizer
 

@@ -56,6 +56,8 @@ def test_a_session_has_one_key_however_its_harness_reaches_it(cap: str, other: s
     by_key = scope_of(sent("http://h:8000/v1", cap))
     for s in (by_url, by_key):
         assert session_key(s["path"], s["headers"]) == cap
+    # the Anthropic SDK sends the capability as x-api-key
+    assert session_key("/v1/messages", [(b"x-api-key", cap.encode())]) == cap
     # another session's capability is another key; the path's capability wins over a key
     assert session_key(scope_of(sent(f"http://h:8000/s/{other}/v1", cap))["path"], []) == other
 

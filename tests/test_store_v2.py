@@ -10,7 +10,9 @@ import numpy as np
 import orjson
 import pytest
 
-from turnstile.store.sqlite import CallRecord, SchemaError, Store
+from turnstile.store.records import CallRecord
+from turnstile.store.schema import SchemaError
+from turnstile.store.sqlite import Store
 from turnstile.store.trajectories import stitch
 
 # The v1 schema exactly as Turnstile 0.1.0 wrote it (commit 8b9cf0b).

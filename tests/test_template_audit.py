@@ -14,20 +14,12 @@ from pathlib import Path
 import pytest
 
 from turnstile import testbed
-from turnstile.chat.audit import (
-    SYSTEM,
-    TOOLS,
-    USER1,
-    USER2,
-    VARIANT_KWARGS,
-    Conversation,
-    _assistant,
-    _call,
-    _tool,
-    audit,
-    corpus_renderer,
-    play,
-)
+from turnstile.chat.audit import VARIANT_KWARGS, audit, play
+from turnstile.chat.audit_battery import SYSTEM, TOOLS, USER1, USER2, Conversation
+from turnstile.chat.audit_battery import assistant as _assistant
+from turnstile.chat.audit_battery import tool_call as _call
+from turnstile.chat.audit_battery import tool_result as _tool
+from turnstile.chat.audit_corpus import corpus_renderer
 from turnstile.chat.patches import apply_patches
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate

@@ -9,7 +9,7 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from turnstile import testbed
-from turnstile.chat.audit import TOOLS, battery
+from turnstile.chat.audit_battery import TOOLS, battery
 from turnstile.chat.content import detect_content_format, normalise
 from turnstile.chat.template import ChatTemplate, TemplateError
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from turnstile.converters import areal, openrlhf, prime_rl, skyrl, slime, tinker, verl
-from turnstile.store.sqlite import CallRecord, Store
+from turnstile.store.records import CallRecord
+from turnstile.store.sqlite import Store
 from turnstile.store.trajectories import stitch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

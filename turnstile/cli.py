@@ -1,4 +1,4 @@
-"""``turnstile serve | demo | testbed | export``."""
+"""``turnstile serve | view | demo | testbed | export``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,7 @@ from .chat.tokenizer import load_tokenizer
 from .engines import KINDS
 from .parsing import tool_formats
 from .server.limits import Limits
-from .wiring import build_gateway, build_renderer, detect_parser, limits_from, server_from_args
-
-# where they were first defined, kept for callers (the wiring lives in ``turnstile.wiring``)
-__all__ = ["build_gateway", "build_renderer", "detect_parser", "limits_from", "main"]
+from .wiring import build_renderer, server_from_args
 
 
 def audit_command(args: argparse.Namespace) -> None:
@@ -87,6 +84,37 @@ def serve(args: argparse.Namespace) -> None:
         print(f"turnstile: {line}", file=sys.stderr)
     uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
                 loop="uvloop", http="httptools", access_log=False)
+
+
+def view(args: argparse.Namespace) -> None:
+    """The trajectory viewer over a record store alone (no engine, read-only)."""
+    import uvicorn
+
+    from .auth import AuthSetupError, server_token
+    from .store.sqlite import Store
+    from .viewer.app import create_viewer_app
+
+    path = Path(args.data)
+    if not (path if path.suffix in (".sqlite3", ".sqlite", ".db") else
+            path / Store.FILENAME).is_file():
+        raise SystemExit(f"turnstile view: no record store under {args.data} (give the --data "
+                         "directory turnstile serve wrote to)")
+    try:
+        token, where = server_token(args.data, args.token, args.no_auth, args.host)
+    except AuthSetupError as exc:
+        raise SystemExit(f"turnstile: refusing to start: {exc}") from None
+    print(f"turnstile: {where}", file=sys.stderr)
+    try:
+        tok = load_tokenizer(args.model) if args.model else None
+    except ValueError as exc:
+        raise SystemExit(f"turnstile view: --model: {exc}") from None
+    public = f"http://{args.host}:{args.port}"
+    app = create_viewer_app(Store(args.data), public, token=token, tokenizer=tok)
+    print(f"turnstile: viewer (read-only) at {public}/ui over {args.data}"
+          + ("" if tok else "; tokens shown as IDs (give --model for their text)"),
+          file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False)
 
 
 def demo_command(args: argparse.Namespace) -> None:
@@ -204,6 +232,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="audit the template exactly as shipped")
     a.add_argument("--json", action="store_true", help="print the audit as JSON")
     a.set_defaults(func=audit_command)
+
+    v = sub.add_parser("view", help="the trajectory viewer over a record store, read-only, "
+                                    "without an engine")
+    v.add_argument("--data", default="turnstile-data",
+                   help="the record store directory (default: ./turnstile-data)")
+    v.add_argument("--model", help="GGUF / HF dir / hub id whose tokenizer decodes the tokens "
+                                   "(default: tokens shown as IDs)")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
+                                                       "127.0.0.1)")
+    v.add_argument("--port", type=int, default=8401, help="port to listen on (default: 8401)")
+    v.add_argument("--token", help="the trainer's token (default: as serve finds it)")
+    v.add_argument("--no-auth", action="store_true",
+                   help="no token asked (refused unless --host is a loopback address)")
+    v.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error", "critical"])
+    v.set_defaults(func=view)
 
     d = sub.add_parser("demo", help="SmolLM2 on llama-server, a few sessions, what was recorded")
     d.add_argument("--data", help="record store directory (default: a temporary one)")

@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> None:
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
         token = load_or_create_token(data)[0]  # as `turnstile serve` does: DATA/turnstile.token
-        server = _serve(create_app(gateway, base, token=token), port)
+        server = _serve(create_app(gateway, base, token=token,
+                                   tokenizer=gateway.renderer.tok), port)
         try:
             sessions = []
             for i, user_turns in enumerate(CONVERSATIONS[:args.sessions]):

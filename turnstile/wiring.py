@@ -151,5 +151,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
                   *gateway.policy.describe()]
     public = args.public_url or f"http://{args.host}:{args.port}"
     app = create_app(gateway, public, max_body=args.max_body_mb << 20,
-                     token=args.trainer_token, limits=limits_from(args))
+                     token=args.trainer_token, limits=limits_from(args),
+                     tokenizer=None if isinstance(gateway, PassthroughGateway)
+                     else gateway.renderer.tok)
     return Server(app, gateway, banner)

@@ -24,31 +24,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .audit_battery import (
-    DEVELOPER,
-    SYSTEM,
-    SYSTEM_MID,
-    TIME_TOOL,
     TOOLS,
-    USER1,
-    USER2,
-    WEATHER_TOOL,
     Conversation,
-    assistant,
     assistant_indices,
     battery,
-    battery_kinds,
-    tool_call,
-    tool_result,
 )
 from .policy import Policy, append_kind
 from .render import NotPrefixPreserving, Renderer
 from .template import TemplateError
-
-# The battery's names as they were known here before it moved (the tests import them).
-_call, _assistant, _tool = tool_call, assistant, tool_result
-__all__ = ["DEVELOPER", "SYSTEM", "SYSTEM_MID", "TIME_TOOL", "TOOLS", "USER1", "USER2",
-           "VARIANT_KWARGS", "WEATHER_TOOL", "AuditReport", "Conversation", "Step", "audit",
-           "battery", "battery_kinds", "behaviour", "play"]
 
 
 @dataclass
@@ -251,18 +234,3 @@ def behaviour(report: AuditReport) -> dict[str, str]:
         out[kind] = words[plain] if plain == think else \
             f"{words[plain]} (with reasoning: {words[think]})"
     return out
-
-
-
-_CORPUS_NAMES = frozenset({"MATCHING_VOCAB", "corpus_renderer", "corpus_table", "stand_in",
-                           "template_markers"})
-
-
-def __getattr__(name: str) -> object:
-    """The corpus tooling lives in ``audit_corpus`` (imported on first use, never by the
-    server); its names are still found here."""
-    if name in _CORPUS_NAMES:
-        from . import audit_corpus
-
-        return getattr(audit_corpus, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import orjson
 
 from .encoding import PromptEncoder
-from .template import ChatTemplate
+from .template import ChatTemplate, TemplateError
 from .tokenizer import LoadedTokenizer
 
 STAND_IN_USER = {"role": "user", "content": "dummy"}
@@ -51,6 +51,23 @@ class Renderer:
         self.encoder = PromptEncoder(tokenizer, self._anchor)  # whole prompts, pieces kept
         self.fingerprint = f"{tokenizer.fingerprint}:{template.fingerprint}"
         self._heads: dict[bytes, str] = {}  # stand-in head renders, see _head
+        self._ignores_tools: bool | None = None
+
+    @property
+    def ignores_tools(self) -> bool:
+        """True when the template renders the same prompt with and without ``tools``
+        (SmolLM2's, for one): a request's tools then never reach the model."""
+        if self._ignores_tools is None:
+            msgs = [{"role": "user", "content": "hi"}]
+            probe = [{"type": "function", "function": {
+                "name": "turnstile_probe", "description": "probe",
+                "parameters": {"type": "object", "properties": {}}}}]
+            try:
+                self._ignores_tools = self.render_full(msgs, probe) == \
+                    self.render_full(msgs, None)
+            except TemplateError:
+                self._ignores_tools = False  # it reads tools (and refuses this probe)
+        return self._ignores_tools
 
     def render_full(self, messages: list[dict], tools: list[dict] | None,
                     **kwargs: object) -> list[int]:

@@ -21,8 +21,9 @@ _CAPABILITY_PATH = re.compile(r"^/s/([^/]+)/")
 
 
 def session_key(path: str, headers: list[tuple[bytes, bytes]] | Any) -> str | None:
-    """The routing key of a request: its session capability (path, else a bearer ``cap_``
-    key), else the session id a trainer names in ``X-Session-Id``, else None."""
+    """The routing key of a request: its session capability (path, else a bearer or
+    ``x-api-key`` ``cap_`` key), else the session id a trainer names in ``X-Session-Id``,
+    else None."""
     m = _CAPABILITY_PATH.match(path)
     if m:
         return m.group(1)
@@ -32,6 +33,8 @@ def session_key(path: str, headers: list[tuple[bytes, bytes]] | Any) -> str | No
         if k == b"authorization" and value[:7].lower() == b"bearer " and \
                 value[7:11] == b"cap_":
             return value[7:].decode("latin-1")
+        if k == b"x-api-key" and value[:4] == b"cap_":  # the Anthropic SDK's key
+            return value.decode("latin-1")
         if k == b"x-session-id":
             named = "id:" + value.decode("latin-1")
     return named

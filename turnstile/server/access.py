@@ -22,9 +22,13 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def bearer(request: Request) -> str | None:
+    """The credential sent: ``Authorization: Bearer``, or ``x-api-key`` as the Anthropic SDK
+    sends its API key."""
     scheme, _, cred = request.headers.get("authorization", "").partition(" ")
     cred = cred.strip()
-    return cred if scheme.lower() == "bearer" and cred else None
+    if scheme.lower() == "bearer" and cred:
+        return cred
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def is_trainer(request: Request) -> bool:

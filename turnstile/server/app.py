@@ -1,7 +1,8 @@
 """HTTP routes. Harness-facing: ``/v1/chat/completions`` and ``/v1/models`` under a session's
 base URL ``/s/<capability>/v1`` (or with the capability as the API key). Trainer-facing (the
 trainer's token): sessions (open, list, reward, close, delete), their calls and trajectories
-(merged or per call), admin, the OpenAPI document. Credentials: turnstile/auth.py.
+(merged or per call), admin, the OpenAPI document, the trajectory viewer's data (its page at
+``/ui`` is open). Credentials: turnstile/auth.py.
 
 This module wires the app; the handlers live in ``routes_harness``, ``routes_sessions`` and
 ``routes_admin``, access checks in ``access``, shared state in ``context``, the session cache
@@ -17,6 +18,16 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from ..chat.loaded_tokenizer import LoadedTokenizer
+from ..dialects.base import Dialect
+from ..viewer.routes import (
+    ui_page,
+    ui_script,
+    ui_style,
+    viewer_parquet,
+    viewer_sessions,
+    viewer_trajectories,
+)
 from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
 from .contract import AppGateway
@@ -24,7 +35,7 @@ from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
 from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
-from .routes_harness import chat, models
+from .routes_harness import chat, count_tokens, messages, models, responses, stored_response
 from .routes_sessions import (
     call_body,
     calls,
@@ -39,11 +50,31 @@ from .session_index import SessionIndex
 
 __all__ = ["DEFAULT_SESSION", "create_app"]
 
+# The trajectory viewer (turnstile/viewer): its page is open (no data in it), its data trainer's.
+VIEWER_ROUTES = [
+    Route("/ui", ui_page, methods=["GET"]),
+    Route("/ui/viewer.js", ui_script, methods=["GET"]),
+    Route("/ui/viewer.css", ui_style, methods=["GET"]),
+    Route("/v1/viewer/sessions", trainer(viewer_sessions), methods=["GET"]),
+    Route("/v1/viewer/sessions/{sid}/trajectories", trainer(viewer_trajectories),
+          methods=["GET"]),
+    Route("/v1/viewer/sessions/{sid}/trajectories.parquet", trainer(viewer_parquet),
+          methods=["GET"]),
+]
+
 # Harness routes check the capability themselves; trainer() guards the rest; /health is
 # open (engine up or not, for probes). Each route is described in openapi.py.
 ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/s/{sid}/v1/chat/completions", chat, methods=["POST"]),
+    Route("/v1/responses", responses, methods=["POST"]),
+    Route("/s/{sid}/v1/responses", responses, methods=["POST"]),
+    Route("/v1/responses/{rid}", stored_response, methods=["GET"]),
+    Route("/s/{sid}/v1/responses/{rid}", stored_response, methods=["GET"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/s/{sid}/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/s/{sid}/v1/models", models, methods=["GET"]),
     Route("/v1/sessions", trainer(create_session), methods=["POST"]),
@@ -60,14 +91,17 @@ ROUTES = [
     Route("/admin/status", trainer(admin_status), methods=["GET"]),
     Route("/openapi.json", trainer(openapi), methods=["GET"]),
     Route("/metrics", trainer(metrics_route), methods=["GET"]),
+    *VIEWER_ROUTES,
 ]
 
 
 def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *,
                token: str | None, limits: Limits | None = None,
+               tokenizer: LoadedTokenizer | None = None,
                replica: str | None = None) -> Starlette:
-    """``token``: the trainer's token (None: every route open, ``--no-auth``); ``replica``:
-    the ``replica`` label of its metrics (default: ``host:pid``)."""
+    """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
+    the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
+    ``replica`` label of its metrics (default: ``host:pid``)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
@@ -75,13 +109,23 @@ def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *
     ctx = AppContext(
         gateway=gateway, store=store, public_url=public_url, max_body=max_body, token=token,
         limits=limits or Limits(),
-        sessions=SessionIndex(store))
+        sessions=SessionIndex(store), dialects=_dialects(gateway), tokenizer=tokenizer)
     app = Starlette(routes=ROUTES, lifespan=_lifespan,
                     exception_handlers=dict(EXCEPTION_HANDLERS),
                     middleware=[Middleware(MetricsMiddleware, metrics=metrics)])
     app.state.turnstile = ctx
     app.state.metrics = metrics
     return app
+
+
+def _dialects(gateway: AppGateway) -> dict[str, Dialect]:
+    from ..dialects.chat import ChatDialect
+    from ..dialects.messages import MessagesDialect
+    from ..dialects.responses import ResponsesDialect
+
+    found: list[Dialect] = [ChatDialect(gateway), ResponsesDialect(gateway),
+                            MessagesDialect(gateway)]
+    return {d.name: d for d in found}
 
 
 @contextlib.asynccontextmanager

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..store.sqlite import Store
 from .contract import AppGateway
 from .errors import APIError
 from .limits import Limits
 from .session_index import SessionIndex
 
+if TYPE_CHECKING:
+    from ..dialects.base import Dialect
+
 
 @dataclass
 class AppContext:
     """The gateway and store behind the routes, the server's settings and the session cache.
 
-    ``token``: the trainer's token (None: every route open, ``--no-auth``).
+    ``token``: the trainer's token (None: every route open, ``--no-auth``). ``tokenizer``:
+    what the viewer decodes token IDs with (None: it shows the IDs).
     """
 
     gateway: AppGateway
@@ -29,6 +35,8 @@ class AppContext:
     token: str | None
     limits: Limits
     sessions: SessionIndex
+    dialects: dict[str, Dialect] = field(default_factory=dict)  # by name: "chat", ...
+    tokenizer: LoadedTokenizer | None = None
 
 
 def context(request: Request) -> AppContext:

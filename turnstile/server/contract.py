@@ -61,6 +61,10 @@ class AppGateway(Protocol):
         closing them ends the call."""
         ...
 
+    def count_tokens(self, session_id: str, req: ChatRequest) -> int:
+        """The prompt tokens ``req`` would send now; nothing sampled or recorded."""
+        ...
+
     def forget(self, session_id: str) -> None:
         """A deleted session: drop what is cached for it."""
         ...

@@ -7,6 +7,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable
 
+import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,9 +18,18 @@ from .context import context
 from .errors import APIError
 
 
+def respond(request: Request, exc: APIError) -> Response:
+    """``exc`` in the shape of the dialect the request spoke (OpenAI's unless a harness route
+    said otherwise)."""
+    shape = getattr(request.state, "error_body", None)
+    if shape is None:
+        return exc.response()
+    return Response(orjson.dumps(shape(exc)), exc.status, media_type="application/json")
+
+
 async def on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    resp = exc.response()
+    resp = respond(request, exc)
     if exc.status == 401:
         resp.headers["www-authenticate"] = 'Bearer realm="turnstile"'
     return resp
@@ -27,24 +37,25 @@ async def on_api_error(request: Request, exc: Exception) -> Response:
 
 async def on_engine_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, EngineError)
-    return APIError(exc.status, str(exc)).response()
+    return respond(request, APIError(exc.status, str(exc)))
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
-    return APIError(status, str(getattr(exc, "detail", "")) or "Not found").response()
+    return respond(request, APIError(status, str(getattr(exc, "detail", "")) or "Not found"))
 
 
 async def on_store_error(request: Request, exc: Exception) -> Response:
     # a locked or full store file: retryable, and nothing was half-written
-    return APIError(503, f"The record store is unavailable: {exc}. Retry.",
-                    code="store_busy", type_="server_error").response()
+    return respond(request, APIError(503, f"The record store is unavailable: {exc}. Retry.",
+                                     code="store_busy", type_="server_error"))
 
 
 async def on_session_gone(request: Request, exc: Exception) -> Response:
     context(request).sessions.uncache(str(exc))
-    return APIError(404, f"Session {exc} was deleted while the call ran; nothing was "
-                         "recorded.", "session_id", code="session_not_found").response()
+    return respond(request, APIError(404, f"Session {exc} was deleted while the call ran; "
+                                          "nothing was recorded.", "session_id",
+                                     code="session_not_found"))
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
@@ -52,7 +63,7 @@ async def on_unexpected(request: Request, exc: Exception) -> Response:
     route = getattr(request.scope.get("route"), "path", "?")
     print(f"turnstile: internal error on {request.method} {route}:\n"
           + "".join(traceback.format_exception(exc)), file=sys.stderr)
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+    return respond(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
 
 EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {

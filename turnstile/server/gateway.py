@@ -9,49 +9,32 @@ about HTTP; ``server.app`` does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
-from ..chat.detokenize import IncrementalDetokenizer
-from ..chat.history import Node, prefix_hashes
 from ..chat.policy import Policy
 from ..chat.render import Renderer
-from ..chat.template import TemplateError
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
 from ..parsing import Parser
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
-from ..store.records import CallRecord, new_id
+from ..store.records import CallRecord
 from ..store.sqlite import SessionGone, Store
 from . import chat_completions as cc
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket
 from .errors import APIError
 from .prompting import Prompt, build_prompt
-from .record import STORE_ERRORS, call_info, commit, store_error, weight_version
+from .record import STORE_ERRORS, commit, store_error
 from .requests import ChatRequest, parse_chat_request
 from .sampling import sampling_params
 from .session_trees import Entry, SessionTrees, Tree
-
-CLIENT_GONE = "the client disconnected"
+from .streamed import CLIENT_GONE, stream_chunks
+from .token_record import Generation, build_record
 
 
 class ClientGone(Exception):
     """The harness went away before its (non-streamed) answer was ready."""
-
-
-@dataclass
-class Generation:
-    """What the engine returned, accumulated."""
-
-    ids: array = field(default_factory=lambda: array("i"))
-    logprobs: array = field(default_factory=lambda: array("f"))
-    top: list = field(default_factory=list)
-    finish: Finish | None = None
-    engine_url: str | None = None  # the replica that served the call
 
 
 class Gateway:
@@ -69,7 +52,6 @@ class Gateway:
         self.parser = parser
         self.trees = SessionTrees(store, renderer, max_trees)
         self._gone: set[asyncio.Task] = set()  # calls whose harness went away
-        self._ignores_tools: bool | None = None
 
     def parse_request(self, body: object) -> ChatRequest:
         """The request, validated in full: Turnstile renders and samples it itself."""
@@ -95,7 +77,14 @@ class Gateway:
     def prompt(self, tree: Tree, req: ChatRequest) -> Prompt:
         return build_prompt(self.renderer, self.policy, tree, req)
 
-    # render
+    def count_tokens(self, session_id: str, req: ChatRequest) -> int:
+        """The prompt tokens this request would send now (extending the session's recorded
+        tokens where it can): nothing is sampled or recorded."""
+        entry = self.trees.hold(session_id)
+        try:
+            return len(self.prompt(entry.tree, req).ids)
+        finally:
+            self.trees.release(session_id, entry)
 
     async def sampling(self, req: ChatRequest, prompt_len: int, prompt_tail: str = ""
                        ) -> SamplingParams:
@@ -109,39 +98,7 @@ class Gateway:
 
     @property
     def template_ignores_tools(self) -> bool:
-        """True when the chat template renders the same prompt with and without ``tools``
-        (SmolLM2's, for one): a request's tools then never reach the model."""
-        if self._ignores_tools is None:
-            msgs = [{"role": "user", "content": "hi"}]
-            probe = [{"type": "function", "function": {
-                "name": "turnstile_probe", "description": "probe",
-                "parameters": {"type": "object", "properties": {}}}}]
-            try:
-                self._ignores_tools = (self.renderer.render_full(msgs, probe) ==
-                                       self.renderer.render_full(msgs, None))
-            except TemplateError:
-                self._ignores_tools = False  # it reads tools (and refuses this probe)
-        return self._ignores_tools
-
-    def call_notes(self, req: ChatRequest | None, params: SamplingParams) -> dict:
-        """What the call record's info says about the request beyond the sampling: warnings
-        (what was asked for but cannot act as asked) and the inert OpenAI options."""
-        warnings = []
-        if req is not None and req.tools and self.template_ignores_tools:
-            warnings.append("the chat template does not render 'tools': the model was not "
-                            "shown the tools (serve with --chat-template FILE that does)")
-        if req is not None and "reasoning_effort" in req.template_kwargs and \
-                "reasoning_effort" not in self.renderer.template.source:
-            warnings.append("the chat template does not read 'reasoning_effort'")
-        warnings.extend(self.engine.sampling_notes(params))
-        out: dict = {}
-        if warnings:
-            out["warnings"] = warnings
-        if req is not None and req.inert:
-            out["request_options"] = req.inert
-        if req is not None and req.tool_choice == "required":
-            out["parallel_tool_calls"] = req.parallel_tool_calls
-        return out
+        return self.renderer.ignores_tools
 
     # record
 
@@ -177,61 +134,16 @@ class Gateway:
                 error: str | None, started: float, extra: dict | None = None,
                 req: ChatRequest | None = None, response: dict | None = None
                 ) -> tuple[CallRecord, asyncio.Future]:
-        finish = gen.finish
-        stop_token = finish.stop_token_id if finish else None
-        call_id = new_id("call_")
-        node = Node(call_id, prompt.parent, prompt.delta, gen.ids, message, stop_token)
-        reply_hash = echo_hash = None
-        if status == "ok" and message is not None:
-            reply_hash = prefix_hashes(prompt.hashes[-1], [message], tree.content_format)[1]
-            if finish and finish.stop_string and isinstance(message.get("content"), str):
-                # Harnesses that stop on a string put it back (smolagents' "</code>"): the
-                # sampled tokens hold it, so that echo continues this call too.
-                again = {**message, "content": message["content"] + finish.stop_string}
-                echo_hash = prefix_hashes(prompt.hashes[-1], [again], tree.content_format)[1]
-        # what tree.add will find new (persisted with the call, for the rebuild)
-        new_hashes = [h for h in prompt.hashes if h not in tree.known]
-        if reply_hash is not None and reply_hash not in tree.known:
-            new_hashes.append(reply_hash)
-        n = len(gen.ids)
-        info = {
-            **call_info(
-                model=self.model_name, engine=self.engine.name,
-                fingerprint=self.renderer.fingerprint, segment_detail=prompt.segment_detail,
-                sampling=params.as_dict(), logprob_kind=finish.logprob_kind if finish else None,
-                logprob_warning=self.engine.logprob_warning(params),
-                engine_request_id=finish.engine_request_id if finish else None,
-                weight_versions=finish.weight_versions if finish else None,
-                version=weight_version(finish.weight_versions if finish else None, n,
-                                       finish.weight_version if finish else None,
-                                       self.control.version),
-                policy_version=self.control.version,
-                stop_string=finish.stop_string if finish else None,
-                usage={"prompt_tokens": len(prompt.ids), "completion_tokens": n,
-                       "cached_tokens": finish.cached_tokens if finish else 0},
-                started=started, timings=finish.timings if finish else None),
-            "engine_url": gen.engine_url,
-            "engine_finish_reason": finish.engine_reason if finish else None,
-            "stop_echo_hash": echo_hash.hex() if echo_hash else None,
-            **self.call_notes(req, params),
-            **(extra or {}),
-        }
-        rec = CallRecord(
-            id=call_id, session_id=session_id, seq=tree.n_calls,
-            parent_id=prompt.parent.id if prompt.parent else None,
-            segment_reason=prompt.segment_reason,
-            reused_prefix_len=len(prompt.ids) - len(prompt.delta),
-            prompt_delta=prompt.delta, completion_ids=gen.ids, completion_logprobs=gen.logprobs,
-            finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
-            seam=prompt.seam, status=status, error=error, message=message,
-            history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
-        fut = commit(self.store, rec, req.raw if req else None, response, tree.created,
-                     then=lambda: tree.add(node, prompt.hashes, reply_hash, echo_hash))
-        return rec, fut
+        built = build_record(self, session_id, tree, prompt, params, gen, status, message,
+                             error, started, extra, req)
+        fut = commit(self.store, built.record, req.raw if req else None, response,
+                     tree.created, then=lambda: tree.add(built.node, prompt.hashes,
+                                                         built.reply_hash, built.echo_hash))
+        return built.record, fut
 
     # the call
 
-    async def _events(self, session_id: str, prompt: Prompt, params: SamplingParams,
+    async def events(self, session_id: str, prompt: Prompt, params: SamplingParams,
                       gen: Generation, stream: bool) -> AsyncIterator[list[TokenEvent]]:
         """Batches of engine events, accumulated into ``gen``; sets ``gen.finish``."""
         eog = self.tok.eog_token_ids
@@ -260,7 +172,7 @@ class Gateway:
         raise EngineError(f"the {self.engine.name} engine ended the generation without saying "
                           "how it finished", 502)
 
-    def _parser(self, req: ChatRequest, tail: str) -> Parser:
+    def parser_for(self, req: ChatRequest, tail: str) -> Parser:
         """The parser for this completion; the prompt's tail says whether the generation
         prompt already opened a reasoning block (``enable_thinking`` varies per request)."""
         return self.parser.parser(tail, tools=req.tools, tool_calls=bool(req.tools),
@@ -328,7 +240,7 @@ class Gateway:
         params = await self.sampling(req, len(prompt.ids), tail)
         gen = Generation()
         try:
-            async for _ in self._events(session_id, prompt, params, gen, stream=False):
+            async for _ in self.events(session_id, prompt, params, gen, stream=False):
                 pass
         except EngineError as exc:
             await self.record(session_id, tree, prompt, params, gen, "error", None, str(exc),
@@ -345,7 +257,7 @@ class Gateway:
                 raise ClientGone(session_id) from None
             raise
         text = cc.cut_stop(self.tok.decode(self._text_ids(gen)), gen.finish)
-        parser = self._parser(req, tail)
+        parser = self.parser_for(req, tail)
         parser.feed(text)
         parser.finish()
         parsed = parser.result()
@@ -359,6 +271,7 @@ class Gateway:
         rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
                                 started, {"parse_status": parsed.parse_status}, req,
                                 {"choices": [choice]})
+        req.record = rec
         return cc.completion(rec, started, req.model or self.model_name, choice)
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
@@ -373,72 +286,11 @@ class Gateway:
             prompt = self.prompt(entry.tree, req)
             tail = self._tail(prompt)
             params = await self.sampling(req, len(prompt.ids), tail)
-            return self._stream_chunks(session_id, req, entry.tree, prompt, params, started,
-                                       tail)
+            return stream_chunks(self, session_id, req, entry.tree, prompt, params, started,
+                                 tail)
 
         def release() -> None:
             if entry is not None:
                 self.trees.release(session_id, entry)
 
         return await open_stream(self.control, prepare, release)
-
-    async def _stream_chunks(self, session_id: str, req: ChatRequest, tree: Tree,
-                             prompt: Prompt, params: SamplingParams, started: float, tail: str
-                             ) -> AsyncGenerator[dict, None]:
-        gen = Generation()
-        parser = self._parser(req, tail)
-        detok = IncrementalDetokenizer(self.tok)
-        chunk = cc.ChunkMaker(started, req.model or self.model_name, req.include_usage)
-
-        yield chunk({"role": "assistant", "content": ""})
-        eog = self.tok.eog_token_ids
-        status = "aborted"
-        error: str | None = CLIENT_GONE
-        visible = cc.StopStrings(params.stop).visible
-
-        try:
-            async for batch in self._events(session_id, prompt, params, gen, stream=True):
-                # One pass per batch: the tokens that arrived together leave in one chunk
-                # (or a few, when the parser splits content from a tool call).
-                sampled = [ev for ev in batch if ev.token_id not in eog]
-                text = visible("".join([detok.push(ev.token_id) for ev in sampled]))
-                lp = [cc.logprob_entry(self.tok, ev.token_id, ev.logprob, ev.top or [])
-                      for ev in sampled] if req.logprobs and sampled else None
-                deltas = parser.feed(text) if text else []
-                if lp and not deltas:
-                    deltas = [{"content": ""}]
-                for i, d in enumerate(deltas):
-                    yield chunk(d, logprobs=lp if i == 0 else None)
-            for d in parser.feed(visible(detok.flush(), last=True)) + parser.finish():
-                yield chunk(d)
-            status, error = "ok", None
-        except EngineError as exc:
-            # The harness is still there: the error record is written before it hears of
-            # the failure, so a read right after the error finds the call.
-            status = "recorded"
-            with contextlib.suppress(APIError):
-                await self.record(session_id, tree, prompt, params, gen, "error", None,
-                                  str(exc), started, req=req)
-            raise APIError(exc.status, str(exc), type_="engine_error") from exc
-        except asyncio.CancelledError:
-            if not self.control.aborted():
-                raise
-            error = POLICY_ABORT
-            raise policy_abort() from None
-        finally:
-            if status not in ("ok", "recorded"):
-                # The harness did not get a whole response: keep the tokens, mark the call.
-                # Nobody waits for this write (the stream may be being torn down).
-                self.record_later(session_id, tree, prompt, params, gen, status, None, error,
-                                  started, req=req)
-        parsed = parser.result()
-        message = parsed.to_openai()
-        assert gen.finish is not None  # _events raised otherwise
-        finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
-        rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
-                                started, {"parse_status": parsed.parse_status}, req,
-                                {"choices": [{"message": message,
-                                              "finish_reason": finish_reason}]})
-        yield chunk({}, finish_reason)
-        if req.include_usage:
-            yield chunk.usage(rec)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..store.sqlite import CallRecord
+    from ..store.records import CallRecord
 
 WINDOW = 6  # tokens shown on each side of a divergence
 Detokenize = Callable[[list[int]], Awaitable["str | None"]]  # the engine's text for IDs

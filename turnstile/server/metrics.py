@@ -34,6 +34,7 @@ _SECONDS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10
 _OWN = (.0002, .0005, .001, .002, .003, .005, .0075, .01, .02, .05, .1, .25, .5, 1)
 _STREAM_ERROR = b'data: {"error"'
 _EMPTY = {499: "client_gone"}  # answers without a body
+_CALL_ROUTES = ("/chat/completions", "/responses", "/messages")  # every dialect's calls
 
 
 def default_replica() -> str:
@@ -72,7 +73,7 @@ class Metrics:
         self.errors = Counter("turnstile_errors", "Error answers, by HTTP status and kind "
                               "(the error's code, else its type)", [*r, "status", "kind"],
                               registry=reg)
-        self.in_flight = Gauge("turnstile_in_flight", "Chat completions being answered", r,
+        self.in_flight = Gauge("turnstile_in_flight", "Calls being answered (any dialect)", r,
                                registry=reg)
         for series in (self.prompt_tokens, self.reused_tokens, self.sampled_tokens,
                        self.latency, self.engine_time, self.own_time, self.store_write,
@@ -117,7 +118,7 @@ def error_kind(body: bytes) -> str:
 
 
 class MetricsMiddleware:
-    """Counts chat completions in flight and error answers (ASGI, so streams pass through
+    """Counts calls in flight (any dialect) and error answers (ASGI, so streams pass through
     untouched: only a chunk that starts with an in-band error is looked at)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics):
@@ -128,7 +129,7 @@ class MetricsMiddleware:
         if scope["type"] != "http" or scope["path"] == "/metrics":
             await self.app(scope, receive, send)
             return
-        chat = scope["path"].endswith("/chat/completions")
+        chat = scope["method"] == "POST" and scope["path"].endswith(_CALL_ROUTES)
         state: dict[str, Any] = {"status": 200, "body": b""}
 
         async def watch(message: Message) -> None:

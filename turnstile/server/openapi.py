@@ -10,90 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .openapi_schemas import SCHEMAS, STR
+
 TRAINER, HARNESS, OPEN = "trainer", "harness", "open"
-
-
-def _obj(props: dict, required: tuple[str, ...] = (), extra: bool = False) -> dict:
-    out: dict = {"type": "object", "properties": props, "additionalProperties": extra}
-    if required:
-        out["required"] = list(required)
-    return out
-
-
-_STR = {"type": "string"}
-_TEXT_PART = _obj({"type": {"const": "text"}, "text": _STR}, ("type", "text"))
-_TOOL_CALL = _obj({
-    "id": _STR, "type": {"const": "function"},
-    "function": _obj({"name": _STR, "arguments": _STR}, ("name",))}, ("function",), True)
-
-SCHEMAS: dict[str, dict] = {
-    "Message": _obj({
-        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"oneOf": [_STR, {"type": "null"},
-                              {"type": "array", "items": _TEXT_PART}]},
-        "name": _STR, "tool_call_id": _STR,
-        "tool_calls": {"type": "array", "items": _TOOL_CALL},
-        "reasoning_content": _STR}, ("role", "content"), True),
-    "Tool": _obj({"type": {"const": "function"}, "function": _obj({
-        "name": _STR, "description": _STR, "strict": {"type": "boolean"},
-        "parameters": {"type": "object"}}, ("name",))}, ("type", "function")),
-    "ChatCompletionRequest": _obj({
-        "model": _STR,
-        "messages": {"type": "array", "minItems": 1,
-                     "items": {"$ref": "#/components/schemas/Message"}},
-        "tools": {"type": "array", "items": {"$ref": "#/components/schemas/Tool"}},
-        "tool_choice": {"oneOf": [
-            {"enum": ["auto", "none", "required"]},
-            _obj({"type": {"const": "function"},
-                  "function": _obj({"name": _STR}, ("name",))}, ("type", "function"))]},
-        "parallel_tool_calls": {"type": "boolean"},
-        "stream": {"type": "boolean"},
-        "stream_options": _obj({"include_usage": {"type": "boolean"}}),
-        "max_tokens": {"type": "integer", "minimum": 1},
-        "max_completion_tokens": {"type": "integer", "minimum": 1},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
-        "stop": {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}]},
-        "logprobs": {"type": "boolean"},
-        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-        "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
-                       "additionalProperties": {"type": "number", "minimum": -100,
-                                                "maximum": 100}},
-        "n": {"const": 1},
-        "chat_template_kwargs": {"type": "object"},
-        "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-        "repetition_penalty": {"type": "number", "minimum": 0.01, "maximum": 2},
-        "top_k": {"type": "integer", "minimum": -1},
-        "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "response_format": _obj({
-            "type": {"enum": ["text", "json_object", "json_schema"]},
-            "json_schema": _obj({"name": _STR, "strict": {"type": "boolean"},
-                                 "schema": {"type": "object"}}, ("schema",))}, ("type",)),
-        "reasoning_effort": _STR,
-        "user": _STR, "metadata": {"type": "object"}, "store": {"type": "boolean"},
-        "service_tier": _STR, "prompt_cache_key": _STR, "safety_identifier": _STR,
-        "modalities": {"type": "array", "items": {"const": "text"}}}, ("messages",)),
-    "SessionCreate": _obj({
-        "metadata": {"type": "object"},
-        "id": {"type": "string", "pattern": "^[^/]+$"},
-        "group_id": {"type": "string", "minLength": 1},
-        "task_id": {"type": "string", "minLength": 1},
-        "sample_index": {"type": "integer", "minimum": 0}}),
-    "Rewards": _obj({
-        "reward": {"type": "number"},
-        "rewards": {"type": "object", "minProperties": 1,
-                    "additionalProperties": {"type": "number"}},
-        "call_id": _STR}),
-    "Close": _obj({"termination_reason": _STR}),
-    "Pause": _obj({"mode": {"enum": ["drain", "abort"]},
-                   "timeout": {"type": "number", "minimum": 0}}),
-    "Resume": _obj({"weight_version": {"oneOf": [_STR, {"type": "integer"}]}}),
-    "Error": _obj({"error": _obj({"message": _STR, "type": _STR,
-                                  "param": {"type": ["string", "null"]},
-                                  "code": {"type": ["string", "null"]}})}, ("error",)),
-}
 
 
 @dataclass(frozen=True)
@@ -109,9 +28,19 @@ class Op:
     media: str = "application/json"  # of the 200 answer
 
 
-_LIST_Q: dict[str, dict] = {"group": _STR, "group_id": _STR, "status": {"enum": ["open", "closed"]},
-           "limit": {"type": "integer", "minimum": 1, "maximum": 1000}, "after": _STR,
+_LIST_Q: dict[str, dict] = {"group": STR, "group_id": STR, "status": {"enum": ["open", "closed"]},
+           "limit": {"type": "integer", "minimum": 1, "maximum": 1000}, "after": STR,
            "exported": {"enum": ["true", "false"]}}
+
+_NUM = {"type": "number"}
+_VIEWER_Q: dict[str, dict] = {
+    "group": STR, "status": {"enum": ["open", "closed"]}, "model": STR,
+    "min_reward": _NUM, "max_reward": _NUM, "new_segments": {"enum": ["true", "false"]},
+    "since": _NUM, "until": _NUM,
+    "sort": {"enum": ["created", "reward", "calls", "errors", "segments", "sampled", "length"]},
+    "order": {"enum": ["asc", "desc"]}, "limit": {"type": "integer", "minimum": 1,
+                                                  "maximum": 5000},
+    "offset": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}
 
 ROUTES: list[Op] = [
     Op("POST", "/s/{capability}/v1/chat/completions", HARNESS,
@@ -122,6 +51,22 @@ ROUTES: list[Op] = [
        "Chat Completions: the session is the bearer capability's, or (trainer token) the one "
        "X-Session-Id names, created on first use", "ChatCompletionRequest", streams=True),
     Op("GET", "/v1/models", HARNESS, "The model list (capability or trainer token)"),
+    Op("POST", "/s/{capability}/v1/responses", HARNESS,
+       "OpenAI Responses for the session this base URL belongs to", "ResponsesRequest",
+       streams=True),
+    Op("POST", "/v1/responses", HARNESS, "OpenAI Responses (session as for chat completions)",
+       "ResponsesRequest", streams=True),
+    Op("GET", "/s/{capability}/v1/responses/{rid}", HARNESS, "A response of this session"),
+    Op("POST", "/s/{capability}/v1/messages", HARNESS,
+       "Anthropic Messages for the session (the SDK's base URL is the session's without /v1)",
+       "MessagesRequest", streams=True),
+    Op("POST", "/v1/messages", HARNESS, "Anthropic Messages (capability as x-api-key)",
+       "MessagesRequest", streams=True),
+    Op("POST", "/s/{capability}/v1/messages/count_tokens", HARNESS,
+       "The prompt tokens a Messages request would send now", "MessagesRequest"),
+    Op("POST", "/v1/messages/count_tokens", HARNESS,
+       "The prompt tokens a Messages request would send now", "MessagesRequest"),
+    Op("GET", "/v1/responses/{rid}", HARNESS, "A response of the capability's session"),
     Op("POST", "/v1/sessions", TRAINER, "Open a session; returns its id and base_url",
        "SessionCreate", body_required=False),
     Op("GET", "/v1/sessions", TRAINER, "List sessions in creation order", query=_LIST_Q),
@@ -144,6 +89,19 @@ ROUTES: list[Op] = [
     Op("GET", "/openapi.json", TRAINER, "This document"),
     Op("GET", "/metrics", TRAINER, "Prometheus metrics of this gateway (text format)",
        media="text/plain"),
+    Op("GET", "/ui", OPEN, "The trajectory viewer (asks for the trainer's token)",
+       media="text/html"),
+    Op("GET", "/ui/viewer.js", OPEN, "The viewer's script", media="text/javascript"),
+    Op("GET", "/ui/viewer.css", OPEN, "The viewer's style sheet", media="text/css"),
+    Op("GET", "/v1/viewer/sessions", TRAINER,
+       "Sessions with their calls summed up (calls, errors, new segments, tokens, models), "
+       "filtered, counted and sorted", query=_VIEWER_Q),
+    Op("GET", "/v1/viewer/sessions/{sid}/trajectories", TRAINER,
+       "Stitched trajectories with each token's text piece and where a segment diverged",
+       query={"mode": {"enum": ["merged", "per_call"]}}),
+    Op("GET", "/v1/viewer/sessions/{sid}/trajectories.parquet", TRAINER,
+       "The session's trajectories as one Parquet file (the export's trajectories schema)",
+       query={"mode": {"enum": ["merged", "per_call"]}}, media="application/vnd.apache.parquet"),
 ]
 
 _ERRORS = {"400": "a field is invalid (param names it)", "401": "no or unknown credential",
@@ -154,13 +112,13 @@ _ERRORS = {"400": "a field is invalid (param names it)", "401": "no or unknown c
 
 
 def _operation(op: Op) -> dict:
-    params = [{"name": name, "in": "path", "required": True, "schema": _STR}
-              for name in ("capability", "sid", "cid") if "{" + name + "}" in op.path]
+    params = [{"name": name, "in": "path", "required": True, "schema": STR}
+              for name in ("capability", "sid", "cid", "rid") if "{" + name + "}" in op.path]
     params += [{"name": k, "in": "query", "required": False, "schema": v}
                for k, v in op.query.items()]
-    if op.path == "/v1/chat/completions":
+    if op.path in ("/v1/chat/completions", "/v1/responses"):
         params.append({"name": "X-Session-Id", "in": "header", "required": False,
-                       "schema": _STR})
+                       "schema": STR})
     out: dict = {
         "summary": op.summary,
         "operationId": (op.method.lower() + op.path.replace("/", "_").replace("{", "")
@@ -169,8 +127,8 @@ def _operation(op: Op) -> dict:
                      HARNESS: [{"capability": []}, {"trainer": []}]}[op.access],
         "responses": {"200": {"description": "OK", "content": {
             op.media: {"schema": {"type": "object"} if op.media == "application/json"
-                       else _STR},
-            **({"text/event-stream": {"schema": _STR}} if op.streams else {})}},
+                       else STR},
+            **({"text/event-stream": {"schema": STR}} if op.streams else {})}},
             **{code: {"description": what, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Error"}}}}
                for code, what in _ERRORS.items()}},

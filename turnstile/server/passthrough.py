@@ -35,7 +35,6 @@ import contextlib
 import time
 from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -49,39 +48,20 @@ from ..engines.capture import (
     Choice,
     EngineHTTPError,
     loads,
-    request_logprob_warning,
 )
-from ..engines.chat_dialects import SAMPLING_KEYS, Asked, strip_chunk, strip_response
+from ..engines.chat_dialects import strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
-from ..store.records import CallRecord, new_id
+from ..store.records import CallRecord
 from ..store.sqlite import Store
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
+from .capture_record import Call, build_record
 from .control import PolicyControl
 from .errors import APIError
 from .lineage import LineageIndex, Link, new_node
 from .lineage import link as lineage_link
-from .record import STORE_ERRORS, call_info, commit, committed, weight_version
-from .requests import ChatRequest
-
-
-@dataclass
-class _Call:
-    """One engine call in the making: where it goes, what was sent, what came back."""
-
-    session_id: str
-    req: ChatRequest
-    engine: CaptureEngine
-    bound: Bound[CaptureEngine] | None
-    body: dict
-    asked: Asked
-    added: list[str]
-    cap: Capture
-    started: float
-
-
-def _bad(param: str, message: str) -> APIError:
-    return APIError(400, f"Invalid '{param}': {message}", param, code="invalid_value")
+from .record import STORE_ERRORS, commit, committed
+from .requests import ChatRequest, parse_capture_request
 
 
 def _api_error(exc: EngineError) -> APIError:
@@ -130,32 +110,7 @@ class PassthroughGateway:
     # the request
 
     def parse_request(self, body: Any) -> ChatRequest:
-        """Only what Turnstile itself relies on is checked; every other field is the engine's
-        to accept or refuse (its 4xx reaches the harness as is)."""
-        if not isinstance(body, dict):
-            raise APIError(400, "The request body must be a JSON object.", None,
-                           code="invalid_request_body")
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise _bad("messages", "expected a non-empty list of messages.")
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _bad(f"messages[{i}].role", "expected a message object with a role.")
-        for key in ("stream", "logprobs", "return_token_ids"):
-            if body.get(key) is not None and not isinstance(body[key], bool):
-                raise _bad(key, "expected a boolean.")
-        n = body.get("n")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise _bad("n", "expected an integer >= 1.")
-        opts = body.get("stream_options")
-        kwargs = body.get("chat_template_kwargs")
-        tools = body.get("tools")
-        return ChatRequest(
-            messages=msgs, model=body.get("model") if isinstance(body.get("model"), str) else None,
-            tools=tools if isinstance(tools, list) else None, stream=bool(body.get("stream")),
-            include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-            logprobs=bool(body.get("logprobs")),
-            template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
+        return parse_capture_request(body)
 
     async def _target(self, session_id: str
                       ) -> tuple[CaptureEngine, Bound[CaptureEngine] | None]:
@@ -186,68 +141,11 @@ class PassthroughGateway:
 
     # recording
 
-    def _build(self, call: _Call, idx: LineageIndex, link: Link | None, choice: Choice | None,
+    def _build(self, call: Call, idx: LineageIndex, link: Link | None, choice: Choice | None,
                status: str, error: str | None, notes: list[str] | None = None) -> CallRecord:
-        """The record of one call (one choice)."""
-        cap, body = call.cap, call.body
-        call_id = new_id("call_")
-        ids = array("i", (choice.ids or []) if choice else [])
-        values, note = cap.logprob_values(choice) if choice else ([], None)
-        notes = [*(notes or []), *([note] if note else [])]
-        message = choice.assembled() if choice and status == "ok" else None
-        prompt = link.prompt if link else array("i")
-        parent = link.parent if link else None
-        reply_hash = None
-        if link is not None and message is not None:
-            reply_hash = prefix_hashes(link.hashes[-1], [message])[1]
-        spans = (choice.weight_versions if choice else None) or cap.weight_versions
-        stop_token = stop_string = None
-        if choice is not None:
-            if isinstance(choice.stop, int) and not isinstance(choice.stop, bool):
-                stop_token = choice.stop
-            elif isinstance(choice.stop, str):
-                stop_string = choice.stop
-            elif choice.finish_reason in ("stop", "tool_calls") and ids:
-                stop_token = ids[-1]  # stopped on EOS (vLLM reports no stop_reason for it)
-        usage = cap.usage or {}
-        seq = idx.n_calls
-        idx.n_calls += 1
-        info = {
-            **call_info(
-                model=self.model_name, engine=self.engine.name,
-                fingerprint=None,  # the engine rendered the prompt
-                segment_detail=link.detail if link else None,
-                sampling={k: body[k] for k in SAMPLING_KEYS if k in body and k not in call.added},
-                logprob_kind=self.primary.logprob_kind,
-                logprob_warning=request_logprob_warning(self.primary, body),
-                engine_request_id=cap.engine_id, weight_versions=spans,
-                version=weight_version(spans, len(ids), cap.weight_version, self.control.version),
-                policy_version=self.control.version, stop_string=stop_string,
-                usage={"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                       "cached_tokens": int(((usage.get("prompt_tokens_details") or {})
-                                             .get("cached_tokens")) or 0),
-                       "engine": usage or None},
-                started=call.started),
-            "mode": "passthrough",
-            "engine_model": self.primary.model,
-            "drift": link.drift if link else None,
-            "added_fields": call.added,
-            "choice_index": choice.index if choice else None,
-            "capture_notes": notes or None,
-            "stream": bool(body.get("stream")),
-        }
-        rec = CallRecord(
-            id=call_id, session_id=call.session_id, seq=seq,
-            parent_id=parent.id if parent else None,
-            segment_reason=link.reason if link else None,
-            reused_prefix_len=parent.full_len if parent else 0,
-            prompt_delta=link.delta if link else array("i"), completion_ids=ids,
-            completion_logprobs=array("f", values), finish_reason=choice.finish_reason
-            if choice else None, stop_token_id=stop_token, seam=None, status=status,
-            error=error, message=message, history_hash=reply_hash, info=info)
-        return rec
+        return build_record(self, call, idx, link, choice, status, error, notes)
 
-    def _commit(self, call: _Call, idx: LineageIndex, rec: CallRecord, link: Link | None,
+    def _commit(self, call: Call, idx: LineageIndex, rec: CallRecord, link: Link | None,
                 response: object) -> asyncio.Future:
         """Write the record off the event loop; an ok call joins the session's index once it
         is committed (a call the store never saved can be nobody's parent)."""
@@ -259,7 +157,7 @@ class PassthroughGateway:
                     idx.replies[rec.history_hash] = rec.id
         return commit(self.store, rec, call.body, response, then=index)
 
-    async def _record_ok(self, call: _Call, response: object) -> None:
+    async def _record_ok(self, call: Call, response: object) -> None:
         """A call the harness gets whole: linked into the session's tree, one record a choice.
         A store failure reaches the harness as 503/507, never as an acknowledged reply."""
         cap = call.cap
@@ -272,7 +170,7 @@ class PassthroughGateway:
                               cap.usage_notes(len(prompt)))
             await committed(self._commit(call, idx, rec, link, response), call.session_id)
 
-    def _record_failure(self, call: _Call, status: str, error: str,
+    def _record_failure(self, call: Call, status: str, error: str,
                         response: object = None) -> list[asyncio.Future]:
         """A call the harness did not get whole: recorded with whatever tokens came back. The
         writes run on their own; a caller still talking to the harness awaits them."""
@@ -286,7 +184,7 @@ class PassthroughGateway:
         return [self._commit(call, idx, self._build(call, idx, link, c, status, error), link,
                              response) for c in choices or [None]]
 
-    async def _recorded_failure(self, call: _Call, status: str, error: str,
+    async def _recorded_failure(self, call: Call, status: str, error: str,
                                 response: object = None) -> None:
         """The failure is recorded before the harness hears of it (a read right after the
         error finds the call); a store that fails too does not hide the engine's error."""
@@ -295,7 +193,7 @@ class PassthroughGateway:
                 await asyncio.shield(fut)
 
     @contextlib.asynccontextmanager
-    async def _failures(self, call: _Call) -> AsyncIterator[None]:
+    async def _failures(self, call: Call) -> AsyncIterator[None]:
         """Before the harness has an answer: an engine failure or a policy abort is recorded
         with what came back, and raised as the harness's HTTP error."""
         try:
@@ -312,11 +210,21 @@ class PassthroughGateway:
 
     # the call
 
-    async def _begin(self, session_id: str, req: ChatRequest) -> _Call:
+    def count_tokens(self, session_id: str, req: ChatRequest) -> int:
+        raise APIError(400, "Capture mode (serve --passthrough) cannot count tokens: the "
+                            "engine renders the prompt.", code="unsupported_dialect")
+
+    async def _begin(self, session_id: str, req: ChatRequest) -> Call:
+        if req.dialect != "chat":
+            # The engine renders here, from the Chat Completions body the harness sent.
+            raise APIError(400, f"Capture mode (serve --passthrough) records Chat Completions "
+                                f"calls only; this was a {req.dialect!r} request. Serve in "
+                                "token-in mode (the default) for the other dialects.",
+                           code="unsupported_dialect")
         started = time.time()
         engine, bound = await self._target(session_id)
         body, asked, added = engine.outgoing(req.raw)
-        return _Call(session_id, req, engine, bound, body, asked, added, Capture(engine.dialect),
+        return Call(session_id, req, engine, bound, body, asked, added, Capture(engine.dialect),
                      started)
 
     async def complete(self, session_id: str, req: ChatRequest,
@@ -378,7 +286,7 @@ class PassthroughGateway:
         assert resp is not None
         return self._stream(call, resp, events, chunk)
 
-    async def _stream(self, call: _Call, resp: aiohttp.ClientResponse,
+    async def _stream(self, call: Call, resp: aiohttp.ClientResponse,
                       events: AsyncIterator[bytes], first: dict | None
                       ) -> AsyncGenerator[dict, None]:
         engine, cap = call.engine, call.cap

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from ..engines.base import token_versions
-from ..store.sqlite import CallRecord, SessionGone, Store
+from ..store.records import CallRecord
+from ..store.sqlite import SessionGone, Store
 from .errors import APIError
 
 # What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.
@@ -84,10 +85,12 @@ def call_info(*, model: str, engine: str, fingerprint: str | None,
               logprob_warning: str | None, engine_request_id: str | None,
               weight_versions: list[dict] | None, version: object, policy_version: str | None,
               stop_string: str | None, usage: dict, started: float,
-              timings: dict | None = None) -> dict:
+              timings: dict | None = None, dialect: str = "chat") -> dict:
     """The shared part of a call record's ``info``; ``usage`` holds at least
-    ``prompt_tokens``, ``completion_tokens`` and ``cached_tokens``."""
+    ``prompt_tokens``, ``completion_tokens`` and ``cached_tokens``; ``dialect`` is the wire
+    dialect the harness spoke (the record is the same whichever it was)."""
     return {
+        "dialect": dialect,
         "model": model,
         "engine": engine,
         "fingerprint": fingerprint,

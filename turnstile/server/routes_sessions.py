@@ -19,7 +19,9 @@ def session_json(ctx: AppContext, sid: str, s: dict | None = None) -> dict:
     if s is None:  # deleted meanwhile
         raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
     cap = ctx.sessions.capabilities([sid]).get(sid, sid)
-    return {**s, "object": "session", "base_url": f"{ctx.public_url}/s/{cap}/v1"}
+    # the Anthropic SDK adds /v1 itself: its base URL is the same without it
+    return {**s, "object": "session", "base_url": f"{ctx.public_url}/s/{cap}/v1",
+            "anthropic_base_url": f"{ctx.public_url}/s/{cap}"}
 
 
 async def create_session(request: Request) -> Response:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..store.sqlite import INT32_MAX
+from ..store.records import INT32_MAX
 from .errors import APIError
 
 MAX_ID_LEN = 256

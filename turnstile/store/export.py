@@ -56,7 +56,8 @@ from .export_schema import (
 )
 from .export_select import default_batch_name, partition_dir, select_sessions
 from .export_sinks import TableWriter
-from .sqlite import INT32_MAX, Store
+from .records import INT32_MAX
+from .sqlite import Store
 from .trajectories import MODES, stitch
 
 _TableWriter = TableWriter  # the name tests patch

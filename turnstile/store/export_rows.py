@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 
 from .export_schema import EXPORT_SCHEMA_VERSION
-from .sqlite import CallRecord, unpack_body
+from .records import CallRecord, unpack_body
 from .trajectories import NO_VERSION, Trajectory
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import orjson
 
 from ..auth import new_capability
+from .export_side import ExportSide
 from .records import (
-    INT32_MAX,
     CallRecord,
     call_from_row,
     new_id,
@@ -35,24 +35,13 @@ from .records import (
     pack_floats,
     pack_ids,
     unpack_body,
-    unpack_floats,
-    unpack_ids,
 )
 from .schema import (
     CALL_COLUMNS,
-    SCHEMA,
-    SCHEMA_VERSION,
     SESSION_COLUMNS,
-    SchemaError,
     open_schema,
 )
-from .session_rows import FIELD_ALIASES, scalar_reward, session_fields, session_from_row
-
-# Names other modules import from here.
-__all__ = ["CALL_COLUMNS", "FIELD_ALIASES", "INT32_MAX", "SCHEMA", "SCHEMA_VERSION",
-           "SESSION_COLUMNS", "SYNCHRONOUS", "CallRecord", "SchemaError", "SessionGone", "Store",
-           "call_from_row", "new_id", "pack_floats", "pack_ids", "scalar_reward",
-           "session_fields", "unpack_body", "unpack_floats", "unpack_ids"]
+from .session_rows import session_fields, session_from_row
 
 
 class SessionGone(LookupError):
@@ -62,7 +51,7 @@ class SessionGone(LookupError):
 SYNCHRONOUS = ("full", "normal")
 
 
-class Store:
+class Store(ExportSide):
     """SQLite-backed records. Thread-safe; one connection guarded by a lock (writes are short).
 
     ``keep_bodies`` decides whether raw request/response bodies handed to :meth:`add_call` are
@@ -98,12 +87,6 @@ class Store:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
         return db
-
-    def _named(self) -> sqlite3.Cursor:
-        """A read cursor whose rows are read by column name (callers hold ``_lock``)."""
-        cur = self._db.cursor()
-        cur.row_factory = sqlite3.Row
-        return cur
 
     def schema_version(self) -> int:
         with self._lock:
@@ -253,93 +236,6 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
         return cur.rowcount > 0
-
-    def delete_sessions(self, session_ids: Iterable[str]) -> int:
-        """Delete many sessions (e.g. after export) in one transaction; returns how many."""
-        ids = list(session_ids)
-        n = 0
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for i in range(0, len(ids), 500):
-                    chunk = ids[i:i + 500]
-                    marks = ",".join("?" * len(chunk))
-                    for table in ("calls", "rewards", "bodies"):
-                        self._db.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})",
-                                         chunk)
-                    n += self._db.execute(f"DELETE FROM sessions WHERE id IN ({marks})",
-                                          chunk).rowcount
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return n
-
-    _SIGNATURE = ("SELECT (SELECT count(*) FROM calls WHERE session_id = :s), "
-                  "(SELECT max(created) FROM calls WHERE session_id = :s), "
-                  "(SELECT count(*) FROM rewards WHERE session_id = :s), "
-                  "(SELECT max(created) FROM rewards WHERE session_id = :s), "
-                  "(SELECT status || ':' || coalesce(termination_reason, '') FROM sessions "
-                  "WHERE id = :s)")
-
-    def signature(self, session_id: str) -> tuple:
-        """What changes when anything is recorded on a session (calls, rewards, close): an
-        export reads it before the rows, and deletes only sessions that still have it."""
-        with self._lock:
-            return tuple(self._db.execute(self._SIGNATURE, {"s": session_id}).fetchone())
-
-    def delete_unchanged(self, signatures: dict[str, tuple]) -> tuple[int, list[str]]:
-        """Delete the sessions whose :meth:`signature` is still the one given, in one
-        transaction; the others (a call, reward or close landed since) are kept. Returns
-        ``(deleted, kept ids)``."""
-        kept: list[str] = []
-        gone: list[str] = []
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for sid, sig in signatures.items():
-                    now = tuple(db.execute(self._SIGNATURE, {"s": sid}).fetchone())
-                    (gone if now == tuple(sig) else kept).append(sid)
-                n = 0
-                for i in range(0, len(gone), 500):
-                    chunk = gone[i:i + 500]
-                    marks = ",".join("?" * len(chunk))
-                    for table in ("calls", "rewards", "bodies"):
-                        db.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", chunk)
-                    n += db.execute(f"DELETE FROM sessions WHERE id IN ({marks})",
-                                    chunk).rowcount
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        return n, kept
-
-    def raw_calls(self, session_id: str) -> list[sqlite3.Row]:
-        """The session's call rows as stored (blobs and JSON bytes untouched), for export;
-        columns by name (``row["info"]``) or in table order."""
-        with self._lock:
-            return self._named().execute(f"SELECT {CALL_COLUMNS} FROM calls "
-                                         "WHERE session_id = ? ORDER BY seq",
-                                         (session_id,)).fetchall()
-
-    def bodies_of(self, session_id: str) -> dict[str, tuple[bytes | None, bytes | None]]:
-        """Kept bodies of a session's calls, still compressed: call id → (request, response)."""
-        with self._lock:
-            rows = self._db.execute("SELECT call_id, request, response FROM bodies "
-                                    "WHERE session_id = ?", (session_id,)).fetchall()
-        return {r[0]: (r[1], r[2]) for r in rows}
-
-    def mark_exported(self, session_ids: Iterable[str], when: float | None = None) -> None:
-        when = when or time.time()
-        with self._lock:
-            self._db.executemany("UPDATE sessions SET exported = ? WHERE id = ?",
-                                 [(when, sid) for sid in session_ids])
-
-    def vacuum(self) -> None:
-        """Give the space of deleted sessions back to the file system (rewrites the file)."""
-        with self._lock:
-            self._db.execute("VACUUM")
 
     # calls
 

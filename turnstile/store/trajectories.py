@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .sqlite import CallRecord
+from .records import CallRecord
 
 MODES = ("merged", "per_call")
 NO_VERSION = -1

@@ -1,0 +1,38 @@
+"""Chat Completions, the internal shape: parsed by the gateway (each recording mode validates
+as strictly as it needs), answered as is."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+
+from ..server.contract import AppGateway
+from ..server.errors import APIError
+from ..server.requests import ChatRequest
+
+
+class ChatDialect:
+    name = "chat"
+
+    def __init__(self, gateway: AppGateway):
+        self.gateway = gateway
+
+    def parse(self, body: object, session_id: str) -> ChatRequest:
+        return self.gateway.parse_request(body)
+
+    def reply(self, req: ChatRequest, completion: dict) -> dict:
+        return completion
+
+    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]
+                     ) -> AsyncIterator[bytes]:
+        """``data:`` events ending in ``[DONE]``; an error is sent in-band, as OpenAI does."""
+        try:
+            async for c in chunks:
+                yield b"data: " + orjson.dumps(c) + b"\n\n"
+        except APIError as exc:
+            yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    def error(self, exc: APIError) -> dict:
+        return exc.body()

@@ -1,0 +1,205 @@
+"""The Anthropic Messages dialect: a request becomes the internal request
+(``messages_request``); the gateway's answer becomes a ``message`` with content blocks, or its
+chunks the event sequence ``message_start`` → (``content_block_start`` → deltas →
+``content_block_stop``)* → ``message_delta`` → ``message_stop``. Errors take Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from ..server.contract import AppGateway
+from ..server.errors import APIError
+from ..server.requests import ChatRequest, parse_chat_request
+from ..store.records import CallRecord, new_id
+from .messages_request import chat_body, check_fields
+
+NAME = "messages"
+
+# Anthropic's error types by status
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def parse(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", None,
+                       code="invalid_request_error")
+    inert = check_fields(body)
+    try:
+        req = parse_chat_request(chat_body(body))
+    except APIError as exc:
+        names = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
+        param = exc.param or ""
+        if param in names:
+            raise APIError(400, exc.message.replace(param, names[param]), names[param],
+                           exc.code) from None
+        raise
+    req.raw, req.dialect, req.inert = body, NAME, inert
+    req.call_id = new_id("call_")
+    return req
+
+
+def message_id(call_id: str) -> str:
+    return "msg_" + call_id.removeprefix("call_")
+
+
+def _signature(rec_id: str) -> str:
+    # Anthropic signs thinking blocks; Turnstile's is the call's id (any echo is accepted)
+    return "turnstile:" + rec_id
+
+
+def blocks(message: dict, call_id: str) -> list[dict]:
+    """A recorded assistant message as content blocks: thinking, text, tool_use."""
+    out: list[dict] = []
+    if message.get("reasoning_content") is not None:
+        out.append({"type": "thinking", "thinking": message["reasoning_content"],
+                    "signature": _signature(call_id)})
+    if message.get("content"):
+        out.append({"type": "text", "text": message["content"]})
+    for c in message.get("tool_calls") or []:
+        out.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                    "input": _input(c["function"]["arguments"])})
+    return out
+
+
+def _input(arguments: str) -> dict:
+    """A tool call's arguments as the ``input`` object (a call cut short by the token limit
+    has no complete JSON: its input is empty, its text kept in the record)."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def stop_reason(rec: CallRecord) -> tuple[str, str | None]:
+    if rec.finish_reason == "length":
+        return "max_tokens", None
+    if rec.message and rec.message.get("tool_calls"):
+        return "tool_use", None
+    stop = rec.info.get("stop_string")
+    return ("stop_sequence", stop) if stop else ("end_turn", None)
+
+
+def usage(rec: CallRecord) -> dict:
+    u = rec.info["usage"]
+    cached = u.get("cached_tokens", 0) or 0
+    return {"input_tokens": u["prompt_tokens"] - cached, "output_tokens":
+            u["completion_tokens"], "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0}
+
+
+def message(req: ChatRequest, model: str) -> dict:
+    rec = req.record
+    assert rec is not None  # set by the gateway when recorded
+    reason, seq = stop_reason(rec)
+    return {"id": message_id(rec.id), "type": "message", "role": "assistant", "model": model,
+            "content": blocks(rec.message or {}, rec.id), "stop_reason": reason,
+            "stop_sequence": seq, "usage": usage(rec)}
+
+
+def error_body(exc: APIError) -> dict:
+    kind = _ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500
+                            else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def _sse(kind: str, data: dict) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + \
+        b"\n\n"
+
+
+class MessagesDialect:
+    name = NAME
+
+    def __init__(self, gateway: AppGateway):
+        self.gateway = gateway
+
+    def parse(self, body: object, session_id: str) -> ChatRequest:
+        return parse(body)
+
+    def reply(self, req: ChatRequest, completion: dict) -> dict:
+        return message(req, req.model or self.gateway.model_name)
+
+    def error(self, exc: APIError) -> dict:
+        return error_body(exc)
+
+    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]
+                     ) -> AsyncIterator[bytes]:
+        model = req.model or self.gateway.model_name
+        assert req.call_id is not None
+        start: dict = {
+            "id": message_id(req.call_id), "type": "message", "role": "assistant",
+            "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}
+        yield _sse("message_start", {"message": start})
+        blocks = _Blocks(req.call_id)
+        try:
+            async for chunk in chunks:
+                for choice in chunk.get("choices") or []:
+                    for kind, data in blocks.delta(choice.get("delta") or {}):
+                        yield _sse(kind, data)
+        except APIError as exc:
+            yield _sse("error", {"error": error_body(exc)["error"]})
+            return
+        for kind, data in blocks.close():
+            yield _sse(kind, data)
+        rec = req.record
+        if rec is None:  # the stream was ended without a record (cannot happen when ok)
+            return
+        reason, seq = stop_reason(rec)
+        yield _sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                                     "usage": usage(rec)})
+        yield _sse("message_stop", {})
+
+
+class _Blocks:
+    """Content blocks opened and closed as the deltas change kind."""
+
+    def __init__(self, call_id: str):
+        self.call_id = call_id
+        self.index = -1
+        self.kind: str | None = None
+
+    def _open(self, block: dict) -> list[tuple[str, dict]]:
+        out = self.close()
+        self.index += 1
+        self.kind = block["type"]
+        return [*out, ("content_block_start", {"index": self.index, "content_block": block})]
+
+    def close(self) -> list[tuple[str, dict]]:
+        if self.kind is None:
+            return []
+        out = []
+        if self.kind == "thinking":
+            out.append(("content_block_delta", {"index": self.index, "delta": {
+                "type": "signature_delta", "signature": _signature(self.call_id)}}))
+        self.kind = None
+        return [*out, ("content_block_stop", {"index": self.index})]
+
+    def delta(self, d: dict) -> list[tuple[str, dict]]:
+        out: list[tuple[str, dict]] = []
+        if d.get("reasoning_content"):
+            if self.kind != "thinking":
+                out += self._open({"type": "thinking", "thinking": "", "signature": ""})
+            out.append(("content_block_delta", {"index": self.index, "delta": {
+                "type": "thinking_delta", "thinking": d["reasoning_content"]}}))
+        if d.get("content"):
+            if self.kind != "text":
+                out += self._open({"type": "text", "text": ""})
+            out.append(("content_block_delta", {"index": self.index, "delta": {
+                "type": "text_delta", "text": d["content"]}}))
+        for call in d.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            if call.get("id"):
+                out += self._open({"type": "tool_use", "id": call["id"],
+                                   "name": fn.get("name", ""), "input": {}})
+            if fn.get("arguments") and self.kind == "tool_use":
+                out.append(("content_block_delta", {"index": self.index, "delta": {
+                    "type": "input_json_delta", "partial_json": fn["arguments"]}}))
+        return out

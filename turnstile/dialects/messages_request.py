@@ -1,0 +1,211 @@
+"""An Anthropic Messages request, turned into the one internal request (a Chat Completions body,
+validated by ``server.requests``).
+
+Content blocks map onto chat messages as Anthropic pairs them: an assistant turn's ``thinking``,
+``text`` and ``tool_use`` blocks are one assistant message (reasoning, content, tool calls); a
+user turn's ``tool_result`` blocks are tool messages, in order, and its text a user message
+after them. Echoing a reply's blocks back therefore gives exactly the message its call recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..server.errors import APIError
+
+_USED = frozenset({
+    "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p",
+    "top_k", "stream", "tools", "tool_choice", "thinking",
+    # beyond Anthropic's API, as Turnstile's Chat dialect takes them (reproducible rollouts)
+    "seed", "logit_bias", "chat_template_kwargs"})
+_INERT = frozenset({"metadata", "service_tier"})
+_UNSUPPORTED = {
+    "container": "code-execution containers are not supported.",
+    "mcp_servers": "MCP servers are not supported; give the tools as 'tools'.",
+    "context_management": "server-side context management is not supported: Turnstile never "
+                          "edits the context (the recorded tokens would no longer match).",
+}
+
+
+def bad(param: str, message: str) -> APIError:
+    return APIError(400, f"{param}: {message}", param, code="invalid_request_error")
+
+
+def _text(blocks: Any, where: str) -> str:
+    """A string, or text blocks joined (a system prompt, a tool result)."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise bad(where, "expected a string or a list of text blocks.")
+    out = []
+    for j, b in enumerate(blocks):
+        if not isinstance(b, dict) or b.get("type") != "text" or \
+                not isinstance(b.get("text"), str):
+            raise bad(f"{where}.{j}", "only text blocks are supported here.")
+        out.append(b["text"])
+    return "\n".join(out) if where == "system" else "".join(out)
+
+
+def _assistant(content: Any, where: str) -> dict:
+    msg: dict = {"role": "assistant", "content": None}
+    if isinstance(content, str):
+        msg["content"] = content
+        return msg
+    if not isinstance(content, list):
+        raise bad(f"{where}.content", "expected a string or a list of content blocks.")
+    texts: list[str] = []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        w = f"{where}.content.{j}"
+        if kind == "text" and isinstance(b.get("text"), str):
+            texts.append(b["text"])
+        elif kind == "thinking" and isinstance(b.get("thinking"), str):
+            msg["reasoning_content"] = b["thinking"]
+        elif kind == "tool_use":
+            if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) or \
+                    not isinstance(b.get("input"), dict):
+                raise bad(w, "a tool_use block needs 'id', 'name' and an 'input' object.")
+            msg.setdefault("tool_calls", []).append({
+                "id": b["id"], "type": "function", "function": {
+                    "name": b["name"], "arguments": orjson.dumps(b["input"]).decode()}})
+        else:
+            raise bad(f"{w}.type", f"{kind!r} blocks are not supported in an assistant turn "
+                                   "(text, thinking, tool_use are).")
+    if texts:
+        msg["content"] = "".join(texts)
+    return msg
+
+
+def _user(content: Any, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    if not isinstance(content, list) or not content:
+        raise bad(f"{where}.content", "expected a string or a non-empty list of blocks.")
+    out: list[dict] = []
+    texts: list[str] = []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        w = f"{where}.content.{j}"
+        if kind == "text" and isinstance(b.get("text"), str):
+            texts.append(b["text"])
+        elif kind == "tool_result":
+            if not isinstance(b.get("tool_use_id"), str):
+                raise bad(f"{w}.tool_use_id", "expected the id of the tool_use it answers.")
+            result = b.get("content", "")
+            msg = {"role": "tool", "tool_call_id": b["tool_use_id"],
+                   "content": _text(result, f"{w}.content")}
+            if b.get("is_error"):
+                # the template is given the flag; the text is the tool's own
+                msg["is_error"] = True
+            out.append(msg)
+        else:
+            raise bad(f"{w}.type", f"{kind!r} blocks are not supported in a user turn "
+                                   "(text, tool_result are).")
+    if texts:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages", "expected a non-empty list of messages.")
+    out: list[dict] = []
+    system = body.get("system")
+    if system is not None:
+        out.append({"role": "system", "content": _text(system, "system")})
+    for i, m in enumerate(msgs):
+        where = f"messages.{i}"
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "user":
+            out += _user(m.get("content"), where)
+        elif role == "assistant":
+            out.append(_assistant(m.get("content"), where))
+        else:
+            raise bad(f"{where}.role", f"{role!r} is not 'user' or 'assistant'.")
+    return out
+
+
+def _tools(value: Any) -> list[dict] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad("tools", "expected a list.")
+    out = []
+    for i, t in enumerate(value):
+        if not isinstance(t, dict) or t.get("type") not in (None, "custom") or \
+                not isinstance(t.get("name"), str):
+            raise bad(f"tools.{i}", "only client tools ({'name', 'input_schema'}) are "
+                                    "supported, not server tools.")
+        schema = t.get("input_schema")
+        if not isinstance(schema, dict):
+            raise bad(f"tools.{i}.input_schema", "expected a JSON Schema object.")
+        # keys in Chat's order: templates print tools as JSON, so the order is in the prompt
+        fn: dict = {"name": t["name"]}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        fn["parameters"] = schema
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def _tool_choice(value: Any) -> tuple[Any, bool | None]:
+    """Chat's tool_choice, and parallel_tool_calls (from disable_parallel_tool_use)."""
+    if value is None:
+        return None, None
+    kind = value.get("type") if isinstance(value, dict) else None
+    parallel = None if not isinstance(value, dict) or "disable_parallel_tool_use" not in value \
+        else not value["disable_parallel_tool_use"]
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool" and isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}, parallel
+    raise bad("tool_choice", "expected {'type': 'auto' | 'any' | 'none'} or "
+                             "{'type': 'tool', 'name': ...}.")
+
+
+def check_fields(body: dict) -> dict:
+    inert = {}
+    for key, value in body.items():
+        if key in _USED or value is None:
+            continue
+        if key in _INERT:
+            inert[key] = value
+        elif key in _UNSUPPORTED:
+            raise bad(key, _UNSUPPORTED[key])
+        else:
+            raise bad(key, "Extra inputs are not permitted")
+    return inert
+
+
+def chat_body(body: dict) -> dict:
+    """The Chat Completions body of a Messages request."""
+    if body.get("max_tokens") is None:
+        raise bad("max_tokens", "Field required")
+    chat: dict = {"messages": messages(body), "max_tokens": body["max_tokens"]}
+    for key in ("model", "temperature", "top_p", "top_k", "stream", "seed", "logit_bias"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        chat["stop"] = stops
+    chat["tools"] = _tools(body.get("tools"))
+    chat["tool_choice"], chat["parallel_tool_calls"] = _tool_choice(body.get("tool_choice"))
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    thinking = body.get("thinking")
+    if thinking is not None:
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
+            raise bad("thinking", "expected {'type': 'enabled', 'budget_tokens': N} or "
+                                  "{'type': 'disabled'}.")
+        # the variable reasoning templates read (Qwen3 and others); a template without it
+        # renders the same either way
+        kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
+    if kwargs:
+        chat["chat_template_kwargs"] = kwargs
+    if body.get("stream"):
+        chat["stream_options"] = {"include_usage": True}
+    return {k: v for k, v in chat.items() if v is not None}

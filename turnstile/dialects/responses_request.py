@@ -1,0 +1,243 @@
+"""An OpenAI Responses request, turned into the one internal request (a Chat Completions body,
+validated by ``server.requests``) plus what the response chain needs.
+
+Input items map onto chat messages the way the Responses API itself pairs them: a ``reasoning``
+item, an assistant ``message`` and the ``function_call`` items after it are one assistant turn;
+a ``function_call_output`` is a tool message. Sending back the output items of a response (or
+naming it in ``previous_response_id``) therefore gives exactly the messages the call's record
+holds, and the conversation extends its recorded tokens as a Chat harness's would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..server.errors import APIError
+
+# Fields that shape the prompt or the sampling, and become the internal request's.
+_USED = frozenset({
+    "input", "instructions", "model", "tools", "tool_choice", "parallel_tool_calls",
+    "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
+    "previous_response_id", "reasoning", "text", "top_logprobs", "include", "truncation",
+    *("seed", "logit_bias", "stop", "top_k", "min_p", "repetition_penalty",
+      "frequency_penalty", "presence_penalty", "chat_template_kwargs")})
+# Sampling fields beyond the Responses API that vLLM accepts there too: what an RL harness needs
+# to make a rollout reproducible or bounded (a seed, a logit bias); passed on as Chat's.
+_EXTENSIONS = ("seed", "logit_bias", "stop", "top_k", "min_p", "repetition_penalty",
+               "frequency_penalty", "presence_penalty", "chat_template_kwargs")
+# Accepted, kept in the call record's info; they change no token.
+_INERT = frozenset({"store", "metadata", "user", "service_tier", "prompt_cache_key",
+                    "prompt_cache_retention", "safety_identifier"})
+_UNSUPPORTED = {
+    "background": "background responses are not supported; send the request and wait.",
+    "conversation": "server-side conversations are not supported; send "
+                    "'previous_response_id' or the whole input.",
+    "prompt": "stored prompt templates are not supported; send 'input'.",
+    "max_tool_calls": "'max_tool_calls' is not supported.",
+}
+_INCLUDE = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
+
+
+def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, f"Invalid '{param}': {message}", param, code=code)
+
+
+def _text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
+    """A message's content (a string or text parts) as one string."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(where, "expected a string or a list of content parts.")
+    out = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in kinds or \
+                not isinstance(part.get("text"), str):
+            raise bad(f"{where}[{j}]", f"only text parts ({' / '.join(kinds)}) are supported.")
+        out.append(part["text"])
+    return "".join(out)
+
+
+class _Turns:
+    """Builds chat messages from input items, keeping one assistant turn open while its
+    reasoning, message and function calls arrive."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+        self.open: dict | None = None  # the assistant turn being assembled
+
+    def _assistant(self, starts_new: bool) -> dict:
+        if self.open is None or starts_new:
+            self.open = {"role": "assistant", "content": None}
+            self.messages.append(self.open)
+        return self.open
+
+    def add(self, item: Any, where: str) -> None:
+        if not isinstance(item, dict):
+            raise bad(where, "expected an input item object.")
+        kind = item.get("type", "message")
+        if kind == "message":
+            self._message(item, where)
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise bad(f"{where}.{key}", "expected a string.")
+            turn = self._assistant(False)
+            turn.setdefault("tool_calls", []).append({
+                "id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise bad(f"{where}.call_id", "expected the call_id of the function call.")
+            output = _text(item.get("output"), f"{where}.output", ("input_text", "output_text"))
+            self.open = None
+            self.messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                                  "content": output})
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            kinds = ("reasoning_text", "summary_text")
+            text = _text(parts, f"{where}.content", kinds) if parts else ""
+            o = self.open
+            turn = self._assistant(o is None or bool(o.get("content") or o.get("tool_calls")
+                                                     or "reasoning_content" in o))
+            turn["reasoning_content"] = text
+        else:
+            raise bad(f"{where}.type", f"{kind!r} items are not supported (message, "
+                      "function_call, function_call_output, reasoning are).",
+                      code="unsupported_value")
+
+    def _message(self, item: dict, where: str) -> None:
+        role = item.get("role")
+        if role == "assistant":
+            text = _text(item.get("content"), f"{where}.content", ("output_text", "input_text"))
+            o = self.open
+            turn = self._assistant(o is None or bool(o.get("content") or o.get("tool_calls")))
+            turn["content"] = text
+            return
+        if role not in ("user", "system", "developer"):
+            raise bad(f"{where}.role", f"{role!r} is not one of 'user', 'assistant', "
+                                       "'system', 'developer'.")
+        self.open = None
+        self.messages.append({"role": role, "content": _text(
+            item.get("content"), f"{where}.content", ("input_text",))})
+
+
+def input_messages(value: Any) -> list[dict]:
+    """``input`` (a string or items) as chat messages."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise bad("input", "expected a string or a non-empty list of input items.")
+    turns = _Turns()
+    for i, item in enumerate(value):
+        turns.add(item, f"input[{i}]")
+    return turns.messages
+
+
+def _tools(value: Any) -> list[dict] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad("tools", "expected a list.")
+    out = []
+    for i, t in enumerate(value):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise bad(f"tools[{i}].type", f"only function tools are supported, not {kind!r}.",
+                      code="unsupported_value")
+        if not isinstance(t.get("name"), str):
+            raise bad(f"tools[{i}].name", "expected a string.")
+        # keys in Chat's order: templates print tools as JSON, so the order is in the prompt
+        fn: dict = {"name": t["name"]}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def _tool_choice(value: Any) -> Any:
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" and \
+            isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}
+    raise bad("tool_choice", "expected 'auto', 'none', 'required' or "
+                             "{'type': 'function', 'name': ...}.")
+
+
+def _format(text: Any) -> dict | None:
+    """``text.format`` as a Chat ``response_format``."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise bad("text", "expected an object.")
+    fmt = text.get("format")
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "reply"),
+                                                       "schema": fmt.get("schema")}}
+    raise bad("text.format", "expected {'type': 'text' | 'json_object' | 'json_schema'}.")
+
+
+def check_fields(body: dict) -> dict:
+    """Every field is used, inert (returned) or refused with a 400 naming it."""
+    inert = {}
+    for key, value in body.items():
+        if key in _USED or value is None:
+            continue
+        if key in _INERT:
+            inert[key] = value
+        elif key in _UNSUPPORTED and value not in (False, [], {}):
+            raise APIError(400, f"Unsupported parameter: '{key}': {_UNSUPPORTED[key]}", key,
+                           code="unsupported_parameter")
+        elif key not in _UNSUPPORTED:
+            raise APIError(400, f"Unrecognized request argument supplied: {key}", key,
+                           code="unrecognized_argument")
+    include = body.get("include") or []
+    if not isinstance(include, list) or any(x not in _INCLUDE for x in include):
+        raise bad("include", f"supported values are {sorted(_INCLUDE)}.")
+    if body.get("truncation") not in (None, "disabled"):
+        raise bad("truncation", "only 'disabled' is supported: Turnstile never drops "
+                                "context silently (the tokens would not be what was recorded).")
+    return inert
+
+
+def chat_body(body: dict, history: list[dict]) -> dict:
+    """The Chat Completions body of a Responses request whose earlier turns (from
+    ``previous_response_id``) are ``history``."""
+    messages = list(history)
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise bad("instructions", "expected a string.")
+        # As the Responses API: instructions are this request's only, never carried over.
+        messages.insert(0, {"role": "system", "content": instructions})
+    if "input" not in body:
+        raise APIError(400, "Missing required parameter: 'input'.", "input",
+                       code="missing_required_parameter")
+    messages += input_messages(body["input"])
+    chat: dict = {"messages": messages}
+    for src, dst in (("model", "model"), ("temperature", "temperature"), ("top_p", "top_p"),
+                     ("parallel_tool_calls", "parallel_tool_calls"),
+                     ("max_output_tokens", "max_completion_tokens"), ("stream", "stream"),
+                     *((k, k) for k in _EXTENSIONS)):
+        if body.get(src) is not None:
+            chat[dst] = body[src]
+    chat["tools"] = _tools(body.get("tools"))
+    chat["tool_choice"] = _tool_choice(body.get("tool_choice"))
+    chat["response_format"] = _format(body.get("text"))
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise bad("reasoning", "expected an object such as {'effort': 'low'}.")
+        chat["reasoning_effort"] = reasoning.get("effort")
+    if "message.output_text.logprobs" in (body.get("include") or []) or \
+            body.get("top_logprobs"):
+        chat["logprobs"] = True
+        chat["top_logprobs"] = body.get("top_logprobs") or 0
+    if body.get("stream"):
+        chat["stream_options"] = {"include_usage": True}
+    return {k: v for k, v in chat.items() if v is not None}

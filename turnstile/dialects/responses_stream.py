@@ -1,0 +1,147 @@
+"""A streamed Responses call: the internal chunks (Chat Completions deltas) as the typed event
+sequence the Responses API sends, each output item opened, filled by deltas and closed in turn:
+``response.created`` → (``output_item.added`` → deltas → ``output_item.done``)* →
+``response.completed`` (``response.incomplete`` at the token limit)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from ..server.errors import APIError
+from ..server.requests import ChatRequest
+from . import responses as r
+
+
+class ResponseEvents:
+    def __init__(self, req: ChatRequest, model: str):
+        self.req = req
+        self.model = model
+        self.created = time.time()
+        self.seq = 0
+        assert req.call_id is not None  # the dialect names the call before it runs
+        self.rid = r.response_id(req.call_id)
+        self.suffix = self.rid.removeprefix("resp_")
+        self.output: list[dict] = []  # finished items
+        self.item: dict | None = None  # the item being streamed
+        self.text = ""  # its text so far (message text, reasoning, arguments)
+        self.logprobs: list = []
+
+    def _event(self, kind: str, **fields: object) -> tuple[str, dict]:
+        ev = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return kind, ev
+
+    def _response(self, status: str) -> dict:
+        return r.response_object(self.req.raw, self.req.record, self.model, self.created,
+                                 self.output, status, self.rid)
+
+    @property
+    def _id(self) -> str:
+        assert self.item is not None
+        return self.item["id"]
+
+    @property
+    def _index(self) -> int:
+        return len(self.output)
+
+    def _open(self, item: dict) -> list[tuple[str, dict]]:
+        self.item, self.text, self.logprobs = item, "", []
+        out = [self._event("response.output_item.added", output_index=self._index, item=item)]
+        if item["type"] == "message":
+            out.append(self._event("response.content_part.added", item_id=item["id"],
+                                   output_index=self._index, content_index=0,
+                                   part=r.text_part("", [])))
+        return out
+
+    def _close(self) -> list[tuple[str, dict]]:
+        item, i = self.item, self._index
+        if item is None:
+            return []
+        out = []
+        kind = item["type"]
+        if kind == "message":
+            part = r.text_part(self.text, self.logprobs)
+            out += [self._event("response.output_text.done", item_id=item["id"], output_index=i,
+                                content_index=0, text=self.text, logprobs=self.logprobs),
+                    self._event("response.content_part.done", item_id=item["id"],
+                                output_index=i, content_index=0, part=part)]
+            done = {**item, "status": "completed", "content": [part]}
+        elif kind == "reasoning":
+            out.append(self._event("response.reasoning_text.done", item_id=item["id"],
+                                   output_index=i, content_index=0, text=self.text))
+            done = r.reasoning_item(item["id"].removeprefix("rs_"), self.text)
+        else:
+            out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                   output_index=i, name=item["name"], arguments=self.text))
+            done = {**item, "arguments": self.text, "status": "completed"}
+        out.append(self._event("response.output_item.done", output_index=i, item=done))
+        self.output.append(done)
+        self.item = None
+        return out
+
+    def _delta(self, delta: dict, logprobs: list | None) -> list[tuple[str, dict]]:
+        out: list[tuple[str, dict]] = []
+        n = self._index
+        if delta.get("reasoning_content"):
+            if self.item is None or self.item["type"] != "reasoning":
+                out += self._close()
+                out += self._open(r.reasoning_item(f"{self.suffix}_{n}", "", "in_progress"))
+            self.text += delta["reasoning_content"]
+            out.append(self._event("response.reasoning_text.delta", item_id=self._id,
+                                   output_index=self._index, content_index=0,
+                                   delta=delta["reasoning_content"]))
+        if delta.get("content"):
+            if self.item is None or self.item["type"] != "message":
+                out += self._close()
+                out += self._open(r.message_item(f"{self.suffix}_{n}", "", [], "in_progress"))
+            self.text += delta["content"]
+            self.logprobs += logprobs or []
+            out.append(self._event("response.output_text.delta", item_id=self._id,
+                                   output_index=self._index, content_index=0,
+                                   delta=delta["content"], logprobs=logprobs or []))
+        for call in delta.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            if call.get("id"):  # a new call
+                out += self._close()
+                out += self._open(r.call_item(f"{self.suffix}_{self._index}", call["id"],
+                                              fn.get("name", ""), "", "in_progress"))
+            if fn.get("arguments") and self.item is not None:
+                self.text += fn["arguments"]
+                out.append(self._event("response.function_call_arguments.delta",
+                                       item_id=self.item["id"], output_index=self._index,
+                                       delta=fn["arguments"]))
+        return out
+
+    async def run(self, chunks: AsyncIterator[dict]) -> AsyncIterator[tuple[str, dict]]:
+        yield self._event("response.created", response=self._response("in_progress"))
+        yield self._event("response.in_progress", response=self._response("in_progress"))
+        try:
+            async for chunk in chunks:
+                for choice in chunk.get("choices") or []:
+                    lps = (choice.get("logprobs") or {}).get("content")
+                    for ev in self._delta(choice.get("delta") or {}, lps):
+                        yield ev
+        except APIError as exc:
+            yield self._event("error", code=exc.code, message=exc.message, param=exc.param)
+            yield self._event("response.failed", response={
+                **self._response("failed"),
+                "error": {"code": exc.code or "server_error", "message": exc.message}})
+            return
+        for ev in self._close():
+            yield ev
+        rec = self.req.record
+        done = self._response("completed")
+        if rec is not None and rec.message is not None:
+            # what the record holds is the answer, its items named as the stream named them
+            done["output"] = r.output_items(rec.message, self.rid)
+            _keep_ids(done["output"], self.output)
+        kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
+        yield self._event(kind, response=done)
+
+
+def _keep_ids(final: list[dict], streamed: list[dict]) -> None:
+    """The final response names its items as the stream did (the harness matched them)."""
+    for f, s in zip(final, streamed, strict=False):
+        if f["type"] == s["type"]:
+            f["id"] = s["id"]

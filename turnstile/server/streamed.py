@@ -1,0 +1,88 @@
+"""A streamed token-in call: engine events → parsed deltas → Chat Completions chunks, recorded
+(whole, or as aborted when the harness or a weight update ends it) before the last chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
+from ..chat.detokenize import IncrementalDetokenizer
+from ..engines.base import EngineError, SamplingParams
+from . import chat_completions as cc
+from .admission import POLICY_ABORT, policy_abort
+from .errors import APIError
+from .prompting import Prompt
+from .requests import ChatRequest
+from .session_trees import Tree
+from .token_record import Generation
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
+
+CLIENT_GONE = "the client disconnected"
+
+
+async def stream_chunks(gw: Gateway, session_id: str, req: ChatRequest, tree: Tree,
+                        prompt: Prompt, params: SamplingParams, started: float, tail: str
+                        ) -> AsyncGenerator[dict, None]:
+    """The chunks of a streamed token-in call: one pass per batch of engine events (the
+    tokens that arrived together leave in one chunk, or a few when the parser splits content
+    from a tool call); the call is recorded before the final chunk."""
+    gen = Generation()
+    parser = gw.parser_for(req, tail)
+    detok = IncrementalDetokenizer(gw.tok)
+    chunk = cc.ChunkMaker(started, req.model or gw.model_name, req.include_usage)
+
+    yield chunk({"role": "assistant", "content": ""})
+    eog = gw.tok.eog_token_ids
+    status = "aborted"
+    error: str | None = CLIENT_GONE
+    visible = cc.StopStrings(params.stop).visible
+
+    try:
+        async for batch in gw.events(session_id, prompt, params, gen, stream=True):
+            sampled = [ev for ev in batch if ev.token_id not in eog]
+            text = visible("".join([detok.push(ev.token_id) for ev in sampled]))
+            lp = [cc.logprob_entry(gw.tok, ev.token_id, ev.logprob, ev.top or [])
+                  for ev in sampled] if req.logprobs and sampled else None
+            deltas = parser.feed(text) if text else []
+            if lp and not deltas:
+                deltas = [{"content": ""}]
+            for i, d in enumerate(deltas):
+                yield chunk(d, logprobs=lp if i == 0 else None)
+        for d in parser.feed(visible(detok.flush(), last=True)) + parser.finish():
+            yield chunk(d)
+        status, error = "ok", None
+    except EngineError as exc:
+        # The harness is still there: the error record is written before it hears of
+        # the failure, so a read right after the error finds the call.
+        status = "recorded"
+        with contextlib.suppress(APIError):
+            await gw.record(session_id, tree, prompt, params, gen, "error", None,
+                              str(exc), started, req=req)
+        raise APIError(exc.status, str(exc), type_="engine_error") from exc
+    except asyncio.CancelledError:
+        if not gw.control.aborted():
+            raise
+        error = POLICY_ABORT
+        raise policy_abort() from None
+    finally:
+        if status not in ("ok", "recorded"):
+            # The harness did not get a whole response: keep the tokens, mark the call.
+            # Nobody waits for this write (the stream may be being torn down).
+            gw.record_later(session_id, tree, prompt, params, gen, status, None, error,
+                              started, req=req)
+    parsed = parser.result()
+    message = parsed.to_openai()
+    assert gen.finish is not None  # _events raised otherwise
+    finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
+    rec = await gw.record(session_id, tree, prompt, params, gen, "ok", message, None,
+                            started, {"parse_status": parsed.parse_status}, req,
+                            {"choices": [{"message": message,
+                                          "finish_reason": finish_reason}]})
+    req.record = rec
+    yield chunk({}, finish_reason)
+    if req.include_usage:
+        yield chunk.usage(rec)

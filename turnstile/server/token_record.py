@@ -1,0 +1,118 @@
+"""A token-in call as its record: what was rendered, sampled and asked, as one
+:class:`~turnstile.store.records.CallRecord`, and the node the call becomes in the session's tree
+once the record is committed (``server.record.commit``)."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..chat.history import Node, prefix_hashes
+from ..engines.base import Finish, SamplingParams
+from ..store.records import CallRecord, new_id
+from .prompting import Prompt
+from .record import call_info, weight_version
+from .requests import ChatRequest
+from .session_trees import Tree
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
+
+
+@dataclass
+class Generation:
+    """What the engine returned, accumulated."""
+
+    ids: array = field(default_factory=lambda: array("i"))
+    logprobs: array = field(default_factory=lambda: array("f"))
+    top: list = field(default_factory=list)
+    finish: Finish | None = None
+    engine_url: str | None = None  # the replica that served the call
+
+
+@dataclass
+class Built:
+    record: CallRecord
+    node: Node  # added to the tree once the record is committed
+    reply_hash: bytes | None  # the history hash a harness echoing the reply will send
+    echo_hash: bytes | None  # the same with the stop string put back
+
+
+def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) -> dict:
+    """What the call record's info says about the request beyond the sampling: warnings
+    (what was asked for but cannot act as asked), the dialect's state, the inert options."""
+    warnings = []
+    if req is not None and req.tools and gw.renderer.ignores_tools:
+        warnings.append("the chat template does not render 'tools': the model was not "
+                        "shown the tools (serve with --chat-template FILE that does)")
+    if req is not None and "reasoning_effort" in req.template_kwargs and \
+            "reasoning_effort" not in gw.renderer.template.source:
+        warnings.append("the chat template does not read 'reasoning_effort'")
+    warnings.extend(gw.engine.sampling_notes(params))
+    out: dict = {}
+    if warnings:
+        out["warnings"] = warnings
+    if req is not None and req.dialect_state:
+        out["dialect_state"] = req.dialect_state
+    if req is not None and req.inert:
+        out["request_options"] = req.inert
+    if req is not None and req.tool_choice == "required":
+        out["parallel_tool_calls"] = req.parallel_tool_calls
+    return out
+
+
+def build_record(gw: Gateway, session_id: str, tree: Tree, prompt: Prompt,
+                 params: SamplingParams, gen: Generation, status: str, message: dict | None,
+                 error: str | None, started: float, extra: dict | None = None,
+                 req: ChatRequest | None = None) -> Built:
+    finish = gen.finish
+    stop_token = finish.stop_token_id if finish else None
+    call_id = req.call_id if req is not None and req.call_id else new_id("call_")
+    node = Node(call_id, prompt.parent, prompt.delta, gen.ids, message, stop_token)
+    reply_hash = echo_hash = None
+    if status == "ok" and message is not None:
+        reply_hash = prefix_hashes(prompt.hashes[-1], [message], tree.content_format)[1]
+        if finish and finish.stop_string and isinstance(message.get("content"), str):
+            # Harnesses that stop on a string put it back (smolagents' "</code>"): the
+            # sampled tokens hold it, so that echo continues this call too.
+            again = {**message, "content": message["content"] + finish.stop_string}
+            echo_hash = prefix_hashes(prompt.hashes[-1], [again], tree.content_format)[1]
+    # what tree.add will find new (persisted with the call, for the rebuild)
+    new_hashes = [h for h in prompt.hashes if h not in tree.known]
+    if reply_hash is not None and reply_hash not in tree.known:
+        new_hashes.append(reply_hash)
+    n = len(gen.ids)
+    version = gw.control.version
+    info = {
+        **call_info(
+            model=gw.model_name, engine=gw.engine.name,
+            fingerprint=gw.renderer.fingerprint, segment_detail=prompt.segment_detail,
+            sampling=params.as_dict(), logprob_kind=finish.logprob_kind if finish else None,
+            logprob_warning=gw.engine.logprob_warning(params),
+            engine_request_id=finish.engine_request_id if finish else None,
+            weight_versions=finish.weight_versions if finish else None,
+            version=weight_version(finish.weight_versions if finish else None, n,
+                                   finish.weight_version if finish else None, version),
+            policy_version=version,
+            stop_string=finish.stop_string if finish else None,
+            usage={"prompt_tokens": len(prompt.ids), "completion_tokens": n,
+                   "cached_tokens": finish.cached_tokens if finish else 0},
+            started=started, timings=finish.timings if finish else None,
+            dialect=req.dialect if req is not None else "chat"),
+        "engine_url": gen.engine_url,
+        "engine_finish_reason": finish.engine_reason if finish else None,
+        "stop_echo_hash": echo_hash.hex() if echo_hash else None,
+        **request_notes(gw, req, params),
+        **(extra or {}),
+    }
+    rec = CallRecord(
+        id=call_id, session_id=session_id, seq=tree.n_calls,
+        parent_id=prompt.parent.id if prompt.parent else None,
+        segment_reason=prompt.segment_reason,
+        reused_prefix_len=len(prompt.ids) - len(prompt.delta),
+        prompt_delta=prompt.delta, completion_ids=gen.ids, completion_logprobs=gen.logprobs,
+        finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
+        seam=prompt.seam, status=status, error=error, message=message,
+        history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
+    return Built(rec, node, reply_hash, echo_hash)

@@ -1,0 +1,63 @@
+"""``turnstile view --data DIR``: the viewer over a record store, with no engine, read-only.
+
+It serves the page and the trainer's read routes (sessions, calls, kept bodies, trajectories)
+from the store; every other route of ``turnstile serve`` (harness, admin, writes) answers 503
+saying why, in the API's error shape. Records are read through the store's read paths and
+the viewer's read-only connection; nothing is written (a store written by an older
+Turnstile is migrated on open, as by serve)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..chat.loaded_tokenizer import LoadedTokenizer
+from ..server.access import trainer
+from ..server.app import ROUTES as SERVE_ROUTES
+from ..server.app import VIEWER_ROUTES
+from ..server.context import AppContext
+from ..server.contract import AppGateway
+from ..server.error_handlers import EXCEPTION_HANDLERS
+from ..server.errors import APIError
+from ..server.limits import Limits
+from ..server.routes_sessions import call_body, calls, list_sessions, session, trajectories
+from ..server.session_index import SessionIndex
+from ..store.sqlite import Store
+
+
+async def read_only(request: Request) -> Response:
+    raise APIError(503, "turnstile view serves recorded sessions read-only: no engine is behind "
+                        "it and nothing can be written here. Run turnstile serve for chat "
+                        "completions, rewards and session changes.",
+                   code="read_only_viewer", type_="server_error")
+
+
+_READ = [
+    Route("/v1/sessions", trainer(list_sessions), methods=["GET"]),
+    Route("/v1/sessions/{sid}", trainer(session), methods=["GET"]),
+    Route("/v1/sessions/{sid}/calls", trainer(calls), methods=["GET"]),
+    Route("/v1/sessions/{sid}/calls/{cid}/body", trainer(call_body), methods=["GET"]),
+    Route("/v1/sessions/{sid}/trajectories", trainer(trajectories), methods=["GET"]),
+]
+# The read routes and the viewer's answer first; every other route turnstile serve has
+# (harness, admin, writes) answers read_only.
+ROUTES = [*_READ, *VIEWER_ROUTES,
+          *(Route(r.path, read_only, methods=sorted((r.methods or set()) - {"HEAD"}))
+            for r in SERVE_ROUTES if isinstance(r, Route) and r not in VIEWER_ROUTES)]
+
+
+def create_viewer_app(store: Store, public_url: str, *, token: str | None,
+                      tokenizer: LoadedTokenizer | None = None) -> Starlette:
+    """The viewer over ``store``; ``token`` as for ``create_app`` (None: open)."""
+    ctx = AppContext(
+        # No route mounted here reaches the gateway (harness, admin and write routes are
+        # read_only above); the context's type wants one.
+        gateway=cast(AppGateway, None), store=store, public_url=public_url, max_body=1 << 20,
+        token=token, limits=Limits(), sessions=SessionIndex(store), tokenizer=tokenizer)
+    app = Starlette(routes=ROUTES, exception_handlers=dict(EXCEPTION_HANDLERS))
+    app.state.turnstile = ctx
+    return app
