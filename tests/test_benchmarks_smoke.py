@@ -19,6 +19,7 @@ SCRIPTS = {
     "memory.py": "bytes / recorded token",
     "end_to_end.py": "Turnstile / direct wall time",
     "soak.py": "RSS after close",
+    "ray_scale.py": "1 vs 2 replicas vs one process",
 }
 
 

@@ -68,6 +68,7 @@ def test_a_harness_holding_its_session_url_can_do_nothing_else(turnstile):
             ("POST", "/admin/pause", {"mode": "abort"}),
             ("POST", "/admin/resume", {"weight_version": "666"}),
             ("GET", "/admin/status", None), ("GET", "/openapi.json", None),
+            ("GET", "/metrics", None),
             # calls into another session: by its id in the path, by a near-miss key
             ("GET", f"/s/{victim['id']}/v1/models", None),
             ("POST", f"/s/{victim['id']}/v1/chat/completions",

@@ -74,6 +74,11 @@ def serve(args: argparse.Namespace) -> None:
     except AuthSetupError as exc:
         raise SystemExit(f"turnstile: refusing to start: {exc}") from None
     print(f"turnstile: {where}", file=sys.stderr)
+    if args.ray:
+        from .ray import serve_ray  # the ray extra
+
+        serve_ray(args)
+        return
     server = server_from_args(args)
     for line in server.banner:
         print(f"turnstile: {line}", file=sys.stderr)
@@ -126,6 +131,12 @@ def testbed_command(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's options (``turnstile.ray`` builds its replicas' options from them)."""
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -193,6 +204,19 @@ def main(argv: list[str] | None = None) -> None:
                    help="vLLM: the server's --logprobs-mode, if it cannot be read from it")
     s.add_argument("--sglang-original-logprobs", action="store_true",
                    help="SGLang: the server returns logprobs before temperature scaling")
+    s.add_argument("--ray", action="store_true",
+                   help="run gateway replicas as a Ray Serve application behind Serve's HTTP "
+                        "proxy on --host/--port (sessions stick to a replica; see "
+                        "docs/scale.md); needs the ray extra")
+    s.add_argument("--ray-address", help="the Ray cluster to join (default: $RAY_ADDRESS, "
+                                         "else start one on this machine)")
+    s.add_argument("--ray-replicas", type=int, default=2,
+                   help="gateway replicas (default: 2)")
+    s.add_argument("--ray-min-replicas", type=int,
+                   help="autoscale: at least this many replicas")
+    s.add_argument("--ray-max-replicas", type=int, help="autoscale: at most this many")
+    s.add_argument("--ray-replica-cpus", type=float, default=1.0,
+                   help="CPUs Ray reserves per replica (default: 1)")
     s.set_defaults(func=serve)
 
     a = sub.add_parser("audit-template", help="is this template prefix-preserving, token by "
@@ -240,8 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     export_mod.add_arguments(e)
     e.set_defaults(func=export_mod.cli)
 
-    args = parser.parse_args(argv)
-    args.func(args)
+    return parser
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from ..chat.loaded_tokenizer import LoadedTokenizer
@@ -32,6 +33,7 @@ from .context import AppContext
 from .contract import AppGateway
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
+from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
 from .routes_harness import chat, count_tokens, messages, models, responses, stored_response
 from .routes_sessions import (
@@ -88,23 +90,31 @@ ROUTES = [
     Route("/admin/resume", trainer(admin_resume), methods=["POST"]),
     Route("/admin/status", trainer(admin_status), methods=["GET"]),
     Route("/openapi.json", trainer(openapi), methods=["GET"]),
+    Route("/metrics", trainer(metrics_route), methods=["GET"]),
     *VIEWER_ROUTES,
 ]
 
 
 def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *,
                token: str | None, limits: Limits | None = None,
-               tokenizer: LoadedTokenizer | None = None) -> Starlette:
+               tokenizer: LoadedTokenizer | None = None,
+               replica: str | None = None) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
-    the viewer shows token IDs as its text pieces (None: as IDs)."""
+    the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
+    ``replica`` label of its metrics (default: ``host:pid``)."""
     store = gateway.store
+    metrics = Metrics(replica)
+    if store is not None:  # every committed call feeds the metrics
+        store.observers.append(metrics.committed)
     ctx = AppContext(
         gateway=gateway, store=store, public_url=public_url, max_body=max_body, token=token,
         limits=limits or Limits(),
         sessions=SessionIndex(store), dialects=_dialects(gateway), tokenizer=tokenizer)
     app = Starlette(routes=ROUTES, lifespan=_lifespan,
-                    exception_handlers=dict(EXCEPTION_HANDLERS))
+                    exception_handlers=dict(EXCEPTION_HANDLERS),
+                    middleware=[Middleware(MetricsMiddleware, metrics=metrics)])
     app.state.turnstile = ctx
+    app.state.metrics = metrics
     return app
 
 

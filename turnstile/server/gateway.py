@@ -149,8 +149,10 @@ class Gateway:
         eog = self.tok.eog_token_ids
         engine = self.engine.pick(session_id)  # the session's replica
         gen.engine_url = engine.url
+        began = time.perf_counter()
         async for batch in engine.generate(prompt.ids, params, stream=stream):
             if isinstance(batch, Finish):
+                batch.timings["engine_s"] = time.perf_counter() - began  # server.metrics
                 if batch.stop_string is None and len(gen.ids) and gen.ids[-1] in eog:
                     # The model sampled an end-of-turn token. An engine that checks the length
                     # cap before stop tokens (vLLM) calls it "length" when it is the last

@@ -87,6 +87,8 @@ ROUTES: list[Op] = [
        "Resume", body_required=False),
     Op("GET", "/admin/status", TRAINER, "Paused?, calls in flight, weight version, replicas"),
     Op("GET", "/openapi.json", TRAINER, "This document"),
+    Op("GET", "/metrics", TRAINER, "Prometheus metrics of this gateway (text format)",
+       media="text/plain"),
     Op("GET", "/ui", OPEN, "The trajectory viewer (asks for the trainer's token)",
        media="text/html"),
     Op("GET", "/ui/viewer.js", OPEN, "The viewer's script", media="text/javascript"),

@@ -21,6 +21,9 @@ class SessionIndex:
         self.closed: set[str] = set()
         self._session_of_cap: dict[str, str] = {}
         self._cap_of_session: dict[str, str] = {}
+        # Other processes close sessions in this store too (turnstile.ray's replicas): an open
+        # session's status is read from the store on each call, not from the cache.
+        self.shared = False
 
     def require(self, sid: str) -> str:
         """``sid`` if the session exists (404 otherwise); notes whether it is closed."""
@@ -36,6 +39,9 @@ class SessionIndex:
 
     def require_open(self, sid: str) -> None:
         """409 for a closed session: its rollout has ended."""
+        if self.shared and sid not in self.closed and \
+                self.store.session_status(sid) == "closed":
+            self.closed.add(sid)
         if sid in self.closed:
             raise APIError(409, f"Session {sid!r} is closed: its rollout has ended. Open a new "
                                 "session for new calls.", "session_id", code="session_closed",

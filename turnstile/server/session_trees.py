@@ -38,6 +38,9 @@ class SessionTrees:
         self.renderer = renderer
         self.max_trees = max_trees
         self.entries: OrderedDict[str, Entry] = OrderedDict()
+        # Other processes record calls into this store too (turnstile.ray's replicas): a
+        # cached tree is checked against the store's call count before each use.
+        self.shared = False
 
     def drop(self, session_id: str) -> None:
         """Forget a deleted session's tree (a reused id starts empty)."""
@@ -81,6 +84,10 @@ class SessionTrees:
         Calls rendered under another template/tokenizer fingerprint stay in the tree but are
         never extended: their tokens are not what this renderer would produce."""
         entry = self.entries.get(session_id)
+        if entry is not None and self.shared and not entry.busy and \
+                self.store.call_count(session_id) != entry.tree.n_calls:
+            del self.entries[session_id]  # recorded elsewhere meanwhile: rebuild it
+            entry = None
         if entry is not None:
             self.entries.move_to_end(session_id)
             return entry.tree

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import orjson
@@ -76,6 +76,10 @@ class Store(ExportSide):
         # out a lock held by another process never holds up the reads.
         self._wdb = self._connect(busy_timeout)
         self._wlock = threading.Lock()
+        # told of every committed call with the seconds its write took (server.metrics)
+        self.observers: list[Callable[[CallRecord, float], None]] = []
+        # added to every call's info (turnstile.ray: the gateway replica that recorded it)
+        self.record_fields: dict = {}
 
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
@@ -242,6 +246,19 @@ class Store(ExportSide):
                                    (session_id,)).fetchone()
         return None if row is None else row[0]
 
+    def session_status(self, session_id: str) -> str | None:
+        """``open`` or ``closed`` (None: no such session), as any process left it."""
+        with self._lock:
+            row = self._db.execute("SELECT status FROM sessions WHERE id = ?",
+                                   (session_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def call_count(self, session_id: str) -> int:
+        """How many calls the session has recorded (by any process writing this file)."""
+        with self._lock:
+            return self._db.execute("SELECT count(*) FROM calls WHERE session_id = ?",
+                                    (session_id,)).fetchone()[0]
+
     def add_call(self, c: CallRecord, request_body: object = None,
                  response_body: object = None, session_created: float | None = None) -> None:
         """Record a call; with ``keep_bodies`` also its raw request/response bodies, in the
@@ -251,6 +268,8 @@ class Store(ExportSide):
         session must still be that incarnation: a call that outlived a delete of its session
         (by this server or by ``export --delete`` in another process) raises
         :class:`SessionGone` and writes nothing, so a re-created id starts empty."""
+        if self.record_fields:
+            c.info.update(self.record_fields)
         row = (
             c.id, c.session_id, c.seq, c.parent_id, c.segment_reason, c.reused_prefix_len,
             pack_ids(c.prompt_delta), pack_ids(c.completion_ids),
@@ -261,6 +280,7 @@ class Store(ExportSide):
         keep = self.keep_bodies and (request_body is not None or response_body is not None)
         bodies = (c.id, c.session_id, pack_body(request_body),
                   pack_body(response_body)) if keep else None
+        began = time.perf_counter()
         with self._wlock:
             db = self._wdb
             db.execute("BEGIN IMMEDIATE")
@@ -279,6 +299,8 @@ class Store(ExportSide):
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+        for observe in self.observers:
+            observe(c, time.perf_counter() - began)
 
     def body(self, call_id: str) -> dict | None:
         """``{"request": ..., "response": ...}`` as kept for a call, or None."""

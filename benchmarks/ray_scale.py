@@ -1,0 +1,205 @@
+"""Turnstile on Ray Serve (issue 15): calls/s and CPU per call with 1 and 2 gateway replicas
+behind Serve's HTTP proxy, next to the single-process server, against the fast fake engine.
+
+Set-up (printed with the results): the fake vLLM engine (``_common._fake_app``, token-in
+``/inference/v1/generate``, 64 token IDs per reply), the agent workload of ``overhead.py`` (the
+official ``openai`` AsyncOpenAI client, sessions of 4 turns named by ``X-Session-Id``, so
+Serve's router keys on them), one local Ray node (``ray.init``, no dashboard). Targets:
+
+- ``single``: ``turnstile serve`` as one process (uvicorn), the baseline;
+- ``ray-1``, ``ray-2``: ``turnstile.ray.build_app`` with 1 and 2 replicas (one CPU each).
+
+CPU per call is summed over the processes that serve it: the gateway (``single``); for Ray the
+replicas, the HTTP proxy, and the rest of Ray (controller, raylet, GCS, workers), each shown.
+Ray's routing overhead per call is ``ray-1`` minus ``single``. Store write time per call comes
+from each gateway's own ``/metrics`` (``turnstile_store_write_seconds``); bytes per call from
+the store file.
+
+    python benchmarks/ray_scale.py            # full run (~3 minutes)
+    python benchmarks/ray_scale.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common as c  # noqa: E402
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+from overhead import Agent, Target, run_cell  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+
+class RayCPU:
+    """CPU seconds of this machine's Ray processes, by role (``cpu_pair`` for run_cell)."""
+
+    ROLES = ("replicas", "proxy", "rest of Ray")
+
+    @staticmethod
+    def role(p: psutil.Process) -> str | None:
+        try:
+            name = " ".join(p.cmdline())[:200]
+        except psutil.Error:
+            return None
+        if "ServeReplica" in name or "SERVE_REPLICA" in name:
+            return "replicas"
+        if "ProxyActor" in name:
+            return "proxy"
+        if name.startswith("ray::") or "raylet" in name or "gcs_server" in name:
+            return "rest of Ray"
+        return None
+
+    def by_role(self) -> dict[str, float]:
+        out = dict.fromkeys(self.ROLES, 0.0)
+        for p in psutil.process_iter():
+            r = self.role(p)
+            if r is not None:
+                try:
+                    t = p.cpu_times()
+                except psutil.Error:
+                    continue
+                out[r] += t.user + t.system
+        return out
+
+    def cpu_pair(self) -> tuple[float, float]:
+        total = sum(self.by_role().values())
+        return total, total
+
+
+def metrics_by_replica(url: str, tries: int = 40) -> dict[str, dict[str, float]]:
+    """Store write sum/count per replica, from /metrics (Serve spreads these scrapes)."""
+    out: dict[str, dict[str, float]] = {}
+    with httpx.Client(headers={"authorization": f"Bearer {c.TOKEN}"}, timeout=30) as http:
+        for _ in range(tries):
+            for fam in text_string_to_metric_families(http.get(url + "/metrics").text):
+                for s in fam.samples:
+                    kind = s.name.removeprefix("turnstile_store_write_seconds_")
+                    if kind in ("sum", "count"):
+                        out.setdefault(s.labels["replica"], {})[kind] = s.value
+    return out
+
+
+def store_bytes(data: Path) -> tuple[int, int]:
+    db = sqlite3.connect(data / "turnstile.sqlite3")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    calls = db.execute("SELECT count(*) FROM calls").fetchone()[0]
+    db.close()
+    return (data / "turnstile.sqlite3").stat().st_size, calls
+
+
+async def drive(target: Target, conc: int, per_agent: int, base: list[dict],
+                cpu: RayCPU | None = None) -> dict:
+    """Warm up (connections, trees, code paths), then one measured cell; with ``cpu``, the
+    cell's CPU per call of each Ray role."""
+    target.make_client(conc)
+    target.agents = [Agent(base) for _ in range(conc)]
+    await run_cell(target, "plain", conc, 2)
+    before = cpu.by_role() if cpu else {}
+    row = await run_cell(target, "plain", conc, per_agent)
+    if cpu:
+        after = cpu.by_role()
+        row["parts"] = {k: (after[k] - before[k]) / max(1, row["calls"]) * 1000 for k in after}
+    await target.client.close()
+    return row
+
+
+def ray_target(n: int, fake_url: str, data: Path, port: int, tiny: Path):
+    from ray import serve
+
+    from turnstile.cli import build_parser
+    from turnstile.ray import build_app, replica_options
+
+    args = build_parser().parse_args([
+        "serve", "--engine", "vllm", "--vllm-api", "generate", "--engine-logprobs-mode",
+        "processed_logprobs", "--engine-url", fake_url, "--model", str(tiny), "--data",
+        str(data), "--served-model-name", c.MODEL_NAME, "--public-url",
+        f"http://127.0.0.1:{port}"])
+    args.trainer_token = c.TOKEN
+    serve.run(build_app(replica_options(args), replicas=n), name="turnstile", route_prefix="/")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--conc", type=int, default=None, help="concurrent agents (default 32)")
+    p.add_argument("--json")
+    a = p.parse_args()
+    conc = a.conc or (4 if a.quick else 32)
+    per_agent = 2 if a.quick else 16
+    import ray
+    from ray import serve
+
+    spec, base = c.reply_spec(64), c.base_messages(pad_to=3500)
+    tiny = c.tiny_qwen2()
+    print("# Turnstile on Ray Serve: 1 vs 2 gateway replicas vs one process")
+    print(f"machine: {c.machine()}")
+    print(f"workload: {conc} concurrent agents x {per_agent} calls (sessions of 4 turns, 64-token "
+          f"completions), non-streaming, against the fake vLLM engine; nothing pinned")
+    rows: list[dict] = []
+    with c.workdir("ray-scale") as wd:
+        (wd / "spec.json").write_text(json.dumps(spec))
+        fake, fake_url = c.start_fake(wd / "spec.json", None, wd / "fake.log")
+        try:
+            s, url = c.start_turnstile(fake_url, wd / "single", None, wd / "single.log")
+            try:
+                row = asyncio.run(drive(Target("single", url, s, c.TOKEN), conc, per_agent,
+                                        base))
+                size, calls = store_bytes(wd / "single")
+                row.update(bytes_per_call=size / calls, parts={"gateway": row["cpu_ms"]})
+                w = metrics_by_replica(url, 1)
+                row["store_ms"] = {k: v["sum"] / v["count"] * 1000 for k, v in w.items()}
+                rows.append(row)
+            finally:
+                s.stop()
+            # the replicas and Serve's proxy import this checkout's turnstile
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [str(c.ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            port = c.free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            url = f"http://127.0.0.1:{port}"
+            cpu = RayCPU()
+            for n in (1, 2):
+                data = wd / f"ray-{n}"
+                ray_target(n, fake_url, data, port, tiny)
+                target = Target(f"ray-{n}", url, cpu, c.TOKEN)  # type: ignore[arg-type]
+                row = asyncio.run(drive(target, conc, per_agent, base, cpu))
+                size, calls = store_bytes(data)
+                row["bytes_per_call"] = size / calls
+                w = metrics_by_replica(url)
+                row["store_ms"] = {k[:8]: v["sum"] / v["count"] * 1000 for k, v in w.items()
+                                   if v.get("count")}
+                rows.append(row)
+                serve.delete("turnstile")
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            fake.stop()
+    single = rows[0]
+    table = []
+    for r in rows:
+        parts = r["parts"]
+        table.append([r["target"], r["calls"], r["errors"], r["rps"], r["p50"], r["p99"],
+                      r["cpu_ms"], r["cpu_ms"] - single["cpu_ms"],
+                      " ".join(f"{k} {v:.2f}" for k, v in parts.items()),
+                      " ".join(f"{v:.2f}" for v in r["store_ms"].values()),
+                      r["bytes_per_call"]])
+    print(c.table(["target", "calls", "errors", "calls/s", "p50 ms", "p99 ms", "CPU ms/call",
+                   "vs single", "CPU ms/call by process", "store write ms/call (per replica)",
+                   "store bytes/call"], table, "\n### 1 vs 2 replicas vs one process\n"))
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,164 @@
+"""Prometheus metrics of one gateway (``GET /metrics``), with the standard client library.
+
+A fleet watches many gateways, so every series carries a ``replica`` label: the Ray Serve
+replica id under Ray (``turnstile.ray`` passes it), else ``host:pid``. Two sources feed them:
+
+- the **record store**: every committed call record (``Store.observers``), so the call,
+  token and segment counts are exactly what was recorded (a call that was never committed was
+  never acknowledged, and is not counted); its timings split a call's latency into engine
+  time (``info.timings.engine_s``, the wall time spent waiting on the engine) and own time (the
+  rest, before the store write), and the write is timed on its own;
+- the **HTTP edge** (an ASGI middleware): chat completions in flight, and every error answer
+  by kind (the OpenAI error's ``code``, else its ``type``), including errors a stream reports
+  in-band after its 200 header.
+
+Each app has its own registry (several gateways can live in one test process).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..store.records import CallRecord
+
+_SECONDS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
+_OWN = (.0002, .0005, .001, .002, .003, .005, .0075, .01, .02, .05, .1, .25, .5, 1)
+_STREAM_ERROR = b'data: {"error"'
+_EMPTY = {499: "client_gone"}  # answers without a body
+_CALL_ROUTES = ("/chat/completions", "/responses", "/messages")  # every dialect's calls
+
+
+def default_replica() -> str:
+    """The label of a gateway outside Ray: ``$TURNSTILE_REPLICA``, else ``host:pid``."""
+    return os.environ.get("TURNSTILE_REPLICA") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Metrics:
+    """The series of one gateway, labelled with its replica."""
+
+    def __init__(self, replica: str | None = None):
+        self.replica = replica or default_replica()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, reg = ["replica"], self.registry
+        self.calls = Counter("turnstile_calls", "Engine calls recorded, by record status "
+                             "(ok, error, aborted)", [*r, "status"], registry=reg)
+        self.prompt_tokens = Counter("turnstile_prompt_tokens", "Prompt tokens sent to the "
+                                     "engine", r, registry=reg)
+        self.reused_tokens = Counter("turnstile_reused_prompt_tokens", "Prompt tokens reused "
+                                     "from the session's recorded tokens (not re-rendered)",
+                                     r, registry=reg)
+        self.sampled_tokens = Counter("turnstile_sampled_tokens", "Tokens the engine sampled",
+                                      r, registry=reg)
+        self.new_segments = Counter("turnstile_new_segments", "Calls that started a new "
+                                    "segment, by reason", [*r, "reason"], registry=reg)
+        self.latency = Histogram("turnstile_call_seconds", "A call's latency up to its store "
+                                 "write", r, buckets=_SECONDS, registry=reg)
+        self.engine_time = Histogram("turnstile_engine_seconds", "Wall time waiting on the "
+                                     "engine, per call", r, buckets=_SECONDS, registry=reg)
+        self.own_time = Histogram("turnstile_own_seconds", "A call's latency minus its engine "
+                                  "time (render, parse, bookkeeping)", r, buckets=_OWN,
+                                  registry=reg)
+        self.store_write = Histogram("turnstile_store_write_seconds", "Committing one call "
+                                     "record (lock wait included)", r, buckets=_SECONDS,
+                                     registry=reg)
+        self.errors = Counter("turnstile_errors", "Error answers, by HTTP status and kind "
+                              "(the error's code, else its type)", [*r, "status", "kind"],
+                              registry=reg)
+        self.in_flight = Gauge("turnstile_in_flight", "Calls being answered (any dialect)", r,
+                               registry=reg)
+        for series in (self.prompt_tokens, self.reused_tokens, self.sampled_tokens,
+                       self.latency, self.engine_time, self.own_time, self.store_write,
+                       self.in_flight):
+            series.labels(self.replica)  # present (at 0) from the first scrape
+
+    def committed(self, rec: CallRecord, write_seconds: float) -> None:
+        """A call record was committed (runs on the store's writer thread)."""
+        rep = self.replica
+        self.calls.labels(rep, rec.status).inc()
+        usage = rec.info.get("usage") or {}
+        self.prompt_tokens.labels(rep).inc(int(usage.get("prompt_tokens") or 0))
+        self.reused_tokens.labels(rep).inc(rec.reused_prefix_len)
+        self.sampled_tokens.labels(rep).inc(len(rec.completion_ids))
+        if rec.segment_reason:
+            self.new_segments.labels(rep, rec.segment_reason).inc()
+        timings = rec.info.get("timings") or {}
+        latency = timings.get("latency_s")
+        if latency is not None:
+            self.latency.labels(rep).observe(latency)
+            engine = timings.get("engine_s")
+            if engine is not None:
+                self.engine_time.labels(rep).observe(engine)
+                self.own_time.labels(rep).observe(max(0.0, latency - engine))
+        self.store_write.labels(rep).observe(write_seconds)
+
+    def error(self, status: int, kind: str) -> None:
+        self.errors.labels(self.replica, str(status), kind).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def error_kind(body: bytes) -> str:
+    """The kind of an error answer: its OpenAI ``code``, else ``type``, else ``unknown``."""
+    try:
+        err = orjson.loads(body).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return "unknown"
+    return str(err.get("code") or err.get("type") or "unknown") if isinstance(err, dict) \
+        else "unknown"
+
+
+class MetricsMiddleware:
+    """Counts calls in flight (any dialect) and error answers (ASGI, so streams pass through
+    untouched: only a chunk that starts with an in-band error is looked at)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/metrics":
+            await self.app(scope, receive, send)
+            return
+        chat = scope["method"] == "POST" and scope["path"].endswith(_CALL_ROUTES)
+        state: dict[str, Any] = {"status": 200, "body": b""}
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if state["status"] >= 400:
+                    if len(state["body"]) < 4096:
+                        state["body"] += body
+                    if not message.get("more_body"):
+                        self.metrics.error(state["status"], error_kind(state["body"])
+                                           if state["body"] else _EMPTY.get(state["status"],
+                                                                            "empty"))
+                elif chat and body.startswith(_STREAM_ERROR):
+                    self.metrics.error(state["status"], error_kind(
+                        body[6:].split(b"\n", 1)[0]))
+            await send(message)
+
+        if chat:
+            self.metrics.in_flight.labels(self.metrics.replica).inc()
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if chat:
+                self.metrics.in_flight.labels(self.metrics.replica).dec()
+
+
+async def metrics_route(request: Request) -> Response:
+    """``GET /metrics``: the Prometheus text exposition of this gateway's series."""
+    metrics: Metrics = request.app.state.metrics
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
