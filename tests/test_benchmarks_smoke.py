@@ -19,6 +19,7 @@ SCRIPTS = {
     "memory.py": "bytes / recorded token",
     "end_to_end.py": "Turnstile / direct wall time",
     "soak.py": "RSS after close",
+    "profile_call.py": "Turnstile CPU per call",
 }
 
 
