@@ -5,7 +5,9 @@ Set-up: the fast fake engine on core 0 with the load generator, Turnstile alone 
 (as in overhead.py); py-spy (from the bench venv, ``setup_bench_venv.sh``) samples the server
 at 500 Hz while the cell runs; the server's own CPU per call (/proc) scales the shares. Each
 sample goes to the first part whose frames it contains (the order below), so a part's figure
-is what that work costs including what it calls.
+is what that work costs including what it calls. py-spy counts a thread that waits for the
+GIL as running, which inflates the store thread's parts; ``--gil`` samples only the thread
+holding the GIL (and so leaves out C code that drops it, such as SQLite's own work).
 
     python benchmarks/profile_call.py                       # non-streaming, concurrency 1
     python benchmarks/profile_call.py --mode stream --conc 32
@@ -83,7 +85,8 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
             if args.quick or not exe.exists():
                 return None
             p = subprocess.Popen([str(exe), "record", "--pid", str(ts.pid), "--format", "raw",
-                                  "--rate", "500", "--nonblocking", "-o", str(spy_out)],
+                                  "--rate", "500", "--nonblocking", "-o", str(spy_out),
+                                  *(["--gil"] if args.gil else [])],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.5)  # attached
             return p
@@ -142,6 +145,9 @@ def main() -> None:
     p.add_argument("--conc", type=int, default=1)
     p.add_argument("--calls", type=int, default=600)
     p.add_argument("--long", type=int, metavar="TURNS", help="profile a long session instead")
+    p.add_argument("--gil", action="store_true",
+                   help="sample only the thread holding the GIL (py-spy counts a thread "
+                        "waiting for the GIL as running; C code that drops it is left out)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
@@ -151,7 +157,8 @@ def main() -> None:
     print(f"machine: {c.machine()}")
     what = f"long session, {args.long} turns" if args.long else \
         f"overhead.py workload, {args.mode}, concurrency {args.conc}, {args.calls} calls"
-    print(f"set-up: {what}; fake engine + load generator on core 0, Turnstile on core 1")
+    print(f"set-up: {what}; fake engine + load generator on core 0, Turnstile on core 1"
+          f"{'; py-spy --gil' if args.gil else ''}")
     with c.workdir("profile") as wd:
         spy_out = wd / "spy.txt"
         ms = asyncio.run(drive(args, wd, spy_out))
