@@ -693,6 +693,27 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+def live_bytes(root: object) -> int:
+    """Bytes of every object reachable from ``root`` (``sys.getsizeof``, each object once),
+    leaving out what is shared process-wide: classes, modules, functions."""
+    import gc
+    import types
+
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+            types.MethodType)
+    seen: set[int] = set()
+    todo = [root]
+    total = 0
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        todo.extend(gc.get_referents(obj))
+    return total
+
+
 @contextlib.contextmanager
 def workdir(name: str, keep: bool = False) -> Iterator[Path]:
     import tempfile

@@ -11,14 +11,17 @@ Set-up (printed with the results):
   vLLM token-in adapter) each on core 1, called alternately turn by turn;
 - per turn: CPU of each proxy process for that call (/proc, all threads), Turnstile / relay;
 - in this process, the same conversation through an in-process Gateway (same renderer and
-  store, an engine object instead of HTTP) with the thread CPU of its render + tokenize
-  (``Gateway.prompt``, which includes matching the history) and record (``Gateway.record``)
+  store, an engine object instead of HTTP; the messages parsed from JSON each call, as a
+  server gets them) with the thread CPU of its render + tokenize (``Gateway.prompt``, which
+  includes matching the history and assembling the context) and record (``Gateway._commit``:
+  the record built and handed to the store; the SQLite write runs on the store's thread)
   measured per call; and, side by side, the full re-render a proxy without token-in/token-out
   would do: the whole conversation through transformers' template rendering and the tokenizer
   (``naive_render``), as an engine's own chat endpoint does.
 
 Figures per turn are medians over a window of 5 turns (single calls are noisy on a shared
-machine); the ratio columns use those medians.
+machine); the ratio columns use those medians. At the end: the live bytes of the in-process
+session's call tree per recorded token (everything reachable from it, by part).
 
     python benchmarks/long_session.py            # 200 turns (~2 minutes)
     python benchmarks/long_session.py --quick    # 7 turns
@@ -81,6 +84,22 @@ def tool_output(turn: int, target_tokens: int, tok) -> str:  # noqa: ANN001
                 return text
 
 
+def as_sent(msgs: list[dict]) -> list[dict]:
+    """The messages as a server gets them: parsed from the request's JSON, so no string is
+    shared with the harness's history (equal strings are then compared, not identical)."""
+    return orjson.loads(orjson.dumps(msgs))
+
+
+def tree_memory(gw, session_id: str) -> dict:  # noqa: ANN001
+    """Live bytes the gateway holds for one session's call tree, by part."""
+    tree = gw.trees.get(session_id)
+    parts = {"token log": c.live_bytes(tree.log), "previous request": c.live_bytes(tree._last),
+             "hash cache": c.live_bytes(tree._seen)}
+    parts["whole tree"] = c.live_bytes(tree)
+    parts["recorded tokens"] = len(tree.log) - tree.copied
+    return parts
+
+
 def window_median(values: list[float], i: int, k: int = 2) -> float:
     lo, hi = max(0, i - k), min(len(values), i + k + 1)
     return statistics.median(values[lo:hi])
@@ -107,7 +126,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     gw = c.make_gateway(wd / "inproc", spec)
     # Time the parts of the in-process gateway that must not grow with the context.
     share = {"prompt": 0.0, "record": 0.0}
-    orig_prompt, orig_record = gw.prompt, gw.record
+    orig_prompt, orig_record = gw.prompt, gw._commit
 
     def timed(name, fn):  # noqa: ANN001, ANN202
         def wrapper(*a, **kw):  # noqa: ANN002, ANN003, ANN202
@@ -118,7 +137,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                 share[name] += time.thread_time() - t0
         return wrapper
 
-    gw.prompt, gw.record = timed("prompt", orig_prompt), timed("record", orig_record)
+    gw.prompt, gw._commit = timed("prompt", orig_prompt), timed("record", orig_record)
     rows = []
     try:
         http = httpx.AsyncClient(timeout=600)
@@ -152,7 +171,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
             # in-process: render/tokenize/record share, and the full re-render for contrast
             msgs = histories["inproc"]
             share["prompt"] = share["record"] = 0.0
-            req = parse_chat_request({"model": c.MODEL_NAME, "messages": msgs,
+            req = parse_chat_request({"model": c.MODEL_NAME, "messages": as_sent(msgs),
                                       "tools": c.TOOLS, "max_tokens": 64})
             resp = await gw.complete("long", req)
             row["share"] = (share["prompt"] + share["record"]) * 1000
@@ -169,6 +188,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                       f"{row['relay']:.2f} ms, turnstile {row['turnstile']:.2f} ms, share "
                       f"{row['share']:.2f} ms, re-render {row['rerender']:.1f} ms", flush=True)
         segments = [x.segment_reason for x in gw.store.calls("long")]
+        memory = tree_memory(gw, "long")
         await http.aclose()
     finally:
         ts.stop()
@@ -176,7 +196,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
             base.stop()
         relay.stop()
         fake.stop()
-    return {"rows": rows, "segments": segments}
+    return {"rows": rows, "segments": segments, "memory": memory}
 
 
 def main() -> None:
@@ -232,6 +252,12 @@ def main() -> None:
     print(f"render+tokenize+record at turn {n}: {window_median(share, n - 1) / share1:.2f} x "
           f"turns 2-6 (the first deltas), {window_median(share, n - 1) / share[0]:.2f} x turn 1 "
           f"(the whole first prompt); target <= 1.3")
+    mem = out["memory"]
+    n_tok = mem.pop("recorded tokens")
+    print(f"\nlive memory of the session's call tree after turn {n} ({n_tok} recorded tokens; "
+          "sys.getsizeof over everything reachable from it); target <= 12 B/token:")
+    print(c.table(["part", "bytes", "bytes / recorded token"],
+                  [[k, v, v / n_tok] for k, v in mem.items()]))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

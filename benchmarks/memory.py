@@ -43,6 +43,8 @@ def rss() -> int:
 
 async def build(gw, sessions: int, tokens: int, outputs: list[str],  # noqa: ANN001
                 prefix: str = "mem") -> int:
+    from long_session import as_sent
+
     from turnstile.server.requests import parse_chat_request
 
     histories = {f"{prefix}-{i:05d}": c.base_messages() for i in range(sessions)}
@@ -52,7 +54,9 @@ async def build(gw, sessions: int, tokens: int, outputs: list[str],  # noqa: ANN
         for sid, msgs in histories.items():
             if recorded[sid] >= tokens:
                 continue
-            req = parse_chat_request({"model": c.MODEL_NAME, "messages": msgs,
+            # parsed from JSON, as a server gets it: what the gateway keeps of the request (the
+            # session's previous request) is counted, not shared with the harness's history
+            req = parse_chat_request({"model": c.MODEL_NAME, "messages": as_sent(msgs),
                                       "tools": c.TOOLS, "max_tokens": 64})
             resp = await gw.complete(sid, req)
             m = resp["choices"][0]["message"]

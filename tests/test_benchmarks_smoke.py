@@ -20,6 +20,7 @@ SCRIPTS = {
     "end_to_end.py": "Turnstile / direct wall time",
     "soak.py": "RSS after close",
     "ray_scale.py": "1 vs 2 replicas vs one process",
+    "profile_call.py": "Turnstile CPU per call",
 }
 
 

@@ -32,22 +32,34 @@ def check(body: object, limits: Limits) -> None:
             raise APIError(400, f"Too many {name}: {len(v)}; the limit is {cap} (start "
                                 f"turnstile with a larger {flag}).", name,
                            code="limit_exceeded")
-    # (value, path, depth); the path is built lazily from the parent's
-    stack: list[tuple[object, tuple, int]] = [(v, (k,), 1) for k, v in body.items()]
+    # Containers only go on the stack (with their path and depth); strings are checked where
+    # they are met. A resent history is thousands of strings: a tuple per value made this walk
+    # cost more than parsing the body.
+    cap, max_depth = limits.max_string, limits.max_depth
+    stack: list[tuple[dict | list, tuple, int]] = [(body, (), 0)]
     while stack:
         v, path, depth = stack.pop()
-        if isinstance(v, str):
-            if len(v) > limits.max_string:
-                raise APIError(400, f"{_name(path)} is {len(v)} characters; the limit is "
-                                    f"{limits.max_string} (start turnstile with a larger "
-                                    "--max-string-kb).", _name(path), code="limit_exceeded")
-        elif isinstance(v, dict | list):
-            if depth > limits.max_depth:
-                raise APIError(400, f"{_name(path)} is nested deeper than {limits.max_depth} "
-                                    "levels (start turnstile with a larger --max-depth).",
-                               _name(path), code="limit_exceeded")
-            items = v.items() if isinstance(v, dict) else enumerate(v)
-            stack.extend((x, (*path, k), depth + 1) for k, x in items)
+        if depth > max_depth:
+            raise APIError(400, f"{_name(path)} is nested deeper than {max_depth} levels "
+                                "(start turnstile with a larger --max-depth).", _name(path),
+                           code="limit_exceeded")
+        for k, x in (v.items() if isinstance(v, dict) else enumerate(v)):
+            if type(x) is str:  # the common case first: exact types, no isinstance
+                if len(x) > cap:
+                    raise _too_long(path, k, len(x), cap)
+            elif type(x) is dict or type(x) is list:
+                stack.append((x, (*path, k), depth + 1))
+            elif isinstance(x, str):
+                if len(x) > cap:
+                    raise _too_long(path, k, len(x), cap)
+            elif isinstance(x, dict | list):
+                stack.append((x, (*path, k), depth + 1))
+
+
+def _too_long(path: tuple, key: object, n: int, cap: int) -> APIError:
+    at = _name((*path, key))
+    return APIError(400, f"{at} is {n} characters; the limit is {cap} (start turnstile with a "
+                         "larger --max-string-kb).", at, code="limit_exceeded")
 
 
 def _name(path: tuple) -> str:

@@ -7,7 +7,7 @@ from array import array
 from dataclasses import dataclass
 
 from ..chat.history import Node, SessionTree, describe_divergence, root_hash
-from ..chat.policy import Policy, append_kind, has_reasoning
+from ..chat.policy import Policy, append_kind
 from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
 from .errors import APIError
@@ -51,7 +51,7 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
         kind = append_kind(new)
         # reasoning anywhere on the path, recorded or echoed (after a segment break the
         # recorded calls may not show it)
-        think = parent.has_reasoning() or has_reasoning(req.messages)
+        think = parent.has_reasoning() or match.echoed_reasoning
         variant = "think" if think else "plain"
         if any(m.get("role") == "assistant" for m in new):
             reason = "unsampled_assistant_message"
@@ -74,7 +74,7 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
                 reason = "template_not_prefix_preserving"
                 detail = f"the delta could not be rendered: {exc}"[:300]
             else:
-                ids = parent.context_ids()
+                ids = tree.context_ids(parent)
                 d = array("i", delta)
                 ids.extend(d)
                 return Prompt(ids, d, parent, match.hashes, seam=seam.kind,

@@ -97,7 +97,7 @@ class SessionTrees:
             parent = tree.nodes.get(c.parent_id) if c.parent_id else None
             node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
                         c.stop_token_id)
-            tree.nodes[c.id] = node
+            tree.place(node)
             tree.n_calls += 1
             tree.known.update(c.prefix_hashes)
             if c.status == "ok" and c.history_hash is not None:

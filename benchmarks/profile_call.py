@@ -1,0 +1,177 @@
+"""Where a Turnstile call's CPU goes: py-spy on the server process under the overhead.py
+workload (or the long session's late turns), samples folded into the parts of a call.
+
+Set-up: the fast fake engine on core 0 with the load generator, Turnstile alone on core 1
+(as in overhead.py); py-spy (from the bench venv, ``setup_bench_venv.sh``) samples the server
+at 500 Hz while the cell runs; the server's own CPU per call (/proc) scales the shares. Each
+sample goes to the first part whose frames it contains (the order below), so a part's figure
+is what that work costs including what it calls. py-spy counts a thread that waits for the
+GIL as running, which inflates the store thread's parts; ``--gil`` samples only the thread
+holding the GIL (and so leaves out C code that drops it, such as SQLite's own work).
+
+    python benchmarks/profile_call.py                       # non-streaming, concurrency 1
+    python benchmarks/profile_call.py --mode stream --conc 32
+    python benchmarks/profile_call.py --long 200            # turns 150-200 of the long session
+    python benchmarks/profile_call.py --quick               # a few calls (no py-spy needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
+
+import _common as c  # noqa: E402
+
+PARTS = [  # (part, frame substrings), first match wins
+    ("record: SQLite write (store thread)", ["Store.add_call"]),
+    ("record: thread hand-off (executor submit + worker wake-up)",
+     ["ThreadPoolExecutor.submit", "_worker (concurrent"]),
+    ("record: built on the loop", ["Gateway._commit", "Gateway.record"]),
+    ("session row on first use (SQLite on the loop)", ["SessionIndex.ensure"]),
+    ("tokenize the new text", ["LoadedTokenizer.encode", "PromptEncoder.encode"]),
+    ("render the delta / a first prompt (Jinja)", ["Renderer.extension", "Renderer.render_full"]),
+    ("match the history + assemble the context", ["SessionTree", "build_prompt", "root_hash"]),
+    ("engine round trip: request body, response -> token events",
+     ["VLLMEngine.generate", "HTTPEngine", "_Reader", "ClientSession", "aiohttp"]),
+    ("detokenize + parse the completion", ["Parser.", "LoadedTokenizer.decode", "_text_ids"]),
+    ("request body: read, limits, validation",
+     ["read_json", "limits.py", "parse_chat_request", "server/requests.py", "parse_request"]),
+    ("gateway: sampling, notes, response dict", ["Gateway.", "sampling_params", "call_info"]),
+    ("HTTP server: uvicorn + Starlette layers, response send",
+     ["httptools_impl", "starlette/", "proxy_headers", "routes_harness", "harness_session"]),
+]
+
+
+def fold(raw: Path) -> tuple[int, collections.Counter]:
+    """py-spy's raw (collapsed) output -> samples per part."""
+    total, parts = 0, collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        total += int(n)
+        frames = stack.split(";")
+        for name, keys in PARTS:
+            if any(k in f for f in frames for k in keys):
+                parts[name] += int(n)
+                break
+        else:
+            loop = any(k in frames[-1] for k in ("Runner.run", "asyncio", "base_events"))
+            parts["event loop (uvloop's C code: sockets, scheduling)" if loop else
+                  "other"] += int(n)
+    return total, parts
+
+
+async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
+    import overhead as o
+
+    (wd / "spec.json").write_text(json.dumps(c.reply_spec(64)))
+    fake, fake_url = c.start_fake(wd / "spec.json", 0, wd / "fake.log")
+    ts, url = c.start_turnstile(fake_url, wd / "data", 1, wd / "ts.log")
+    spy = None
+    try:
+        def start_spy() -> subprocess.Popen | None:
+            exe = c.bench_venv() / "bin" / "py-spy"
+            if args.quick or not exe.exists():
+                return None
+            p = subprocess.Popen([str(exe), "record", "--pid", str(ts.pid), "--format", "raw",
+                                  "--rate", "500", "--nonblocking", "-o", str(spy_out),
+                                  *(["--gil"] if args.gil else [])],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.5)  # attached
+            return p
+
+        if args.long:
+            return await _long(args, ts, url, start_spy, wd)
+        target = o.Target("turnstile", url, ts, c.TOKEN)
+        await o.warm_up([target], args.conc, c.base_messages())
+        spy = start_spy()
+        cell = await o.run_cell(target, args.mode, args.conc, max(1, args.calls // args.conc))
+        print(f"{cell['calls']} calls, {cell['errors']} errors")
+        return cell["cpu_ms"]
+    finally:
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(60)
+        ts.stop()
+        fake.stop()
+
+
+async def _long(args, ts, url, start_spy, wd: Path) -> float:  # noqa: ANN001
+    import httpx
+    import long_session
+    import openai
+
+    from turnstile.chat.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(c.tiny_qwen2()))
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=c.TOKEN, max_retries=0,
+                                http_client=httpx.AsyncClient(timeout=600))
+    msgs, cpu, late = c.base_messages(), [], args.long * 3 // 4
+    spy = None
+    for turn in range(args.long):
+        if turn == late:
+            spy = start_spy()
+        cpu0 = ts.cpu()
+        r = await client.chat.completions.create(
+            model=c.MODEL_NAME, messages=msgs, tools=c.TOOLS, max_tokens=64,
+            extra_headers={"x-session-id": "long"})
+        cpu.append(ts.cpu() - cpu0)
+        m = r.choices[0].message
+        calls = [tc.model_dump() for tc in m.tool_calls or []]
+        msgs += [{"role": "assistant", "content": m.content, "tool_calls": calls},
+                 {"role": "tool", "tool_call_id": calls[0]["id"],
+                  "content": long_session.tool_output(turn, 436, tok)}]
+    if spy is not None:
+        spy.send_signal(2)
+        spy.wait(60)
+    print(f"turns {late + 1}-{args.long}")
+    return sum(cpu[late:]) / len(cpu[late:]) * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", default="plain", choices=["plain", "stream"])
+    p.add_argument("--conc", type=int, default=1)
+    p.add_argument("--calls", type=int, default=600)
+    p.add_argument("--long", type=int, metavar="TURNS", help="profile a long session instead")
+    p.add_argument("--gil", action="store_true",
+                   help="sample only the thread holding the GIL (py-spy counts a thread "
+                        "waiting for the GIL as running; C code that drops it is left out)")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    if args.quick:
+        args.calls, args.long = 8, (8 if args.long else None)
+    c.pin(0)
+    print("# Where a Turnstile call's CPU goes (py-spy on the server)")
+    print(f"machine: {c.machine()}")
+    what = f"long session, {args.long} turns" if args.long else \
+        f"overhead.py workload, {args.mode}, concurrency {args.conc}, {args.calls} calls"
+    print(f"set-up: {what}; fake engine + load generator on core 0, Turnstile on core 1"
+          f"{'; py-spy --gil' if args.gil else ''}")
+    with c.workdir("profile") as wd:
+        spy_out = wd / "spy.txt"
+        ms = asyncio.run(drive(args, wd, spy_out))
+        print(f"Turnstile CPU per call: {ms:.2f} ms")
+        if not spy_out.exists():
+            print("(no profile: --quick, or py-spy missing from the bench venv)")
+            return
+        total, parts = fold(spy_out)
+    rows = [[name, n / total * 100, ms * n / total] for name, n in parts.most_common()]
+    print(c.table(["part of the call", "% of samples", "ms per call"], rows))
+    print(f"({total} samples)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
