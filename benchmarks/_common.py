@@ -68,8 +68,10 @@ def machine() -> str:
                 cpu = line.split(":", 1)[1].strip()
                 break
     load = os.getloadavg()
-    return (f"{platform.node()}: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, "
-            f"Python {platform.python_version()}, load average {load[0]:.2f} at start")
+    return (
+        f"{platform.node()}: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, "
+        f"Python {platform.python_version()}, load average {load[0]:.2f} at start"
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -123,14 +125,24 @@ def free_port() -> int:
 class Server:
     """A server process pinned to a core; stopped (by its own pid) on exit."""
 
-    def __init__(self, cmd: list[str], health: str, cpu: int | None, log: Path,
-                 env: dict | None = None, timeout: float = 120.0):
+    def __init__(
+        self,
+        cmd: list[str],
+        health: str,
+        cpu: int | None,
+        log: Path,
+        env: dict | None = None,
+        timeout: float = 120.0,
+    ):
         if cpu is not None and (os.cpu_count() or 1) > 1 and shutil.which("taskset"):
             cmd = ["taskset", "-c", str(cpu), *cmd]
         out = log.open("ab")
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false",
-                                          **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})},
+        )
         out.close()
         self.log = log
         try:
@@ -169,8 +181,22 @@ class Server:
 
 def start_fake(spec: Path, cpu: int | None, log: Path, pace_ms: float = 0.0) -> tuple[Server, str]:
     port = free_port()
-    s = Server([sys.executable, str(HERE), "fake", "--port", str(port), "--spec", str(spec),
-                "--pace-ms", str(pace_ms)], f"http://127.0.0.1:{port}/health", cpu, log)
+    s = Server(
+        [
+            sys.executable,
+            str(HERE),
+            "fake",
+            "--port",
+            str(port),
+            "--spec",
+            str(spec),
+            "--pace-ms",
+            str(pace_ms),
+        ],
+        f"http://127.0.0.1:{port}/health",
+        cpu,
+        log,
+    )
     return s, f"http://127.0.0.1:{port}"
 
 
@@ -182,19 +208,38 @@ def set_pace(fake_url: str, ms: float) -> None:
 
 def start_relay(kind: str, upstream: str, cpu: int | None, log: Path) -> tuple[Server, str]:
     port = free_port()
-    s = Server([sys.executable, str(HERE), kind, "--port", str(port), "--upstream", upstream],
-               f"http://127.0.0.1:{port}/health", cpu, log)
+    s = Server(
+        [sys.executable, str(HERE), kind, "--port", str(port), "--upstream", upstream],
+        f"http://127.0.0.1:{port}/health",
+        cpu,
+        log,
+    )
     return s, f"http://127.0.0.1:{port}"
 
 
-def start_turnstile(engine_url: str, data: Path, cpu: int | None, log: Path,
-                    src: str | None = None) -> tuple[Server, str]:
+def start_turnstile(
+    engine_url: str, data: Path, cpu: int | None, log: Path, src: str | None = None
+) -> tuple[Server, str]:
     """``src``: run the ``turnstile`` package from another checkout (a baseline commit)."""
     port = free_port()
-    s = Server([sys.executable, str(HERE), "turnstile", "--port", str(port), "--engine-url",
-                engine_url, "--data", str(data)], f"http://127.0.0.1:{port}/health", cpu,
-               log, env={"TURNSTILE_TOKEN": TOKEN, **({"TURNSTILE_SRC": src} if src else {})},
-               timeout=300)
+    s = Server(
+        [
+            sys.executable,
+            str(HERE),
+            "turnstile",
+            "--port",
+            str(port),
+            "--engine-url",
+            engine_url,
+            "--data",
+            str(data),
+        ],
+        f"http://127.0.0.1:{port}/health",
+        cpu,
+        log,
+        env={"TURNSTILE_TOKEN": TOKEN, **({"TURNSTILE_SRC": src} if src else {})},
+        timeout=300,
+    )
     return s, f"http://127.0.0.1:{port}"
 
 
@@ -202,13 +247,11 @@ def litellm_available() -> str | None:
     """None when the bench venv has LiteLLM, else why not."""
     exe = bench_venv() / "bin" / "litellm"
     if not exe.exists():
-        return (f"LiteLLM is not installed in {bench_venv()} (run "
-                "benchmarks/setup_bench_venv.sh)")
+        return f"LiteLLM is not installed in {bench_venv()} (run benchmarks/setup_bench_venv.sh)"
     return None
 
 
-def start_litellm(upstream: str, cpu: int | None, log: Path, workdir: Path
-                  ) -> tuple[Server, str]:
+def start_litellm(upstream: str, cpu: int | None, log: Path, workdir: Path) -> tuple[Server, str]:
     """The LiteLLM proxy (one worker, no database) forwarding to an OpenAI-shaped server."""
     port = free_port()
     cfg = workdir / "litellm.yaml"
@@ -221,12 +264,32 @@ def start_litellm(upstream: str, cpu: int | None, log: Path, workdir: Path
         "      api_key: unused\n"
         "litellm_settings:\n"
         "  telemetry: false\n"
-        "  set_verbose: false\n")
-    env = {"LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}
-    s = Server([str(bench_venv() / "bin" / "litellm"), "--config", str(cfg), "--host",
-                "127.0.0.1", "--port", str(port), "--num_workers", "1"],
-               f"http://127.0.0.1:{port}/health/liveliness", cpu, log, env=env, timeout=180)
+        "  set_verbose: false\n"
+    )
+    env = {
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+    }
+    s = Server(
+        [
+            str(bench_venv() / "bin" / "litellm"),
+            "--config",
+            str(cfg),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        f"http://127.0.0.1:{port}/health/liveliness",
+        cpu,
+        log,
+        env=env,
+        timeout=180,
+    )
     return s, f"http://127.0.0.1:{port}"
 
 
@@ -257,28 +320,58 @@ USER = (
     "at the code."
 )
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "bash", "description": "Run a shell command in the container and return its "
-        "combined stdout and stderr (truncated to 10 000 characters). The working directory "
-        "persists between calls; environment variables do not.",
-        "parameters": {"type": "object", "properties": {"command": {
-            "type": "string", "description": "The command line to run with bash -lc."}},
-            "required": ["command"]}}},
-    {"type": "function", "function": {
-        "name": "str_replace_editor", "description": "View, create and edit files. `view` "
-        "shows a file with line numbers or lists a directory; `create` writes a new file; "
-        "`str_replace` replaces one exact, unique occurrence of old_str with new_str; `insert` "
-        "adds text after a line.",
-        "parameters": {"type": "object", "properties": {
-            "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
-            "path": {"type": "string", "description": "Absolute path of the file."},
-            "old_str": {"type": "string"}, "new_str": {"type": "string"},
-            "insert_line": {"type": "integer"},
-            "view_range": {"type": "array", "items": {"type": "integer"}}},
-            "required": ["command", "path"]}}},
-    {"type": "function", "function": {
-        "name": "submit", "description": "Finish the task. Call this once the fix is in place "
-        "and verified.", "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command in the container and return its "
+            "combined stdout and stderr (truncated to 10 000 characters). The working directory "
+            "persists between calls; environment variables do not.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {
+                        "type": "string",
+                        "description": "The command line to run with bash -lc.",
+                    }
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "str_replace_editor",
+            "description": "View, create and edit files. `view` "
+            "shows a file with line numbers or lists a directory; `create` writes a new file; "
+            "`str_replace` replaces one exact, unique occurrence of old_str with new_str; `insert` "
+            "adds text after a line.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {
+                        "type": "string",
+                        "enum": ["view", "create", "str_replace", "insert"],
+                    },
+                    "path": {"type": "string", "description": "Absolute path of the file."},
+                    "old_str": {"type": "string"},
+                    "new_str": {"type": "string"},
+                    "insert_line": {"type": "integer"},
+                    "view_range": {"type": "array", "items": {"type": "integer"}},
+                },
+                "required": ["command", "path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "Finish the task. Call this once the fix is in place and verified.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
 TOOL_OUTPUT = (
     "============================= test session starts ==============================\n"
@@ -287,16 +380,23 @@ TOOL_OUTPUT = (
     "___________________________ test_trailing_comment ____________________________\n"
     "    def test_trailing_comment():\n>       assert parse('name = \"x\"  # c')['name'] == 'x'\n"
     "E       ValueError: unterminated string at line 1, column 8\n"
-    "src/confparse/parser.py:212: ValueError\n1 failed, 13 passed in 0.21s\n")
+    "src/confparse/parser.py:212: ValueError\n1 failed, 13 passed in 0.21s\n"
+)
 THOUGHT = "I'll run the parser tests first to reproduce the failure and see the traceback."
-MORE = ("Then I will open parser.py around line 212 and read _read_value closely to find where "
-        "the comment handling after a closing quote goes wrong in the new escape code.").split()
+MORE = (
+    "Then I will open parser.py around line 212 and read _read_value closely to find where "
+    "the comment handling after a closing quote goes wrong in the new escape code."
+).split()
 
 
 def reply_text(words: int) -> tuple[str, str, dict]:
     thought = " ".join([THOUGHT, *MORE[:words]])
-    call = {"name": "bash", "arguments": {
-        "command": "cd /repo && python -m pytest tests/test_parser.py -x -q 2>&1 | tail -n 20"}}
+    call = {
+        "name": "bash",
+        "arguments": {
+            "command": "cd /repo && python -m pytest tests/test_parser.py -x -q 2>&1 | tail -n 20"
+        },
+    }
     return f"{thought}\n<tool_call>\n{json.dumps(call)}\n</tool_call>", thought, call
 
 
@@ -313,17 +413,20 @@ def reply_spec(n_tokens: int = 64) -> dict:
             break
     # Cut the thought at a token boundary so that the reply has exactly n_tokens - 1 tokens.
     head = tok.encode(thought)
-    tail = tok.encode(text[len(thought):])
-    head = head[:max(1, n_tokens - 1 - len(tail))]
+    tail = tok.encode(text[len(thought) :])
+    head = head[: max(1, n_tokens - 1 - len(tail))]
     thought = tok.decode(head)
-    text = thought + text[len(text) - len(tok.decode(tail)):]
-    ids = [*head, *tail][:n_tokens - 1]
+    text = thought + text[len(text) - len(tok.decode(tail)) :]
+    ids = [*head, *tail][: n_tokens - 1]
     ids = [*ids, IM_END]
-    return {"token_ids": ids, "logprobs": [round(-0.05 - (i % 7) * 0.11, 4)
-                                           for i in range(len(ids))],
-            "text": tok.decode(ids[:-1]), "pieces": [tok.decode([t]) for t in ids[:-1]],
-            "thought": thought.strip(),
-            "tool_call": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+    return {
+        "token_ids": ids,
+        "logprobs": [round(-0.05 - (i % 7) * 0.11, 4) for i in range(len(ids))],
+        "text": tok.decode(ids[:-1]),
+        "pieces": [tok.decode([t]) for t in ids[:-1]],
+        "thought": thought.strip(),
+        "tool_call": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+    }
 
 
 def base_messages(pad_to: int | None = None) -> list[dict]:
@@ -332,16 +435,21 @@ def base_messages(pad_to: int | None = None) -> list[dict]:
     if pad_to:
         size = len(orjson.dumps({"messages": msgs, "tools": TOOLS}))
         if size < pad_to:
-            extra = ("Notes on the repository layout: source code lives in src/, tests in "
-                     "tests/, documentation in docs/. ")
-            add = (extra * (1 + (pad_to - size) // len(extra)))[:pad_to - size]
+            extra = (
+                "Notes on the repository layout: source code lives in src/, tests in "
+                "tests/, documentation in docs/. "
+            )
+            add = (extra * (1 + (pad_to - size) // len(extra)))[: pad_to - size]
             msgs[0] = {"role": "system", "content": system + "\n" + add}
     return msgs
 
 
 def tool_result(call_id: str, turn: int) -> dict:
-    return {"role": "tool", "tool_call_id": call_id, "content": TOOL_OUTPUT.replace(
-        "0.21s", f"0.{21 + turn}s")}
+    return {
+        "role": "tool",
+        "tool_call_id": call_id,
+        "content": TOOL_OUTPUT.replace("0.21s", f"0.{21 + turn}s"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,14 +514,23 @@ def make_gateway(data: Path, spec: dict):
     from turnstile.wiring import build_renderer, detect_parser
 
     renderer, _ = build_renderer(str(tiny_qwen2()))
-    return Gateway(renderer, InProcessEngine(spec), Store(data), MODEL_NAME,
-                   detect_parser(renderer.template), Policy.permissive())
+    return Gateway(
+        renderer,
+        InProcessEngine(spec),
+        Store(data),
+        MODEL_NAME,
+        detect_parser(renderer.template),
+        Policy.permissive(),
+    )
 
 
 def echo(message: dict) -> dict:
     """The assistant message as a harness appends it to its history."""
-    return {"role": "assistant", "content": message.get("content"),
-            "tool_calls": message.get("tool_calls")}
+    return {
+        "role": "assistant",
+        "content": message.get("content"),
+        "tool_calls": message.get("tool_calls"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,57 +547,116 @@ def _fake_app(spec: dict, pace: float):
     rid = "generate-tokens-bench"
 
     def entry(t: int, lp: float) -> dict:
-        return {"token_id": t, "logprob": lp, "rank": 1, "top_logprobs": [
-            {"token_id": t, "logprob": lp, "rank": 1}]}
+        return {
+            "token_id": t,
+            "logprob": lp,
+            "rank": 1,
+            "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}],
+        }
 
     def gen_choice(tids: list[int], tlps: list[float], finish: str | None) -> dict:
-        return {"index": 0, "finish_reason": finish, "stop_reason": None, "token_ids": tids,
-                "routed_experts": None, "sampling_mask": None, "weight_versions": None,
-                "logprobs": {"content": [entry(t, lp) for t, lp in zip(tids, tlps,
-                                                                        strict=True)]}}
+        return {
+            "index": 0,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "token_ids": tids,
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": None,
+            "logprobs": {"content": [entry(t, lp) for t, lp in zip(tids, tlps, strict=True)]},
+        }
 
     usage = {"prompt_tokens": 1000, "total_tokens": 1000 + n, "completion_tokens": n}
-    gen_whole = orjson.dumps({"request_id": rid, "model": MODEL_NAME, "created": 0,
-                              "usage": usage, "output_mode": "tokens",
-                              "choices": [gen_choice(ids, lps, "stop")]})
-    gen_events = [b"data: " + orjson.dumps({
-        "request_id": rid, "usage": None, "output_mode": "tokens",
-        "choices": [gen_choice([t], [lp], "stop" if i == n - 1 else None)]}) + b"\n\n"
-        for i, (t, lp) in enumerate(zip(ids, lps, strict=True))]
-    gen_events.append(b"data: " + orjson.dumps({"request_id": rid, "usage": usage,
-                                                "output_mode": "tokens", "choices": []})
-                      + b"\n\n")
+    gen_whole = orjson.dumps(
+        {
+            "request_id": rid,
+            "model": MODEL_NAME,
+            "created": 0,
+            "usage": usage,
+            "output_mode": "tokens",
+            "choices": [gen_choice(ids, lps, "stop")],
+        }
+    )
+    gen_events = [
+        b"data: "
+        + orjson.dumps(
+            {
+                "request_id": rid,
+                "usage": None,
+                "output_mode": "tokens",
+                "choices": [gen_choice([t], [lp], "stop" if i == n - 1 else None)],
+            }
+        )
+        + b"\n\n"
+        for i, (t, lp) in enumerate(zip(ids, lps, strict=True))
+    ]
+    gen_events.append(
+        b"data: "
+        + orjson.dumps({"request_id": rid, "usage": usage, "output_mode": "tokens", "choices": []})
+        + b"\n\n"
+    )
     gen_events.append(b"data: [DONE]\n\n")
 
     call = {"id": "call_bench0", "type": "function", "function": spec["tool_call"]}
     message = {"role": "assistant", "content": spec["thought"], "tool_calls": [call]}
     oa_usage = {"prompt_tokens": 1000, "completion_tokens": n, "total_tokens": 1000 + n}
-    chat_whole = orjson.dumps({
-        "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": MODEL_NAME,
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls",
-                     "logprobs": None}], "usage": oa_usage})
+    chat_whole = orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 0,
+            "model": MODEL_NAME,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls", "logprobs": None}
+            ],
+            "usage": oa_usage,
+        }
+    )
 
     def chunk(delta: dict, finish: str | None = None) -> bytes:
-        return b"data: " + orjson.dumps({
-            "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
-            "model": MODEL_NAME, "choices": [{"index": 0, "delta": delta,
-                                              "finish_reason": finish}]}) + b"\n\n"
+        return (
+            b"data: "
+            + orjson.dumps(
+                {
+                    "id": "chatcmpl-bench",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": MODEL_NAME,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+            + b"\n\n"
+        )
 
     # One event per sampled token: the thought's tokens as content, the rest as the tool
     # call (header first, then its arguments in pieces), like an OpenAI-compatible engine.
     thought_n = max(1, min(n - 3, len(spec["pieces"]) // 3))
     chat_events = [chunk({"role": "assistant", "content": ""})]
     chat_events += [chunk({"content": p}) for p in _split(spec["thought"], thought_n)]
-    chat_events.append(chunk({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                                              "function": {"name": call["function"]["name"],
-                                                           "arguments": ""}}]}))
-    chat_events += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]})
-                    for p in _split(call["function"]["arguments"], n - thought_n - 1)]
+    chat_events.append(
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
+    )
+    chat_events += [
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]})
+        for p in _split(call["function"]["arguments"], n - thought_n - 1)
+    ]
     chat_events.append(chunk({}, "tool_calls"))
     chat_events.append(b"data: [DONE]\n\n")
 
-    models = orjson.dumps({"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
-                                                       "max_model_len": 262144}]})
+    models = orjson.dumps(
+        {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "max_model_len": 262144}]}
+    )
     json_h = [(b"content-type", b"application/json")]
     state = {"pace": pace}
     sse_h = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -515,8 +691,9 @@ def _fake_app(spec: dict, pace: float):
         token_in = path == "/inference/v1/generate"
         if not req.get("stream"):
             await send({"type": "http.response.start", "status": 200, "headers": json_h})
-            await send({"type": "http.response.body",
-                        "body": gen_whole if token_in else chat_whole})
+            await send(
+                {"type": "http.response.body", "body": gen_whole if token_in else chat_whole}
+            )
             return
         await send({"type": "http.response.start", "status": 200, "headers": sse_h})
         events = gen_events if token_in else chat_events
@@ -533,7 +710,7 @@ def _fake_app(spec: dict, pace: float):
 def _split(text: str, parts: int) -> list[str]:
     parts = max(1, parts)
     step = max(1, -(-len(text) // parts))
-    out = [text[i:i + step] for i in range(0, len(text), step)]
+    out = [text[i : i + step] for i in range(0, len(text), step)]
     while len(out) < parts:
         out.append("")
     return out
@@ -549,13 +726,16 @@ def _relay_app(upstream: str, kind: str):
         if kind == "relay-aiohttp":
             import aiohttp
 
-            state["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                               timeout=aiohttp.ClientTimeout(total=600))
+            state["s"] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
+            )
         else:
             import httpx
 
-            state["c"] = httpx.AsyncClient(timeout=600, limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=1024))
+            state["c"] = httpx.AsyncClient(
+                timeout=600,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+            )
 
     async def shutdown() -> None:
         if "s" in state:
@@ -590,20 +770,29 @@ def _relay_app(upstream: str, kind: str):
         headers = {"content-type": "application/json"}
         if kind == "relay-aiohttp":
             async with state["s"].post(url, data=body, headers=headers) as r:
-                await send({"type": "http.response.start", "status": r.status, "headers": [
-                    (b"content-type", r.headers.get("content-type", "").encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": r.status,
+                        "headers": [(b"content-type", r.headers.get("content-type", "").encode())],
+                    }
+                )
                 if stream:
                     async for part in r.content.iter_any():
-                        await send({"type": "http.response.body", "body": part,
-                                    "more_body": True})
+                        await send({"type": "http.response.body", "body": part, "more_body": True})
                     await send({"type": "http.response.body", "body": b""})
                 else:
                     await send({"type": "http.response.body", "body": await r.read()})
             return
         client = state["c"]
         async with client.stream("POST", url, content=body, headers=headers) as r:
-            await send({"type": "http.response.start", "status": r.status_code, "headers": [
-                (b"content-type", r.headers.get("content-type", "").encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": r.status_code,
+                    "headers": [(b"content-type", r.headers.get("content-type", "").encode())],
+                }
+            )
             if stream:
                 async for part in r.aiter_raw():
                     await send({"type": "http.response.body", "body": part, "more_body": True})
@@ -647,8 +836,16 @@ def _serve_main(argv: list[str]) -> None:
     else:
         app = _relay_app(a.upstream.rstrip("/"), a.kind)
     # The same server settings as `turnstile serve`.
-    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", loop="uvloop",
-                http="httptools", access_log=False, backlog=4096)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=a.port,
+        log_level="warning",
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        backlog=4096,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,12 +865,18 @@ def table(headers: list[str], rows: list[list], title: str | None = None) -> str
     lines = []
     if title:
         lines.append(title)
-    lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True))
-                 + " |")
+    lines.append(
+        "| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)) + " |"
+    )
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells[1:]:
-        lines.append("| " + " | ".join(c.rjust(w) if _numeric(c) else c.ljust(w)
-                                       for c, w in zip(r, widths, strict=True)) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(r, widths, strict=True)
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -699,8 +902,7 @@ def live_bytes(root: object) -> int:
     import gc
     import types
 
-    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-            types.MethodType)
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
     seen: set[int] = set()
     todo = [root]
     total = 0

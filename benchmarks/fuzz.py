@@ -56,78 +56,180 @@ def hostile_strategies():
     template, body) where ``{sid}``/``{capability}`` are filled in by the driver."""
     from hypothesis import strategies as st
 
-    big_ints = st.sampled_from([2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64, 2**64 + 1,
-                                -(2**63) - 1, 10**30, -1, -(2**31)])
+    big_ints = st.sampled_from(
+        [
+            2**31,
+            2**32,
+            2**53 + 1,
+            2**63 - 1,
+            2**63,
+            2**64,
+            2**64 + 1,
+            -(2**63) - 1,
+            10**30,
+            -1,
+            -(2**31),
+        ]
+    )
     depth = st.integers(200, 320)
     nested = st.builds(deep, depth, st.just(1), st.sampled_from(["list", "dict"]))
-    json_leaf = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
-                             st.text(max_size=8),
-                             lambda ch: st.lists(ch, max_size=3) |
-                             st.dictionaries(st.text(max_size=5), ch, max_size=3), max_leaves=8)
+    json_leaf = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda ch: st.lists(ch, max_size=3) | st.dictionaries(st.text(max_size=5), ch, max_size=3),
+        max_leaves=8,
+    )
     odd = st.one_of(json_leaf, nested, big_ints)
     user = [{"role": "user", "content": "hi"}]
 
     def tool(params: object, name: str = "f") -> dict:
         return {"type": "function", "function": {"name": name, "parameters": params}}
 
-    schema_kw = st.sampled_from(["required", "enum", "properties", "type", "items",
-                                 "anyOf", "oneOf", "allOf", "const", "additionalProperties",
-                                 "minItems", "maxLength", "pattern", "$ref", "format",
-                                 "prefixItems", "minimum", "default", "$defs"])
+    schema_kw = st.sampled_from(
+        [
+            "required",
+            "enum",
+            "properties",
+            "type",
+            "items",
+            "anyOf",
+            "oneOf",
+            "allOf",
+            "const",
+            "additionalProperties",
+            "minItems",
+            "maxLength",
+            "pattern",
+            "$ref",
+            "format",
+            "prefixItems",
+            "minimum",
+            "default",
+            "$defs",
+        ]
+    )
     tool_params = st.one_of(
         st.dictionaries(schema_kw, odd, max_size=3),
-        st.builds(lambda k, v: {"type": "object", "properties": {"x": {k: v}},
-                                "required": ["x"]}, schema_kw, odd),
+        st.builds(
+            lambda k, v: {"type": "object", "properties": {"x": {k: v}}, "required": ["x"]},
+            schema_kw,
+            odd,
+        ),
         st.builds(lambda v: {"type": "object", "properties": v}, odd),
-        odd)
+        odd,
+    )
     chat = st.one_of(
         # grammars built from whatever the tool schema holds, under a forced call
-        st.builds(lambda p, tc, n: {"messages": user, "tools": [tool(p, n)],
-                                    "tool_choice": tc, "max_tokens": 4},
-                  tool_params, st.sampled_from(["required", "auto",
-                                                {"type": "function",
-                                                 "function": {"name": "f"}}]),
-                  st.sampled_from(["f", "f"])),
-        st.builds(lambda s: {"messages": user, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": s}},
-            "max_tokens": 4}, tool_params),
+        st.builds(
+            lambda p, tc, n: {
+                "messages": user,
+                "tools": [tool(p, n)],
+                "tool_choice": tc,
+                "max_tokens": 4,
+            },
+            tool_params,
+            st.sampled_from(["required", "auto", {"type": "function", "function": {"name": "f"}}]),
+            st.sampled_from(["f", "f"]),
+        ),
+        st.builds(
+            lambda s: {
+                "messages": user,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": s},
+                },
+                "max_tokens": 4,
+            },
+            tool_params,
+        ),
         # template variables that collide with the template's own
-        st.builds(lambda k, v: {"messages": user, "chat_template_kwargs": {k: v},
-                                "max_tokens": 2},
-                  st.sampled_from(["add_generation_prompt", "tools", "messages", "bos_token",
-                                   "eos_token", "raise_exception", "tojson", "strftime_now",
-                                   "enable_thinking", "documents", "builtin_tools",
-                                   "reasoning_effort", "custom_tools", "date_string"]), odd),
+        st.builds(
+            lambda k, v: {"messages": user, "chat_template_kwargs": {k: v}, "max_tokens": 2},
+            st.sampled_from(
+                [
+                    "add_generation_prompt",
+                    "tools",
+                    "messages",
+                    "bos_token",
+                    "eos_token",
+                    "raise_exception",
+                    "tojson",
+                    "strftime_now",
+                    "enable_thinking",
+                    "documents",
+                    "builtin_tools",
+                    "reasoning_effort",
+                    "custom_tools",
+                    "date_string",
+                ]
+            ),
+            odd,
+        ),
         # deep or huge values in every free-form spot
         st.builds(lambda v: {"messages": user, "metadata": v, "max_tokens": 1}, odd),
-        st.builds(lambda v: {"messages": [
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": v}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "r"}], "max_tokens": 1},
-            st.one_of(odd, odd.map(lambda v: json.dumps(v)[:200000]
-                                   if not isinstance(v, int) else str(v)))),
-        st.builds(lambda k, v: {"messages": user, k: v, "max_tokens": 1},
-                  st.sampled_from(["seed", "max_tokens", "max_completion_tokens",
-                                   "top_logprobs", "top_k", "n", "temperature"]), big_ints),
-        st.builds(lambda k, v: {"messages": user, "logit_bias": {str(k): v}, "max_tokens": 1},
-                  st.one_of(big_ints, st.integers(0, 200000)), st.integers(-100, 100)),
+        st.builds(
+            lambda v: {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": v},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                ],
+                "max_tokens": 1,
+            },
+            st.one_of(
+                odd, odd.map(lambda v: json.dumps(v)[:200000] if not isinstance(v, int) else str(v))
+            ),
+        ),
+        st.builds(
+            lambda k, v: {"messages": user, k: v, "max_tokens": 1},
+            st.sampled_from(
+                [
+                    "seed",
+                    "max_tokens",
+                    "max_completion_tokens",
+                    "top_logprobs",
+                    "top_k",
+                    "n",
+                    "temperature",
+                ]
+            ),
+            big_ints,
+        ),
+        st.builds(
+            lambda k, v: {"messages": user, "logit_bias": {str(k): v}, "max_tokens": 1},
+            st.one_of(big_ints, st.integers(0, 200000)),
+            st.integers(-100, 100),
+        ),
         st.builds(lambda v: {"messages": user, "stop": v, "max_tokens": 1}, odd),
         st.builds(lambda v: {"messages": user, "tools": v, "max_tokens": 1}, odd),
         st.builds(lambda v: {"messages": v, "max_tokens": 1}, odd),
-        st.builds(lambda v: {"messages": [{"role": "user", "content": v}], "max_tokens": 1},
-                  odd),
-        st.builds(lambda v: {"messages": user, "stream": True, "max_tokens": 1,
-                             "stream_options": v}, odd),
+        st.builds(lambda v: {"messages": [{"role": "user", "content": v}], "max_tokens": 1}, odd),
+        st.builds(
+            lambda v: {"messages": user, "stream": True, "max_tokens": 1, "stream_options": v}, odd
+        ),
     )
     session = st.one_of(
-        st.builds(lambda k, v: {k: v}, st.sampled_from(["sample_index", "group_id", "task_id",
-                                                         "id", "metadata"]), odd),
+        st.builds(
+            lambda k, v: {k: v},
+            st.sampled_from(["sample_index", "group_id", "task_id", "id", "metadata"]),
+            odd,
+        ),
         st.builds(lambda v: {"metadata": {"group": v, "sample_index": v}}, odd),
     )
-    reward = st.one_of(st.builds(lambda v: {"reward": v}, odd),
-                       st.builds(lambda k, v: {"rewards": {k: v}}, st.text(max_size=300), odd),
-                       st.builds(lambda v: {"reward": 1.0, "call_id": v}, odd))
+    reward = st.one_of(
+        st.builds(lambda v: {"reward": v}, odd),
+        st.builds(lambda k, v: {"rewards": {k: v}}, st.text(max_size=300), odd),
+        st.builds(lambda v: {"reward": 1.0, "call_id": v}, odd),
+    )
     return st.one_of(
         chat.map(lambda b: ("POST", "/s/{capability}/v1/chat/completions", b)),
         session.map(lambda b: ("POST", "/v1/sessions", b)),
@@ -157,17 +259,20 @@ class Fuzzer:
     # real things for path parameters
 
     def new_session(self, calls: int = 1) -> dict:
-        s = self.http.post(self.url + "/v1/sessions", headers=self.auth,
-                           json={"metadata": {"fuzz": True}}).json()
+        s = self.http.post(
+            self.url + "/v1/sessions", headers=self.auth, json={"metadata": {"fuzz": True}}
+        ).json()
         cap = s["base_url"].split("/s/", 1)[1].split("/", 1)[0]
         msgs = [{"role": "user", "content": "hello"}]
         for _ in range(calls):
-            r = self.http.post(s["base_url"] + "/chat/completions",
-                               json={"messages": msgs, "max_tokens": 8})
+            r = self.http.post(
+                s["base_url"] + "/chat/completions", json={"messages": msgs, "max_tokens": 8}
+            )
             r.raise_for_status()
             msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
-        calls_ = self.http.get(f"{self.url}/v1/sessions/{s['id']}/calls",
-                               headers=self.auth).json()["data"]
+        calls_ = self.http.get(f"{self.url}/v1/sessions/{s['id']}/calls", headers=self.auth).json()[
+            "data"
+        ]
         return {"sid": s["id"], "capability": cap, "cid": calls_[0]["id"] if calls_ else "x"}
 
     def real(self, destructive: bool) -> dict:
@@ -180,9 +285,17 @@ class Fuzzer:
 
     # sending
 
-    def send(self, label: str, method: str, path: str, *, body: object = None,
-             raw: bytes | None = None, query: dict | None = None,
-             headers: dict | None = None) -> int:
+    def send(
+        self,
+        label: str,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        raw: bytes | None = None,
+        query: dict | None = None,
+        headers: dict | None = None,
+    ) -> int:
         import httpx
 
         hdr = {**self.auth, **(headers or {})}
@@ -200,8 +313,9 @@ class Fuzzer:
         t0 = time.monotonic()
         for attempt in (0, 1):
             try:
-                r = self.http.request(method, self.url + path, content=raw, params=query,
-                                      headers=hdr)
+                r = self.http.request(
+                    method, self.url + path, content=raw, params=query, headers=hdr
+                )
                 status = r.status_code
                 text = r.text[:300] if status >= 500 else ""
             except httpx.TimeoutException:
@@ -211,8 +325,7 @@ class Fuzzer:
                 if attempt == 0:
                     # A kept-alive connection the server had closed: counted, and the request
                     # is sent again once on a new connection (a second failure is a failure).
-                    self.resets.append({"route": label, "error": text,
-                                        "after": self.last_label})
+                    self.resets.append({"route": label, "error": text, "after": self.last_label})
                     self.http.close()
                     self.http = httpx.Client(timeout=TIMEOUT)
                     continue
@@ -221,9 +334,16 @@ class Fuzzer:
         self.n += 1
         self.stats[label][status] += 1
         if status >= 500 or status < 0:
-            self.failures.append({"route": label, "status": status, "answer": text,
-                                  "body": (raw or b"")[:100000].decode(errors="replace"),
-                                  "query": query, "seconds": round(time.monotonic() - t0, 1)})
+            self.failures.append(
+                {
+                    "route": label,
+                    "status": status,
+                    "answer": text,
+                    "body": (raw or b"")[:100000].decode(errors="replace"),
+                    "query": query,
+                    "seconds": round(time.monotonic() - t0, 1),
+                }
+            )
         if path == "/admin/pause" and status == 200:  # never leave the door closed
             self.http.post(self.url + "/admin/resume", headers=self.auth, json={})
         if self.n % 250 == 0:
@@ -247,12 +367,22 @@ class Fuzzer:
             body = None
         elif case.media_type and case.media_type != "application/json":
             raw = body if isinstance(body, bytes) else str(body).encode()
-        headers = {k: str(v) for k, v in (case.headers or {}).items()
-                   if k.lower() not in ("authorization", "content-type")
-                   and str(v).isascii() and str(v).isprintable()}
-        self.send(label, case.method.upper(), path, body=body, raw=raw,
-                  query=case.query or None,
-                  headers={"content-type": case.media_type, **headers} if raw else headers)
+        headers = {
+            k: str(v)
+            for k, v in (case.headers or {}).items()
+            if k.lower() not in ("authorization", "content-type")
+            and str(v).isascii()
+            and str(v).isprintable()
+        }
+        self.send(
+            label,
+            case.method.upper(),
+            path,
+            body=body,
+            raw=raw,
+            query=case.query or None,
+            headers={"content-type": case.media_type, **headers} if raw else headers,
+        )
 
     def send_hostile(self, item: tuple) -> None:
         method, template, body = item
@@ -281,16 +411,40 @@ def run(requests: int, seed: int = 0, keep: bool = False, quiet: bool = False) -
         try:
             ts, url = c.start_turnstile(fake_url, wd / "data", None, wd / "turnstile.log")
             try:
-                return _fuzz(url, ts.pid, requests, seed, schemathesis, GenerationMode,
-                             given, settings, HealthCheck, Phase, st, quiet)
+                return _fuzz(
+                    url,
+                    ts.pid,
+                    requests,
+                    seed,
+                    schemathesis,
+                    GenerationMode,
+                    given,
+                    settings,
+                    HealthCheck,
+                    Phase,
+                    st,
+                    quiet,
+                )
             finally:
                 ts.stop()
         finally:
             fake.stop()
 
 
-def _fuzz(url, pid, requests, seed, schemathesis, GenerationMode, given, settings,
-          HealthCheck, Phase, st, quiet) -> dict:
+def _fuzz(
+    url,
+    pid,
+    requests,
+    seed,
+    schemathesis,
+    GenerationMode,
+    given,
+    settings,
+    HealthCheck,
+    Phase,
+    st,
+    quiet,
+) -> dict:
     import httpx
 
     fz = Fuzzer(url, c.TOKEN, pid, seed)
@@ -303,13 +457,21 @@ def _fuzz(url, pid, requests, seed, schemathesis, GenerationMode, given, setting
     ops = [r.ok() for r in schema.get_all_operations()]
     # Each request: a hostile body (40%) or a schema case of a route picked uniformly,
     # positive or negative, with real (60%) or generated path parameters.
-    strategies = [op.as_strategy(generation_mode=mode) for op in ops
-                  for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
+    strategies = [
+        op.as_strategy(generation_mode=mode)
+        for op in ops
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    ]
     hostile = hostile_strategies()
 
-    @settings(max_examples=requests, deadline=None, database=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-              print_blob=False)
+    @settings(
+        max_examples=requests,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
     @given(st.data())
     def one(data):
         if fz.n >= requests:
@@ -320,8 +482,11 @@ def _fuzz(url, pid, requests, seed, schemathesis, GenerationMode, given, setting
             case = data.draw(strategies[data.draw(st.integers(0, len(strategies) - 1))])
             fz.send_case(case, data.draw(st.integers(0, 9), "real") < 6)
         if not quiet and fz.n % 1000 == 0:
-            print(f"  {fz.n} requests, {len(fz.failures)} failures, "
-                  f"RSS {fz.rss[-1]:.0f} MB", file=sys.stderr, flush=True)
+            print(
+                f"  {fz.n} requests, {len(fz.failures)} failures, RSS {fz.rss[-1]:.0f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
 
     while fz.n < requests:
         one()
@@ -334,40 +499,65 @@ def _fuzz(url, pid, requests, seed, schemathesis, GenerationMode, given, setting
     else:
         for s in page.json()["data"]:
             for suffix in ("", "/calls", "/trajectories", "/trajectories?mode=per_call"):
-                r = httpx.get(f"{url}/v1/sessions/{_quote(s['id'])}{suffix}",
-                              headers=fz.auth, timeout=60)
+                r = httpx.get(
+                    f"{url}/v1/sessions/{_quote(s['id'])}{suffix}", headers=fz.auth, timeout=60
+                )
                 if r.status_code != 200:
-                    after_failures.append((f"GET /v1/sessions/{s['id']!r}{suffix}",
-                                           r.status_code, r.text[:300]))
+                    after_failures.append(
+                        (f"GET /v1/sessions/{s['id']!r}{suffix}", r.status_code, r.text[:300])
+                    )
     fz.rss.append(rss_mb(pid))
-    return {"requests": fz.n, "wall_s": wall, "stats": fz.stats, "failures": fz.failures,
-            "resets": fz.resets,
-            "after": after_failures, "rss_mb": fz.rss, "sessions_checked":
-            len(page.json()["data"]) if page.status_code == 200 else 0}
+    return {
+        "requests": fz.n,
+        "wall_s": wall,
+        "stats": fz.stats,
+        "failures": fz.failures,
+        "resets": fz.resets,
+        "after": after_failures,
+        "rss_mb": fz.rss,
+        "sessions_checked": len(page.json()["data"]) if page.status_code == 200 else 0,
+    }
 
 
 def report(res: dict) -> str:
     rows = []
     for label in sorted(res["stats"]):
         cnt = res["stats"][label]
-        rows.append([label, sum(cnt.values()), sum(v for k, v in cnt.items() if 200 <= k < 300),
-                     sum(v for k, v in cnt.items() if 400 <= k < 500),
-                     ",".join(f"{k}:{v}" for k, v in sorted(cnt.items()) if 400 <= k < 500),
-                     sum(v for k, v in cnt.items() if k >= 500),
-                     sum(v for k, v in cnt.items() if k < 0)])
+        rows.append(
+            [
+                label,
+                sum(cnt.values()),
+                sum(v for k, v in cnt.items() if 200 <= k < 300),
+                sum(v for k, v in cnt.items() if 400 <= k < 500),
+                ",".join(f"{k}:{v}" for k, v in sorted(cnt.items()) if 400 <= k < 500),
+                sum(v for k, v in cnt.items() if k >= 500),
+                sum(v for k, v in cnt.items() if k < 0),
+            ]
+        )
     total = [sum(r[i] for r in rows) for i in (1, 2, 3)]
     rows.append(["total", *total, "", sum(r[5] for r in rows), sum(r[6] for r in rows)])
     rss = res["rss_mb"]
-    out = [c.table(["route", "requests", "2xx", "4xx", "4xx codes", ">=500", "hangs"], rows,
-                   f"# Fuzz: {res['requests']} requests in {res['wall_s']:.0f} s")]
-    out.append(f"server RSS: start {rss[0]:.0f} MB, max {max(rss):.0f} MB, end {rss[-1]:.0f} MB "
-               f"({len(rss)} samples)")
-    out.append(f"connections reset by the server, answered on a new connection: "
-               f"{len(res['resets'])}" + "".join(f"\n  {r}" for r in res["resets"][:10]))
-    out.append(f"afterwards: {res['sessions_checked']} sessions re-read (record, calls, both "
-               f"trajectory modes): {len(res['after'])} failures")
+    out = [
+        c.table(
+            ["route", "requests", "2xx", "4xx", "4xx codes", ">=500", "hangs"],
+            rows,
+            f"# Fuzz: {res['requests']} requests in {res['wall_s']:.0f} s",
+        )
+    ]
+    out.append(
+        f"server RSS: start {rss[0]:.0f} MB, max {max(rss):.0f} MB, end {rss[-1]:.0f} MB "
+        f"({len(rss)} samples)"
+    )
+    out.append(
+        f"connections reset by the server, answered on a new connection: "
+        f"{len(res['resets'])}" + "".join(f"\n  {r}" for r in res["resets"][:10])
+    )
+    out.append(
+        f"afterwards: {res['sessions_checked']} sessions re-read (record, calls, both "
+        f"trajectory modes): {len(res['after'])} failures"
+    )
     for f in res["failures"][:20]:
-        out.append(f"FAILURE {({**f, 'body': f['body'][:300]})}")
+        out.append(f"FAILURE { ({**f, 'body': f['body'][:300]}) }")
     for f in res["after"][:20]:
         out.append(f"AFTER {f}")
     return "\n".join(out)

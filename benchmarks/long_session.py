@@ -63,8 +63,12 @@ def naive_render(gw, msgs: list[dict]) -> list[int]:  # noqa: ANN001
 
     template = gw.renderer.template
     rendered, _ = render_jinja_template(
-        conversations=[template.messages(msgs)], tools=c.TOOLS, chat_template=template.source,
-        add_generation_prompt=True, **template.variables)
+        conversations=[template.messages(msgs)],
+        tools=c.TOOLS,
+        chat_template=template.source,
+        add_generation_prompt=True,
+        **template.variables,
+    )
     return gw.tok.encode(rendered[0])
 
 
@@ -73,9 +77,9 @@ def tool_output(turn: int, target_tokens: int, tok) -> str:  # noqa: ANN001
     out, i = [], 0
     text = ""
     while True:
-        line = LINES[(turn + i) % len(LINES)].format(m=MODS[(turn * 7 + i) % len(MODS)],
-                                                     n=(turn * 37 + i * 11) % 97,
-                                                     p=(turn + i) % 29 + 1)
+        line = LINES[(turn + i) % len(LINES)].format(
+            m=MODS[(turn * 7 + i) % len(MODS)], n=(turn * 37 + i * 11) % 97, p=(turn + i) % 29 + 1
+        )
         out.append(line)
         i += 1
         if i % 8 == 0:
@@ -93,8 +97,11 @@ def as_sent(msgs: list[dict]) -> list[dict]:
 def tree_memory(gw, session_id: str) -> dict:  # noqa: ANN001
     """Live bytes the gateway holds for one session's call tree, by part."""
     tree = gw.trees.get(session_id)
-    parts = {"token log": c.live_bytes(tree.log), "previous request": c.live_bytes(tree._last),
-             "hash cache": c.live_bytes(tree._seen)}
+    parts = {
+        "token log": c.live_bytes(tree.log),
+        "previous request": c.live_bytes(tree._last),
+        "hash cache": c.live_bytes(tree._seen),
+    }
     parts["whole tree"] = c.live_bytes(tree)
     parts["recorded tokens"] = len(tree.log) - tree.copied
     return parts
@@ -121,8 +128,9 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     ts, ts_url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log")
     base = base_url = None
     if args.baseline:
-        base, base_url = c.start_turnstile(fake_url, wd / "data-base", PROXY_CPU,
-                                           wd / "turnstile-base.log", args.baseline)
+        base, base_url = c.start_turnstile(
+            fake_url, wd / "data-base", PROXY_CPU, wd / "turnstile-base.log", args.baseline
+        )
     gw = c.make_gateway(wd / "inproc", spec)
     # Time the parts of the in-process gateway that must not grow with the context.
     share = {"prompt": 0.0, "record": 0.0}
@@ -135,21 +143,34 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                 return fn(*a, **kw)
             finally:
                 share[name] += time.thread_time() - t0
+
         return wrapper
 
     gw.prompt, gw._commit = timed("prompt", orig_prompt), timed("record", orig_record)
     rows = []
     try:
         http = httpx.AsyncClient(timeout=600)
-        clients = {"relay": (relay, openai.AsyncOpenAI(base_url=relay_url + "/v1",
-                                                       api_key="x", max_retries=0,
-                                                       http_client=http)),
-                   "turnstile": (ts, openai.AsyncOpenAI(base_url=ts_url + "/v1", api_key=c.TOKEN,
-                                                        max_retries=0, http_client=http))}
+        clients = {
+            "relay": (
+                relay,
+                openai.AsyncOpenAI(
+                    base_url=relay_url + "/v1", api_key="x", max_retries=0, http_client=http
+                ),
+            ),
+            "turnstile": (
+                ts,
+                openai.AsyncOpenAI(
+                    base_url=ts_url + "/v1", api_key=c.TOKEN, max_retries=0, http_client=http
+                ),
+            ),
+        }
         if base is not None:
-            clients["base"] = (base, openai.AsyncOpenAI(base_url=base_url + "/v1",
-                                                        api_key=c.TOKEN,
-                                                        max_retries=0, http_client=http))
+            clients["base"] = (
+                base,
+                openai.AsyncOpenAI(
+                    base_url=base_url + "/v1", api_key=c.TOKEN, max_retries=0, http_client=http
+                ),
+            )
         histories = {name: c.base_messages() for name in [*clients, "inproc"]}
         for turn in range(args.turns):
             row = {"turn": turn + 1}
@@ -157,22 +178,34 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                 msgs = histories[name]
                 cpu0 = server.cpu()
                 r = await client.chat.completions.create(
-                    model=c.MODEL_NAME, messages=msgs, tools=c.TOOLS, max_tokens=64,
-                    extra_headers={"x-session-id": "long"})
+                    model=c.MODEL_NAME,
+                    messages=msgs,
+                    tools=c.TOOLS,
+                    max_tokens=64,
+                    extra_headers={"x-session-id": "long"},
+                )
                 row[name] = (server.cpu() - cpu0) * 1000
                 m = r.choices[0].message
                 calls = [tc.model_dump() for tc in m.tool_calls or []]
-                msgs += [{"role": "assistant", "content": m.content, "tool_calls": calls},
-                         {"role": "tool", "tool_call_id": calls[0]["id"],
-                          "content": outputs[turn]}]
+                msgs += [
+                    {"role": "assistant", "content": m.content, "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": calls[0]["id"], "content": outputs[turn]},
+                ]
                 if name == "turnstile":
-                    row["body_kb"] = len(orjson.dumps({"messages": msgs[:-2],
-                                                       "tools": c.TOOLS})) / 1000
+                    row["body_kb"] = (
+                        len(orjson.dumps({"messages": msgs[:-2], "tools": c.TOOLS})) / 1000
+                    )
             # in-process: render/tokenize/record share, and the full re-render for contrast
             msgs = histories["inproc"]
             share["prompt"] = share["record"] = 0.0
-            req = parse_chat_request({"model": c.MODEL_NAME, "messages": as_sent(msgs),
-                                      "tools": c.TOOLS, "max_tokens": 64})
+            req = parse_chat_request(
+                {
+                    "model": c.MODEL_NAME,
+                    "messages": as_sent(msgs),
+                    "tools": c.TOOLS,
+                    "max_tokens": 64,
+                }
+            )
             resp = await gw.complete("long", req)
             row["share"] = (share["prompt"] + share["record"]) * 1000
             t0 = time.thread_time()
@@ -180,13 +213,22 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
             row["rerender"] = (time.thread_time() - t0) * 1000
             row["context"] = len(full) + 64
             m = resp["choices"][0]["message"]
-            msgs += [c.echo(m), {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"],
-                                 "content": outputs[turn]}]
+            msgs += [
+                c.echo(m),
+                {
+                    "role": "tool",
+                    "tool_call_id": m["tool_calls"][0]["id"],
+                    "content": outputs[turn],
+                },
+            ]
             rows.append(row)
             if (turn + 1) % 25 == 0 or turn == 0:
-                print(f"  turn {turn + 1}: context {row['context']} tokens, relay "
-                      f"{row['relay']:.2f} ms, turnstile {row['turnstile']:.2f} ms, share "
-                      f"{row['share']:.2f} ms, re-render {row['rerender']:.1f} ms", flush=True)
+                print(
+                    f"  turn {turn + 1}: context {row['context']} tokens, relay "
+                    f"{row['relay']:.2f} ms, turnstile {row['turnstile']:.2f} ms, share "
+                    f"{row['share']:.2f} ms, re-render {row['rerender']:.1f} ms",
+                    flush=True,
+                )
         segments = [x.segment_reason for x in gw.store.calls("long")]
         memory = tree_memory(gw, "long")
         await http.aclose()
@@ -205,24 +247,31 @@ def main() -> None:
     p.add_argument("--turns", type=int)
     p.add_argument("--tool-tokens", type=int, default=436)
     p.add_argument("--json")
-    p.add_argument("--baseline", metavar="SRC",
-                   help="also run the turnstile package of another checkout, side by side")
+    p.add_argument(
+        "--baseline",
+        metavar="SRC",
+        help="also run the turnstile package of another checkout, side by side",
+    )
     args = p.parse_args()
     args.turns = args.turns or (7 if args.quick else 200)
     c.pin(LOADGEN_CPU)
     spec = c.reply_spec(64)
     print("# Long session: per-call work vs context length")
     print(f"machine: {c.machine()}")
-    print(f"set-up: 1 session, {args.turns} turns, 64 sampled + ~{args.tool_tokens} tool-output "
-          f"tokens per turn; load generator + fake engine on core {LOADGEN_CPU}, relay and "
-          f"Turnstile on core {PROXY_CPU}")
+    print(
+        f"set-up: 1 session, {args.turns} turns, 64 sampled + ~{args.tool_tokens} tool-output "
+        f"tokens per turn; load generator + fake engine on core {LOADGEN_CPU}, relay and "
+        f"Turnstile on core {PROXY_CPU}"
+    )
     t_start = time.time()
     with c.workdir("long") as wd:
         out = asyncio.run(drive(args, spec, wd))
     rows = out["rows"]
     new_segments = sum(1 for s in out["segments"] if s is not None)
-    print(f"\nrun took {time.time() - t_start:.0f} s; in-process session: {len(out['segments'])}"
-          f" calls, {new_segments} segment start(s) ({out['segments'][0]!r} first)")
+    print(
+        f"\nrun took {time.time() - t_start:.0f} s; in-process session: {len(out['segments'])}"
+        f" calls, {new_segments} segment start(s) ({out['segments'][0]!r} first)"
+    )
     relay = [r["relay"] for r in rows]
     tsc = [r["turnstile"] for r in rows]
     share = [r["share"] for r in rows]
@@ -233,31 +282,76 @@ def main() -> None:
     table = []
     for i in shown:
         r, t, s, f = (window_median(v, i) for v in (relay, tsc, share, rer))
-        table.append([rows[i]["turn"], rows[i]["context"], rows[i]["body_kb"], r, t, t / r, s,
-                      s / share1, f, f / s])
-    print(c.table(["turn", "context tokens", "request KB", "relay CPU ms", "Turnstile CPU ms",
-                   "Turnstile / relay", "render+tokenize+record ms", "share / turns 2-6",
-                   "full re-render ms", "re-render / share"], table))
+        table.append(
+            [
+                rows[i]["turn"],
+                rows[i]["context"],
+                rows[i]["body_kb"],
+                r,
+                t,
+                t / r,
+                s,
+                s / share1,
+                f,
+                f / s,
+            ]
+        )
+    print(
+        c.table(
+            [
+                "turn",
+                "context tokens",
+                "request KB",
+                "relay CPU ms",
+                "Turnstile CPU ms",
+                "Turnstile / relay",
+                "render+tokenize+record ms",
+                "share / turns 2-6",
+                "full re-render ms",
+                "re-render / share",
+            ],
+            table,
+        )
+    )
     if "base" in rows[0]:
         bas = [r["base"] for r in rows]
         print("\nbaseline (the turnstile package from --baseline), same calls, windowed medians:")
-        print(c.table(["turn", "baseline CPU ms", "baseline / relay", "Turnstile / baseline"],
-                      [[rows[i]["turn"], window_median(bas, i),
+        print(
+            c.table(
+                ["turn", "baseline CPU ms", "baseline / relay", "Turnstile / baseline"],
+                [
+                    [
+                        rows[i]["turn"],
+                        window_median(bas, i),
                         window_median(bas, i) / window_median(relay, i),
-                        window_median(tsc, i) / window_median(bas, i)] for i in shown]))
+                        window_median(tsc, i) / window_median(bas, i),
+                    ]
+                    for i in shown
+                ],
+            )
+        )
     ratios = [window_median(tsc, i) / window_median(relay, i) for i in range(n)]
     worst = max(range(n), key=lambda i: ratios[i])
-    print(f"\nTurnstile / relay: max {ratios[worst]:.2f} at turn {worst + 1}, median "
-          f"{statistics.median(ratios):.2f} (windowed medians); target <= 1.5 at every turn")
-    print(f"render+tokenize+record at turn {n}: {window_median(share, n - 1) / share1:.2f} x "
-          f"turns 2-6 (the first deltas), {window_median(share, n - 1) / share[0]:.2f} x turn 1 "
-          f"(the whole first prompt); target <= 1.3")
+    print(
+        f"\nTurnstile / relay: max {ratios[worst]:.2f} at turn {worst + 1}, median "
+        f"{statistics.median(ratios):.2f} (windowed medians); target <= 1.5 at every turn"
+    )
+    print(
+        f"render+tokenize+record at turn {n}: {window_median(share, n - 1) / share1:.2f} x "
+        f"turns 2-6 (the first deltas), {window_median(share, n - 1) / share[0]:.2f} x turn 1 "
+        f"(the whole first prompt); target <= 1.3"
+    )
     mem = out["memory"]
     n_tok = mem.pop("recorded tokens")
-    print(f"\nlive memory of the session's call tree after turn {n} ({n_tok} recorded tokens; "
-          "sys.getsizeof over everything reachable from it); target <= 12 B/token:")
-    print(c.table(["part", "bytes", "bytes / recorded token"],
-                  [[k, v, v / n_tok] for k, v in mem.items()]))
+    print(
+        f"\nlive memory of the session's call tree after turn {n} ({n_tok} recorded tokens; "
+        "sys.getsizeof over everything reachable from it); target <= 12 B/token:"
+    )
+    print(
+        c.table(
+            ["part", "bytes", "bytes / recorded token"], [[k, v, v / n_tok] for k, v in mem.items()]
+        )
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -41,8 +41,13 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-async def build(gw, sessions: int, tokens: int, outputs: list[str],  # noqa: ANN001
-                prefix: str = "mem") -> int:
+async def build(
+    gw,
+    sessions: int,
+    tokens: int,
+    outputs: list[str],  # noqa: ANN001
+    prefix: str = "mem",
+) -> int:
     from long_session import as_sent
 
     from turnstile.server.requests import parse_chat_request
@@ -56,21 +61,31 @@ async def build(gw, sessions: int, tokens: int, outputs: list[str],  # noqa: ANN
                 continue
             # parsed from JSON, as a server gets it: what the gateway keeps of the request (the
             # session's previous request) is counted, not shared with the harness's history
-            req = parse_chat_request({"model": c.MODEL_NAME, "messages": as_sent(msgs),
-                                      "tools": c.TOOLS, "max_tokens": 64})
+            req = parse_chat_request(
+                {
+                    "model": c.MODEL_NAME,
+                    "messages": as_sent(msgs),
+                    "tools": c.TOOLS,
+                    "max_tokens": 64,
+                }
+            )
             resp = await gw.complete(sid, req)
             m = resp["choices"][0]["message"]
             u = resp["usage"]
             # recorded tokens of this call: the prompt delta + the completion
             recorded[sid] = u["prompt_tokens"] + u["completion_tokens"]
             msgs.append(c.echo(m))
-            msgs.append({"role": "tool", "tool_call_id": m["tool_calls"][0]["id"],
-                         "content": outputs[turn % len(outputs)]})
+            msgs.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": m["tool_calls"][0]["id"],
+                    "content": outputs[turn % len(outputs)],
+                }
+            )
         turn += 1
         if turn % 8 == 0:
             # the harness would send these; the gateway keeps only its own copies
-            print(f"  turn {turn}: {sum(recorded.values()) / 1e6:.1f}M tokens recorded",
-                  flush=True)
+            print(f"  turn {turn}: {sum(recorded.values()) / 1e6:.1f}M tokens recorded", flush=True)
     return sum(recorded.values())
 
 
@@ -87,8 +102,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sessions", type=int)
     p.add_argument("--tokens", type=int, help="tokens per session")
-    p.add_argument("--tool-tokens", type=int, default=436,
-                   help="tool-output tokens per turn (+64 sampled = recorded tokens per call)")
+    p.add_argument(
+        "--tool-tokens",
+        type=int,
+        default=436,
+        help="tool-output tokens per turn (+64 sampled = recorded tokens per call)",
+    )
     args = p.parse_args()
     sessions = args.sessions or (20 if args.quick else 1000)
     tokens = args.tokens or (4000 if args.quick else 32000)
@@ -97,13 +116,14 @@ def main() -> None:
     spec = c.reply_spec(64)
     print("# Memory and disk per recorded token")
     print(f"machine: {c.machine()}")
-    print(f"set-up: {sessions} concurrent sessions x {tokens} tokens, ~{args.tool_tokens + 64} "
-          f"recorded tokens per call (64 sampled), in-process Gateway + SQLite store")
+    print(
+        f"set-up: {sessions} concurrent sessions x {tokens} tokens, ~{args.tool_tokens + 64} "
+        f"recorded tokens per call (64 sampled), in-process Gateway + SQLite store"
+    )
     with c.workdir("memory") as wd:
         gw = c.make_gateway(wd / "data", spec)
         outputs = [long_session.tool_output(t, args.tool_tokens, gw.tok) for t in range(64)]
-        gw.renderer.encode_fragment = functools.lru_cache(maxsize=None)(
-            gw.renderer.encode_fragment)
+        gw.renderer.encode_fragment = functools.lru_cache(maxsize=None)(gw.renderer.encode_fragment)
         # warm everything that is allocated once (template compile, caches, the memo of the
         # tool outputs' token IDs): one session through all 64 tool outputs, then forgotten
         asyncio.run(build(gw, 1, 64 * (args.tool_tokens + 64), outputs, "warm"))
@@ -120,24 +140,31 @@ def main() -> None:
         gc.collect()
         # The harness's own message lists live in this process too: leave out what was
         # allocated here (memory.py, _common.py), keep what the gateway allocated.
-        snap = tracemalloc.take_snapshot().filter_traces([
-            tracemalloc.Filter(False, "*/benchmarks/memory.py"),
-            tracemalloc.Filter(False, "*/benchmarks/_common.py")])
+        snap = tracemalloc.take_snapshot().filter_traces(
+            [
+                tracemalloc.Filter(False, "*/benchmarks/memory.py"),
+                tracemalloc.Filter(False, "*/benchmarks/_common.py"),
+            ]
+        )
         live = sum(st.size for st in snap.statistics("filename")) - base_py
         tracemalloc.stop()
         grown = rss() - base_rss
         disk = db_size(gw) - disk0
         calls = sum(len(e.tree.nodes) for e in gw.trees.entries.values())
         print(f"\nbuilt in {elapsed:.0f} s: {calls} calls, {total / 1e6:.2f}M recorded tokens")
-        rows = [["live Python bytes held by the gateway (tracemalloc)", live, live / total, 12],
-                ["RSS growth (incl. the harness's histories)", grown, grown / total, "-"],
-                ["SQLite file growth (after checkpoint)", disk, disk / total, 8]]
+        rows = [
+            ["live Python bytes held by the gateway (tracemalloc)", live, live / total, 12],
+            ["RSS growth (incl. the harness's histories)", grown, grown / total, "-"],
+            ["SQLite file growth (after checkpoint)", disk, disk / total, 8],
+        ]
         print(c.table(["what", "bytes", "bytes / recorded token", "target"], rows))
         print("\ntop allocation sites (tracemalloc, by line):")
         for st in snap.statistics("lineno")[:8]:
             f = st.traceback[0]
-            print(f"  {st.size / total:6.2f} B/token  {st.count:>8} blocks  "
-                  f"{f.filename.split('site-packages/')[-1].split('/work/main/')[-1]}:{f.lineno}")
+            print(
+                f"  {st.size / total:6.2f} B/token  {st.count:>8} blocks  "
+                f"{f.filename.split('site-packages/')[-1].split('/work/main/')[-1]}:{f.lineno}"
+            )
 
 
 if __name__ == "__main__":

@@ -55,12 +55,17 @@ class Target:
         import httpx
         import openai
 
-        http = httpx.AsyncClient(timeout=300, limits=httpx.Limits(
-            max_connections=max(conc, 16) + 16, max_keepalive_connections=max(conc, 16) + 16))
+        http = httpx.AsyncClient(
+            timeout=300,
+            limits=httpx.Limits(
+                max_connections=max(conc, 16) + 16, max_keepalive_connections=max(conc, 16) + 16
+            ),
+        )
         # Retries only cover a kept-alive connection the server closed while idle (between
         # cells); errors are counted either way.
-        self.client = openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=self.api_key,
-                                         max_retries=2, http_client=http)
+        self.client = openai.AsyncOpenAI(
+            base_url=self.url + "/v1", api_key=self.api_key, max_retries=2, http_client=http
+        )
         return self.client
 
 
@@ -80,8 +85,14 @@ class Agent:
         self.turn = 0
 
     async def call(self, client, mode: str, sizes: list[int], lat: list[float]) -> bool:
-        kw = dict(model=c.MODEL_NAME, messages=self.msgs, tools=c.TOOLS, max_tokens=64,
-                  temperature=1.0, extra_headers={"x-session-id": self.sid})
+        kw = dict(
+            model=c.MODEL_NAME,
+            messages=self.msgs,
+            tools=c.TOOLS,
+            max_tokens=64,
+            temperature=1.0,
+            extra_headers={"x-session-id": self.sid},
+        )
         sizes.append(len(orjson.dumps({"messages": self.msgs, "tools": c.TOOLS})))
         t0 = time.perf_counter()
         try:
@@ -93,8 +104,11 @@ class Agent:
         lat.append(time.perf_counter() - t0)
         if not calls:
             raise RuntimeError(f"no tool call in the reply: {content!r}")
-        self.msgs = [*self.msgs, {"role": "assistant", "content": content or None,
-                                  "tool_calls": calls}, c.tool_result(calls[0]["id"], self.turn)]
+        self.msgs = [
+            *self.msgs,
+            {"role": "assistant", "content": content or None, "tool_calls": calls},
+            c.tool_result(calls[0]["id"], self.turn),
+        ]
         self.turn += 1
         if self.turn == TURNS:
             self.new_session()
@@ -115,8 +129,9 @@ class Agent:
             content += d.content or ""
             for tc in d.tool_calls or []:
                 while len(calls) <= tc.index:
-                    calls.append({"id": None, "type": "function",
-                                  "function": {"name": "", "arguments": ""}})
+                    calls.append(
+                        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                    )
                 cur = calls[tc.index]
                 cur["id"] = tc.id or cur["id"]
                 if tc.function:
@@ -146,10 +161,19 @@ async def run_cell(target: Target, mode: str, conc: int, per_agent: int) -> dict
     # A thread that exited during the cell is missing from the per-thread counters.
     used = fine if fine >= ticks - 0.02 else ticks
     n = max(1, len(lat))
-    return {"target": target.name, "mode": mode, "conc": conc, "calls": len(lat),
-            "errors": errors, "cpu_ms": used / n * 1000,
-            "p50": c.pct(lat, 50) * 1000, "p99": c.pct(lat, 99) * 1000,
-            "rps": len(lat) / wall, "wall": wall, "req_bytes": sum(sizes) / max(1, len(sizes))}
+    return {
+        "target": target.name,
+        "mode": mode,
+        "conc": conc,
+        "calls": len(lat),
+        "errors": errors,
+        "cpu_ms": used / n * 1000,
+        "p50": c.pct(lat, 50) * 1000,
+        "p99": c.pct(lat, 99) * 1000,
+        "rps": len(lat) / wall,
+        "wall": wall,
+        "req_bytes": sum(sizes) / max(1, len(sizes)),
+    }
 
 
 def plan(quick: bool, conc: int, mode: str) -> int:
@@ -175,8 +199,15 @@ async def warm_up(targets: list[Target], conc: int, base: list[dict]) -> None:
         await asyncio.gather(*(stagger(i, a) for i, a in enumerate(t.agents)))
 
 
-async def measure(targets: list[Target], modes: list[str], concs: list[int], quick: bool,
-                  base: list[dict], fake_url: str, pace_ms: float) -> list[dict]:
+async def measure(
+    targets: list[Target],
+    modes: list[str],
+    concs: list[int],
+    quick: bool,
+    base: list[dict],
+    fake_url: str,
+    pace_ms: float,
+) -> list[dict]:
     await warm_up(targets, max(concs), base)
     rows = []
     for mode in modes:
@@ -185,9 +216,12 @@ async def measure(targets: list[Target], modes: list[str], concs: list[int], qui
             for t in targets:
                 rows.append(await run_cell(t, mode, conc, plan(quick, conc, mode)))
                 r = rows[-1]
-                print(f"  {mode:<6} conc {conc:>3} {t.name:<13} {r['cpu_ms']:.3f} ms CPU/call "
-                      f"p50 {r['p50']:.1f} ms  {r['rps']:.0f} calls/s"
-                      + (f"  {r['errors']} errors" if r["errors"] else ""), flush=True)
+                print(
+                    f"  {mode:<6} conc {conc:>3} {t.name:<13} {r['cpu_ms']:.3f} ms CPU/call "
+                    f"p50 {r['p50']:.1f} ms  {r['rps']:.0f} calls/s"
+                    + (f"  {r['errors']} errors" if r["errors"] else ""),
+                    flush=True,
+                )
     for t in targets:
         await t.client.close()
     return rows
@@ -210,15 +244,41 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                     continue
                 add50 = r["p50"] - direct["p50"] if direct else float("nan")
                 add99 = r["p99"] - direct["p99"] if direct else float("nan")
-                table_rows.append([conc, r["target"], r["calls"] + r["errors"], r["errors"],
-                                   r["cpu_ms"],
-                                   r["cpu_ms"] / floor if floor == floor else float("nan"),
-                                   add50, add99, r["rps"]])
-        title = {"plain": "non-streaming", "stream": "streaming (64 events at once)",
-                 "paced": f"streaming, one token every {pace:g} ms"}[mode]
-        out.append(c.table(["conc", "proxy", "calls", "errors", "CPU ms/call", "x fastest relay",
-                            "added p50 ms", "added p99 ms", "calls/s"], table_rows,
-                           f"\n### {title}\n"))
+                table_rows.append(
+                    [
+                        conc,
+                        r["target"],
+                        r["calls"] + r["errors"],
+                        r["errors"],
+                        r["cpu_ms"],
+                        r["cpu_ms"] / floor if floor == floor else float("nan"),
+                        add50,
+                        add99,
+                        r["rps"],
+                    ]
+                )
+        title = {
+            "plain": "non-streaming",
+            "stream": "streaming (64 events at once)",
+            "paced": f"streaming, one token every {pace:g} ms",
+        }[mode]
+        out.append(
+            c.table(
+                [
+                    "conc",
+                    "proxy",
+                    "calls",
+                    "errors",
+                    "CPU ms/call",
+                    "x fastest relay",
+                    "added p50 ms",
+                    "added p99 ms",
+                    "calls/s",
+                ],
+                table_rows,
+                f"\n### {title}\n",
+            )
+        )
     return "\n".join(out)
 
 
@@ -230,9 +290,12 @@ def main() -> None:
     p.add_argument("--targets", default="direct,relay-aiohttp,relay-httpx,turnstile,litellm")
     p.add_argument("--pace-ms", type=float, default=None, help="10 (1 with --quick)")
     p.add_argument("--json", help="write the rows here")
-    p.add_argument("--baseline", metavar="SRC",
-                   help="also run 'turnstile-base': the turnstile package of another checkout "
-                        "(e.g. a git worktree of an earlier commit), side by side")
+    p.add_argument(
+        "--baseline",
+        metavar="SRC",
+        help="also run 'turnstile-base': the turnstile package of another checkout "
+        "(e.g. a git worktree of an earlier commit), side by side",
+    )
     args = p.parse_args()
     args.pace_ms = args.pace_ms if args.pace_ms is not None else (1.0 if args.quick else 10.0)
     concs = [int(x) for x in (args.conc or ("2" if args.quick else "1,32,256")).split(",")]
@@ -256,10 +319,14 @@ def main() -> None:
     base = c.base_messages(pad_to=3500)
     print("# Per-call overhead: Turnstile vs minimal relays vs LiteLLM")
     print(f"machine: {c.machine()}")
-    print(f"pinning: load generator (openai {__import__('openai').__version__} AsyncOpenAI) and "
-          f"fake engine on core {LOADGEN_CPU}, each proxy on core {PROXY_CPU}")
-    print(f"workload: agent sessions of {TURNS} turns, 64-token completions (a thought + a "
-          f"Hermes tool call), tools={len(c.TOOLS)}; concurrency {concs}; modes {modes}")
+    print(
+        f"pinning: load generator (openai {__import__('openai').__version__} AsyncOpenAI) and "
+        f"fake engine on core {LOADGEN_CPU}, each proxy on core {PROXY_CPU}"
+    )
+    print(
+        f"workload: agent sessions of {TURNS} turns, 64-token completions (a thought + a "
+        f"Hermes tool call), tools={len(c.TOOLS)}; concurrency {concs}; modes {modes}"
+    )
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")
     rows: list[dict] = []
@@ -279,28 +346,37 @@ def main() -> None:
                     servers.append(s)
                     targets.append(Target(name, url, s))
                 elif name == "turnstile":
-                    s, url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU,
-                                               wd / "turnstile.log")
+                    s, url = c.start_turnstile(
+                        fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log"
+                    )
                     servers.append(s)
                     targets.append(Target(name, url, s, c.TOKEN))
                     if args.baseline:
-                        s, url = c.start_turnstile(fake_url, wd / "data-base", PROXY_CPU,
-                                                   wd / "turnstile-base.log", args.baseline)
+                        s, url = c.start_turnstile(
+                            fake_url,
+                            wd / "data-base",
+                            PROXY_CPU,
+                            wd / "turnstile-base.log",
+                            args.baseline,
+                        )
                         servers.append(s)
                         targets.append(Target("turnstile-base", url, s, c.TOKEN))
                 elif name == "litellm":
                     s, url = c.start_litellm(fake_url, PROXY_CPU, wd / "litellm.log", wd)
                     servers.append(s)
                     targets.append(Target(name, url, s, c.LITELLM_KEY))
-            rows += asyncio.run(measure(targets, modes, concs, args.quick, base, fake_url,
-                                        args.pace_ms))
+            rows += asyncio.run(
+                measure(targets, modes, concs, args.quick, base, fake_url, args.pace_ms)
+            )
         finally:
             for s in reversed(servers):
                 s.stop()
     sizes = [r["req_bytes"] for r in rows]
-    print(f"\nmean request body: {sum(sizes) / len(sizes) / 1000:.2f} KB; run took "
-          f"{time.time() - t_start:.0f} s; CPU = utime+stime of the proxy process "
-          f"(per-thread schedstat, ns) over the cell / calls")
+    print(
+        f"\nmean request body: {sum(sizes) / len(sizes) / 1000:.2f} KB; run took "
+        f"{time.time() - t_start:.0f} s; CPU = utime+stime of the proxy process "
+        f"(per-thread schedstat, ns) over the cell / calls"
+    )
     print(report(rows, concs, args.pace_ms))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -34,21 +34,29 @@ import _common as c  # noqa: E402
 
 PARTS = [  # (part, frame substrings), first match wins
     ("record: SQLite write (store thread)", ["Store.add_call"]),
-    ("record: thread hand-off (executor submit + worker wake-up)",
-     ["ThreadPoolExecutor.submit", "_worker (concurrent"]),
+    (
+        "record: thread hand-off (executor submit + worker wake-up)",
+        ["ThreadPoolExecutor.submit", "_worker (concurrent"],
+    ),
     ("record: built on the loop", ["Gateway._commit", "Gateway.record"]),
     ("session row on first use (SQLite on the loop)", ["SessionIndex.ensure"]),
     ("tokenize the new text", ["LoadedTokenizer.encode", "PromptEncoder.encode"]),
     ("render the delta / a first prompt (Jinja)", ["Renderer.extension", "Renderer.render_full"]),
     ("match the history + assemble the context", ["SessionTree", "build_prompt", "root_hash"]),
-    ("engine round trip: request body, response -> token events",
-     ["VLLMEngine.generate", "HTTPEngine", "_Reader", "ClientSession", "aiohttp"]),
+    (
+        "engine round trip: request body, response -> token events",
+        ["VLLMEngine.generate", "HTTPEngine", "_Reader", "ClientSession", "aiohttp"],
+    ),
     ("detokenize + parse the completion", ["Parser.", "LoadedTokenizer.decode", "_text_ids"]),
-    ("request body: read, limits, validation",
-     ["read_json", "limits.py", "parse_chat_request", "server/requests.py", "parse_request"]),
+    (
+        "request body: read, limits, validation",
+        ["read_json", "limits.py", "parse_chat_request", "server/requests.py", "parse_request"],
+    ),
     ("gateway: sampling, notes, response dict", ["Gateway.", "sampling_params", "call_info"]),
-    ("HTTP server: uvicorn + Starlette layers, response send",
-     ["httptools_impl", "starlette/", "proxy_headers", "routes_harness", "harness_session"]),
+    (
+        "HTTP server: uvicorn + Starlette layers, response send",
+        ["httptools_impl", "starlette/", "proxy_headers", "routes_harness", "harness_session"],
+    ),
 ]
 
 
@@ -67,8 +75,9 @@ def fold(raw: Path) -> tuple[int, collections.Counter]:
                 break
         else:
             loop = any(k in frames[-1] for k in ("Runner.run", "asyncio", "base_events"))
-            parts["event loop (uvloop's C code: sockets, scheduling)" if loop else
-                  "other"] += int(n)
+            parts["event loop (uvloop's C code: sockets, scheduling)" if loop else "other"] += int(
+                n
+            )
     return total, parts
 
 
@@ -80,14 +89,29 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
     ts, url = c.start_turnstile(fake_url, wd / "data", 1, wd / "ts.log")
     spy = None
     try:
+
         def start_spy() -> subprocess.Popen | None:
             exe = c.bench_venv() / "bin" / "py-spy"
             if args.quick or not exe.exists():
                 return None
-            p = subprocess.Popen([str(exe), "record", "--pid", str(ts.pid), "--format", "raw",
-                                  "--rate", "500", "--nonblocking", "-o", str(spy_out),
-                                  *(["--gil"] if args.gil else [])],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            p = subprocess.Popen(
+                [
+                    str(exe),
+                    "record",
+                    "--pid",
+                    str(ts.pid),
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "500",
+                    "--nonblocking",
+                    "-o",
+                    str(spy_out),
+                    *(["--gil"] if args.gil else []),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(1.5)  # attached
             return p
 
@@ -115,8 +139,12 @@ async def _long(args, ts, url, start_spy, wd: Path) -> float:  # noqa: ANN001
     from turnstile.chat.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(c.tiny_qwen2()))
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=c.TOKEN, max_retries=0,
-                                http_client=httpx.AsyncClient(timeout=600))
+    client = openai.AsyncOpenAI(
+        base_url=url + "/v1",
+        api_key=c.TOKEN,
+        max_retries=0,
+        http_client=httpx.AsyncClient(timeout=600),
+    )
     msgs, cpu, late = c.base_messages(), [], args.long * 3 // 4
     spy = None
     for turn in range(args.long):
@@ -124,14 +152,23 @@ async def _long(args, ts, url, start_spy, wd: Path) -> float:  # noqa: ANN001
             spy = start_spy()
         cpu0 = ts.cpu()
         r = await client.chat.completions.create(
-            model=c.MODEL_NAME, messages=msgs, tools=c.TOOLS, max_tokens=64,
-            extra_headers={"x-session-id": "long"})
+            model=c.MODEL_NAME,
+            messages=msgs,
+            tools=c.TOOLS,
+            max_tokens=64,
+            extra_headers={"x-session-id": "long"},
+        )
         cpu.append(ts.cpu() - cpu0)
         m = r.choices[0].message
         calls = [tc.model_dump() for tc in m.tool_calls or []]
-        msgs += [{"role": "assistant", "content": m.content, "tool_calls": calls},
-                 {"role": "tool", "tool_call_id": calls[0]["id"],
-                  "content": long_session.tool_output(turn, 436, tok)}]
+        msgs += [
+            {"role": "assistant", "content": m.content, "tool_calls": calls},
+            {
+                "role": "tool",
+                "tool_call_id": calls[0]["id"],
+                "content": long_session.tool_output(turn, 436, tok),
+            },
+        ]
     if spy is not None:
         spy.send_signal(2)
         spy.wait(60)
@@ -145,9 +182,12 @@ def main() -> None:
     p.add_argument("--conc", type=int, default=1)
     p.add_argument("--calls", type=int, default=600)
     p.add_argument("--long", type=int, metavar="TURNS", help="profile a long session instead")
-    p.add_argument("--gil", action="store_true",
-                   help="sample only the thread holding the GIL (py-spy counts a thread "
-                        "waiting for the GIL as running; C code that drops it is left out)")
+    p.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only the thread holding the GIL (py-spy counts a thread "
+        "waiting for the GIL as running; C code that drops it is left out)",
+    )
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
@@ -155,10 +195,15 @@ def main() -> None:
     c.pin(0)
     print("# Where a Turnstile call's CPU goes (py-spy on the server)")
     print(f"machine: {c.machine()}")
-    what = f"long session, {args.long} turns" if args.long else \
-        f"overhead.py workload, {args.mode}, concurrency {args.conc}, {args.calls} calls"
-    print(f"set-up: {what}; fake engine + load generator on core 0, Turnstile on core 1"
-          f"{'; py-spy --gil' if args.gil else ''}")
+    what = (
+        f"long session, {args.long} turns"
+        if args.long
+        else f"overhead.py workload, {args.mode}, concurrency {args.conc}, {args.calls} calls"
+    )
+    print(
+        f"set-up: {what}; fake engine + load generator on core 0, Turnstile on core 1"
+        f"{'; py-spy --gil' if args.gil else ''}"
+    )
     with c.workdir("profile") as wd:
         spy_out = wd / "spy.txt"
         ms = asyncio.run(drive(args, wd, spy_out))

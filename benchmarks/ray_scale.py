@@ -96,8 +96,9 @@ def store_bytes(data: Path) -> tuple[int, int]:
     return (data / "turnstile.sqlite3").stat().st_size, calls
 
 
-async def drive(target: Target, conc: int, per_agent: int, base: list[dict],
-                cpu: RayCPU | None = None) -> dict:
+async def drive(
+    target: Target, conc: int, per_agent: int, base: list[dict], cpu: RayCPU | None = None
+) -> dict:
     """Warm up (connections, trees, code paths), then one measured cell; with ``cpu``, the
     cell's CPU per call of each Ray role."""
     target.make_client(conc)
@@ -118,11 +119,27 @@ def ray_target(n: int, fake_url: str, data: Path, port: int, tiny: Path):
     from turnstile.cli import build_parser
     from turnstile.ray import build_app, replica_options
 
-    args = build_parser().parse_args([
-        "serve", "--engine", "vllm", "--vllm-api", "generate", "--engine-logprobs-mode",
-        "processed_logprobs", "--engine-url", fake_url, "--model", str(tiny), "--data",
-        str(data), "--served-model-name", c.MODEL_NAME, "--public-url",
-        f"http://127.0.0.1:{port}"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--engine",
+            "vllm",
+            "--vllm-api",
+            "generate",
+            "--engine-logprobs-mode",
+            "processed_logprobs",
+            "--engine-url",
+            fake_url,
+            "--model",
+            str(tiny),
+            "--data",
+            str(data),
+            "--served-model-name",
+            c.MODEL_NAME,
+            "--public-url",
+            f"http://127.0.0.1:{port}",
+        ]
+    )
     args.trainer_token = c.TOKEN
     serve.run(build_app(replica_options(args), replicas=n), name="turnstile", route_prefix="/")
 
@@ -142,8 +159,10 @@ def main() -> None:
     tiny = c.tiny_qwen2()
     print("# Turnstile on Ray Serve: 1 vs 2 gateway replicas vs one process")
     print(f"machine: {c.machine()}")
-    print(f"workload: {conc} concurrent agents x {per_agent} calls (sessions of 4 turns, 64-token "
-          f"completions), non-streaming, against the fake vLLM engine; nothing pinned")
+    print(
+        f"workload: {conc} concurrent agents x {per_agent} calls (sessions of 4 turns, 64-token "
+        f"completions), non-streaming, against the fake vLLM engine; nothing pinned"
+    )
     rows: list[dict] = []
     with c.workdir("ray-scale") as wd:
         (wd / "spec.json").write_text(json.dumps(spec))
@@ -151,8 +170,7 @@ def main() -> None:
         try:
             s, url = c.start_turnstile(fake_url, wd / "single", None, wd / "single.log")
             try:
-                row = asyncio.run(drive(Target("single", url, s, c.TOKEN), conc, per_agent,
-                                        base))
+                row = asyncio.run(drive(Target("single", url, s, c.TOKEN), conc, per_agent, base))
                 size, calls = store_bytes(wd / "single")
                 row.update(bytes_per_call=size / calls, parts={"gateway": row["cpu_ms"]})
                 w = metrics_by_replica(url, 1)
@@ -162,7 +180,8 @@ def main() -> None:
                 s.stop()
             # the replicas and Serve's proxy import this checkout's turnstile
             os.environ["PYTHONPATH"] = os.pathsep.join(
-                [str(c.ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+                [str(c.ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+            )
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             port = c.free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -176,8 +195,9 @@ def main() -> None:
                 size, calls = store_bytes(data)
                 row["bytes_per_call"] = size / calls
                 w = metrics_by_replica(url)
-                row["store_ms"] = {k[:8]: v["sum"] / v["count"] * 1000 for k, v in w.items()
-                                   if v.get("count")}
+                row["store_ms"] = {
+                    k[:8]: v["sum"] / v["count"] * 1000 for k, v in w.items() if v.get("count")
+                }
                 rows.append(row)
                 serve.delete("turnstile")
             serve.shutdown()
@@ -188,14 +208,40 @@ def main() -> None:
     table = []
     for r in rows:
         parts = r["parts"]
-        table.append([r["target"], r["calls"], r["errors"], r["rps"], r["p50"], r["p99"],
-                      r["cpu_ms"], r["cpu_ms"] - single["cpu_ms"],
-                      " ".join(f"{k} {v:.2f}" for k, v in parts.items()),
-                      " ".join(f"{v:.2f}" for v in r["store_ms"].values()),
-                      r["bytes_per_call"]])
-    print(c.table(["target", "calls", "errors", "calls/s", "p50 ms", "p99 ms", "CPU ms/call",
-                   "vs single", "CPU ms/call by process", "store write ms/call (per replica)",
-                   "store bytes/call"], table, "\n### 1 vs 2 replicas vs one process\n"))
+        table.append(
+            [
+                r["target"],
+                r["calls"],
+                r["errors"],
+                r["rps"],
+                r["p50"],
+                r["p99"],
+                r["cpu_ms"],
+                r["cpu_ms"] - single["cpu_ms"],
+                " ".join(f"{k} {v:.2f}" for k, v in parts.items()),
+                " ".join(f"{v:.2f}" for v in r["store_ms"].values()),
+                r["bytes_per_call"],
+            ]
+        )
+    print(
+        c.table(
+            [
+                "target",
+                "calls",
+                "errors",
+                "calls/s",
+                "p50 ms",
+                "p99 ms",
+                "CPU ms/call",
+                "vs single",
+                "CPU ms/call by process",
+                "store write ms/call (per replica)",
+                "store bytes/call",
+            ],
+            table,
+            "\n### 1 vs 2 replicas vs one process\n",
+        )
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

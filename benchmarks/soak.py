@@ -50,12 +50,19 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def rollout(client: httpx.AsyncClient, url: str, sid: str, turns: int, stream: bool,
-                  errors: list) -> None:
+async def rollout(
+    client: httpx.AsyncClient, url: str, sid: str, turns: int, stream: bool, errors: list
+) -> None:
     msgs = [{"role": "user", "content": f"task {sid}"}]
     for t in range(turns):
-        body = {"model": "m", "messages": msgs, "max_tokens": 8, "seed": t,
-                "logit_bias": {str(EOS): -100}, "stream": stream}
+        body = {
+            "model": "m",
+            "messages": msgs,
+            "max_tokens": 8,
+            "seed": t,
+            "logit_bias": {str(EOS): -100},
+            "stream": stream,
+        }
         base = f"{url}/s/{sid}/v1/chat/completions"
         if stream:
             content, done = "", False
@@ -78,8 +85,10 @@ async def rollout(client: httpx.AsyncClient, url: str, sid: str, turns: int, str
                 errors.append(r.text[:200])
                 return
             content = r.json()["choices"][0]["message"]["content"]
-        msgs = msgs + [{"role": "assistant", "content": content},
-                       {"role": "user", "content": f"turn {t + 2}"}]
+        msgs = msgs + [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": f"turn {t + 2}"},
+        ]
     r = await client.post(f"{url}/v1/sessions/{sid}/close", json={})
     if r.status_code != 200:
         errors.append(r.text[:200])
@@ -134,37 +143,74 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         log = open(Path(wd) / "turnstile.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "turnstile.cli", "serve", "--engine", "vllm", "--engine-url",
-             fake.url, "--model", str(model), "--port", str(port), "--data", wd,
-             "--synchronous", a.synchronous],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "TURNSTILE_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false",
-                 "PYTHONPATH": str(ROOT)})
+            [
+                sys.executable,
+                "-m",
+                "turnstile.cli",
+                "serve",
+                "--engine",
+                "vllm",
+                "--engine-url",
+                fake.url,
+                "--model",
+                str(model),
+                "--port",
+                str(port),
+                "--data",
+                wd,
+                "--synchronous",
+                a.synchronous,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "TURNSTILE_TOKEN": TOKEN,
+                "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": str(ROOT),
+            },
+        )
         try:
             testbed.wait_healthy(url + "/v1/models", proc, timeout=120, headers=AUTH)
             rss0 = rss_mb(proc.pid)
             sync = httpx.Client(headers=AUTH, timeout=60)
             for rnd, n in ((1, sessions), (2, second)):
-                sids = [sync.post(url + "/v1/sessions", json={"group_id": f"soak-{rnd}"})
-                        .json()["id"] for _ in range(n)]
+                sids = [
+                    sync.post(url + "/v1/sessions", json={"group_id": f"soak-{rnd}"}).json()["id"]
+                    for _ in range(n)
+                ]
                 errors: list = []
 
                 async def run(sids: list[str] = sids, errors: list = errors) -> None:
                     sem = asyncio.Semaphore(a.concurrency)
                     limits = httpx.Limits(max_connections=a.concurrency * 2)
-                    async with httpx.AsyncClient(headers=AUTH, timeout=120,
-                                                 limits=limits) as client:
+                    async with httpx.AsyncClient(
+                        headers=AUTH, timeout=120, limits=limits
+                    ) as client:
+
                         async def one(i: int, s_id: str) -> None:
                             async with sem:
                                 await rollout(client, url, s_id, turns, i % 2 == 1, errors)
+
                         await asyncio.gather(*(one(i, s) for i, s in enumerate(sids)))
 
                 t0 = time.perf_counter()
                 asyncio.run(run())
                 wall = time.perf_counter() - t0
                 ok = sum(exact(sync, url, fake, sid, turns) for sid in sids)
-                rows.append([rnd, n, turns, n * turns, f"{ok}/{n}", len(errors),
-                             n * turns / wall, rss0, rss_mb(proc.pid)])
+                rows.append(
+                    [
+                        rnd,
+                        n,
+                        turns,
+                        n * turns,
+                        f"{ok}/{n}",
+                        len(errors),
+                        n * turns / wall,
+                        rss0,
+                        rss_mb(proc.pid),
+                    ]
+                )
                 if errors:
                     print("errors:", errors[:5])
         finally:
@@ -174,11 +220,25 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
-    print(table(["round", "sessions", "turns", "calls", "exact sessions", "errors",
-                 "calls/s", "RSS at start MB", "RSS after close MB"], rows,
-                "Soak: turnstile serve on the vLLM fake, half the sessions streaming "
-                f"({a.concurrency} at a time), every session closed when done, "
-                f"--synchronous {a.synchronous}"))
+    print(
+        table(
+            [
+                "round",
+                "sessions",
+                "turns",
+                "calls",
+                "exact sessions",
+                "errors",
+                "calls/s",
+                "RSS at start MB",
+                "RSS after close MB",
+            ],
+            rows,
+            "Soak: turnstile serve on the vLLM fake, half the sessions streaming "
+            f"({a.concurrency} at a time), every session closed when done, "
+            f"--synchronous {a.synchronous}",
+        )
+    )
     growth = rows[1][-1] - rows[0][-1]
     print(f"RSS after close, round 2 - round 1: {growth:+.1f} MB")
     bad = [r for r in rows if r[4] != f"{r[1]}/{r[1]}" or r[5]]

@@ -18,9 +18,18 @@ import orjson
 from turnstile.store.sqlite import Store
 
 
-def fill(store: Store, sessions: int, calls: int, delta: int = 20, completion: int = 30,
-         group_size: int = 8, vocab: int = 151_000, seed: int = 0, retry_every: int = 50,
-         versions_per_session: int = 2) -> int:
+def fill(
+    store: Store,
+    sessions: int,
+    calls: int,
+    delta: int = 20,
+    completion: int = 30,
+    group_size: int = 8,
+    vocab: int = 151_000,
+    seed: int = 0,
+    retry_every: int = 50,
+    versions_per_session: int = 2,
+) -> int:
     """Write ``sessions`` sessions of ``calls`` calls each; returns the number of tokens
     written (prompt deltas + completions)."""
     rng = np.random.default_rng(seed)
@@ -35,8 +44,20 @@ def fill(store: Store, sessions: int, calls: int, delta: int = 20, completion: i
         group = f"g{si // group_size:06d}"
         sample = si % group_size
         meta = {"task": f"task-{si // group_size}", "split": "train"}
-        batch_sessions.append((sid, now + si, orjson.dumps(meta), "closed", now + si + 1, None,
-                               group, sample, f"task-{si // group_size}", None))
+        batch_sessions.append(
+            (
+                sid,
+                now + si,
+                orjson.dumps(meta),
+                "closed",
+                now + si + 1,
+                None,
+                group,
+                sample,
+                f"task-{si // group_size}",
+                None,
+            )
+        )
         reward = float(rng.random() < 0.5)
         batch_rewards.append((sid, "", "reward", reward, now))
         batch_rewards.append((sid, "", "format", float(rng.random()), now))
@@ -53,17 +74,22 @@ def fill(store: Store, sessions: int, calls: int, delta: int = 20, completion: i
         for ci in range(calls):
             cid = f"call_{si:08d}_{ci:05d}"
             dl, cl = int(d_len[ci]), int(c_len[ci])
-            pd = ids[pos:pos + dl].tobytes()
-            cp = ids[pos + dl:pos + dl + cl].tobytes()
-            lp = lps[lpos:lpos + cl].tobytes()
+            pd = ids[pos : pos + dl].tobytes()
+            cp = ids[pos + dl : pos + dl + cl].tobytes()
+            lp = lps[lpos : lpos + cl].tobytes()
             version = si % 7 + (ci * versions_per_session) // max(calls, 1)
-            info = {"model": "synthetic", "engine": "synthetic", "weight_version": version,
-                    "sampling": {"max_tokens": cl, "temperature": 1.0, "seed": ci},
-                    "usage": {"prompt_tokens": prefix + dl, "completion_tokens": cl}}
+            info = {
+                "model": "synthetic",
+                "engine": "synthetic",
+                "weight_version": version,
+                "sampling": {"max_tokens": cl, "temperature": 1.0, "seed": ci},
+                "usage": {"prompt_tokens": prefix + dl, "completion_tokens": cl},
+            }
             retry = retry_every and ci and ci % retry_every == 0
             if retry:  # an engine error, then the harness's retry: siblings
-                batch_calls.append(_row(cid + "e", sid, seq, parent, pd, cp, lp, info, now,
-                                        prefix, "error"))
+                batch_calls.append(
+                    _row(cid + "e", sid, seq, parent, pd, cp, lp, info, now, prefix, "error")
+                )
                 seq += 1
             batch_calls.append(_row(cid, sid, seq, parent, pd, cp, lp, info, now, prefix, "ok"))
             seq += 1
@@ -78,20 +104,50 @@ def fill(store: Store, sessions: int, calls: int, delta: int = 20, completion: i
     return tokens
 
 
-def _row(cid: str, sid: str, seq: int, parent: str | None, pd: bytes, cp: bytes, lp: bytes,
-         info: dict, now: float, prefix: int, status: str) -> tuple:
-    return (cid, sid, seq, parent, None if parent else "first_call", prefix if parent else 0,
-            pd, cp, lp, "stop", None, None, status,
-            "engine unavailable" if status != "ok" else None,
-            orjson.dumps({"role": "assistant", "content": "x"}), None, b"",
-            orjson.dumps(info), now)
+def _row(
+    cid: str,
+    sid: str,
+    seq: int,
+    parent: str | None,
+    pd: bytes,
+    cp: bytes,
+    lp: bytes,
+    info: dict,
+    now: float,
+    prefix: int,
+    status: str,
+) -> tuple:
+    return (
+        cid,
+        sid,
+        seq,
+        parent,
+        None if parent else "first_call",
+        prefix if parent else 0,
+        pd,
+        cp,
+        lp,
+        "stop",
+        None,
+        None,
+        status,
+        "engine unavailable" if status != "ok" else None,
+        orjson.dumps({"role": "assistant", "content": "x"}),
+        None,
+        b"",
+        orjson.dumps(info),
+        now,
+    )
 
 
 def _flush(db: sqlite3.Connection, sessions: list, calls: list, rewards: list) -> None:
     db.execute("BEGIN")
-    db.executemany("INSERT INTO sessions (id, created, metadata, status, closed, "
-                   "termination_reason, group_id, sample_index, task_id, exported) "
-                   "VALUES (?,?,?,?,?,?,?,?,?,?)", sessions)
+    db.executemany(
+        "INSERT INTO sessions (id, created, metadata, status, closed, "
+        "termination_reason, group_id, sample_index, task_id, exported) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?)",
+        sessions,
+    )
     db.executemany(f"INSERT INTO calls VALUES ({','.join('?' * 19)})", calls)
     db.executemany("INSERT INTO rewards VALUES (?,?,?,?,?)", rewards)
     db.execute("COMMIT")

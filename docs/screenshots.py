@@ -28,22 +28,32 @@ from turnstile.wiring import build_gateway
 
 OUT = Path(__file__).resolve().parent
 MODEL = "SmolLM2-135M-Instruct"
-QUESTIONS = ["I have 3 apples and buy 5 more. How many apples do I have?",
-             "I eat two of them. How many are left?"]
+QUESTIONS = [
+    "I have 3 apples and buy 5 more. How many apples do I have?",
+    "I eat two of them. How many are left?",
+]
 
 
 def rollouts(base: str) -> str:
     """A group of four samples; returns the id of the one with a new segment."""
     edited = ""
     for k in range(4):
-        s = httpx.post(base + "/v1/sessions", json={"group_id": "apples-7", "sample_index": k,
-                                                    "task_id": "apples"}).json()
+        s = httpx.post(
+            base + "/v1/sessions",
+            json={"group_id": "apples-7", "sample_index": k, "task_id": "apples"},
+        ).json()
         client = openai.OpenAI(base_url=s["base_url"], api_key="unused", max_retries=0)
         msgs: list = [{"role": "system", "content": "You are a careful math tutor."}]
         for turn, q in enumerate(QUESTIONS):
             msgs.append({"role": "user", "content": q})
-            kw = dict(model=MODEL, messages=msgs, max_tokens=60, temperature=1.0,
-                      seed=10 * k + turn, logprobs=True)
+            kw = dict(
+                model=MODEL,
+                messages=msgs,
+                max_tokens=60,
+                temperature=1.0,
+                seed=10 * k + turn,
+                logprobs=True,
+            )
             reply = client.chat.completions.create(**kw)  # type: ignore[call-overload]
             if k == 1 and turn == 0:  # the harness retried this call: a sibling
                 reply = client.chat.completions.create(**{**kw, "seed": 99})
@@ -51,11 +61,14 @@ def rollouts(base: str) -> str:
         if k == 2:  # the harness compacted its history: a new segment, history_diverged
             msgs[2] = {"role": "assistant", "content": "Eight apples."}
             msgs.append({"role": "user", "content": "Now double it."})
-            client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=40,
-                                           temperature=1.0, seed=7, logprobs=True)
+            client.chat.completions.create(
+                model=MODEL, messages=msgs, max_tokens=40, temperature=1.0, seed=7, logprobs=True
+            )
             edited = s["id"]
-        httpx.post(f"{base}/v1/sessions/{s['id']}/rewards",
-                   json={"rewards": {"correct": float(k % 2 == 0), "format": 0.1 * (k + 2)}})
+        httpx.post(
+            f"{base}/v1/sessions/{s['id']}/rewards",
+            json={"rewards": {"correct": float(k % 2 == 0), "format": 0.1 * (k + 2)}},
+        )
         httpx.post(f"{base}/v1/sessions/{s['id']}/close", json={})
     return edited
 
@@ -68,8 +81,7 @@ def main() -> None:
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
         app = create_app(gateway, base, token=None, tokenizer=gateway.renderer.tok)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                               log_level="error"))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
         threading.Thread(target=server.run, daemon=True).start()
         while not server.started:
             time.sleep(0.05)

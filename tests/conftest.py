@@ -28,7 +28,8 @@ from turnstile.client import Client
 # checkout the shared virtualenv's editable install last pointed at.
 _ROOT = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [_ROOT, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+    [_ROOT, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+)
 
 QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct"
 
@@ -112,8 +113,12 @@ def _relay_handler(upstream: str, relay: Relay) -> type[BaseHTTPRequestHandler]:
         def _forward(self, method: str) -> None:
             n = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(n) if n else None
-            req = urllib.request.Request(upstream + self.path, body, method=method,
-                                         headers={"content-type": "application/json"})
+            req = urllib.request.Request(
+                upstream + self.path,
+                body,
+                method=method,
+                headers={"content-type": "application/json"},
+            )
             try:
                 resp = urllib.request.urlopen(req, timeout=120)
             except urllib.error.HTTPError as e:
@@ -181,8 +186,14 @@ class Turnstile:
     ``http`` (an httpx.Client sending it) are the trainer's credentials. Session base URLs
     (``session()["base_url"]``) carry the session's capability, as a harness gets them."""
 
-    def __init__(self, engine_url: str | list[str], model: Path, data: Path, log: Path,
-                 extra: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        engine_url: str | list[str],
+        model: Path,
+        data: Path,
+        log: Path,
+        extra: tuple[str, ...] = (),
+    ):
         self.engine_url, self.model, self.data, self.log = engine_url, model, data, log
         self.extra = extra  # more ``turnstile serve`` options
         self.proc: subprocess.Popen | None = None
@@ -197,8 +208,10 @@ class Turnstile:
     @property
     def http(self) -> httpx.Client:
         """An httpx client with the trainer's token (give full URLs: ``ts.url + path``)."""
-        if self._http is None or self._http.headers.get("authorization") != \
-                self.headers["authorization"]:
+        if (
+            self._http is None
+            or self._http.headers.get("authorization") != self.headers["authorization"]
+        ):
             self._http = httpx.Client(headers=self.headers, timeout=30)
         return self._http
 
@@ -209,18 +222,27 @@ class Turnstile:
         port = testbed.free_port()
         self.url = f"http://127.0.0.1:{port}"
         urls = [self.engine_url] if isinstance(self.engine_url, str) else self.engine_url
-        cmd = [sys.executable, "-m", "turnstile.cli", "serve",
-               *(a for u in urls for a in ("--engine-url", u)),
-               "--model", str(self.model), "--port", str(port), "--data", str(self.data),
-               *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "turnstile.cli",
+            "serve",
+            *(a for u in urls for a in ("--engine-url", u)),
+            "--model",
+            str(self.model),
+            "--port",
+            str(port),
+            "--data",
+            str(self.data),
+            *self.extra,
+        ]
         out = self.log.open("ab")
         # no $TURNSTILE_TOKEN: the server uses (or generates) the token file under --data
         env = {k: v for k, v in os.environ.items() if k != "TURNSTILE_TOKEN"}
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         out.close()
         self.token = self._read_token(self.proc)
-        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=120,
-                             headers=self.headers)
+        testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=120, headers=self.headers)
         return self
 
     def _read_token(self, proc: subprocess.Popen, timeout: float = 120.0) -> str:
@@ -259,10 +281,19 @@ class Turnstile:
 def turnstile_factory(tmp_path: Path) -> Iterator:
     started: list[Turnstile] = []
 
-    def make(engine_url: str | list[str], model: Path, data: Path | None = None,
-             extra: tuple[str, ...] = ()) -> Turnstile:
-        t = Turnstile(engine_url, model, data or tmp_path / "data",
-                      tmp_path / f"turnstile-{len(started)}.log", extra)
+    def make(
+        engine_url: str | list[str],
+        model: Path,
+        data: Path | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> Turnstile:
+        t = Turnstile(
+            engine_url,
+            model,
+            data or tmp_path / "data",
+            tmp_path / f"turnstile-{len(started)}.log",
+            extra,
+        )
         started.append(t)
         return t.start()
 

@@ -18,8 +18,9 @@ def run(coro):  # noqa: ANN001, ANN201 - a test helper
     return asyncio.run(coro)
 
 
-async def _chunks(n: int, step: asyncio.Event | None = None,
-                  control: PolicyControl | None = None) -> AsyncIterator[dict]:
+async def _chunks(
+    n: int, step: asyncio.Event | None = None, control: PolicyControl | None = None
+) -> AsyncIterator[dict]:
     """A gateway's chunks: an abort cancels the task they run in, and they answer with the
     policy-update error (as both gateways do)."""
     try:

@@ -27,8 +27,13 @@ SCRIPTS = {
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_benchmark_quick(script: str) -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=110,
-                       env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert SCRIPTS[script] in r.stdout, r.stdout[-3000:]

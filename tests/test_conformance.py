@@ -46,9 +46,16 @@ pytestmark = pytest.mark.timeout(900)
 
 TEMPLATES = sorted(p.stem for p in testbed.templates_dir().glob("*.jinja"))
 # templates with their own real vocabulary: random tokens are meaningful there
-REAL_VOCAB = ["Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder", "Qwen3.5-4B", "Qwen-Qwen3-0.6B",
-              "meta-llama-Llama-3.1-8B-Instruct", "google-gemma-4-31B-it",
-              "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "microsoft-Phi-3.5-mini-instruct"]
+REAL_VOCAB = [
+    "Qwen-Qwen2.5-7B-Instruct",
+    "Qwen3-Coder",
+    "Qwen3.5-4B",
+    "Qwen-Qwen3-0.6B",
+    "meta-llama-Llama-3.1-8B-Instruct",
+    "google-gemma-4-31B-it",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+    "microsoft-Phi-3.5-mini-instruct",
+]
 CHECKED: dict[str, int] = {}  # template -> calls checked (printed at the end)
 
 
@@ -71,8 +78,9 @@ class ScriptedEngine(EngineBase):
     def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
         return None
 
-    async def generate(self, prompt_ids, params: SamplingParams, stream: bool = False
-                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    async def generate(
+        self, prompt_ids, params: SamplingParams, stream: bool = False
+    ) -> AsyncIterator[list[TokenEvent] | Finish]:
         self.received.append(list(prompt_ids))
         ids, reason = self.next
         if ids:
@@ -82,8 +90,9 @@ class ScriptedEngine(EngineBase):
 
 @cache
 def _setup(name: str) -> tuple[Renderer, object, object]:
-    r, _ = corpus_renderer(str(testbed.templates_dir() / f"{name}.jinja"),
-                           str(testbed.models_dir()), {})
+    r, _ = corpus_renderer(
+        str(testbed.templates_dir() / f"{name}.jinja"), str(testbed.models_dir()), {}
+    )
     source, applied = apply_patches(r.template.source)
     if applied:
         r = Renderer(r.tok, ChatTemplate(source, r.tok.special_tokens))
@@ -99,15 +108,40 @@ def _gateway(name: str, tmp: Path) -> tuple[Gateway, ScriptedEngine]:
 # What a harness does between calls, and how the model replies.
 REPLY = st.sampled_from(["text", "call", "calls2", "text_eot", "call_eot"])
 FINISH = st.sampled_from(["stop", "stop", "length", "stop_at_cap"])
-ECHO = st.sampled_from(["same", "null_content", "empty_content", "drop_reasoning", "rename_ids",
-                        "reserialize", "parts"])
-APPEND = st.sampled_from(["next", "next+user", "next+system", "user", "system+user",
-                          "developer+user", "user_parts", "rewrite"])
-TURN = st.fixed_dictionaries({"reply": REPLY, "finish": FINISH, "echo": ECHO, "append": APPEND,
-                              "reasoning": st.booleans()})
-PLAN = st.fixed_dictionaries({"system": st.booleans(), "parts": st.booleans(),
-                              "turns": st.lists(TURN, min_size=2, max_size=5),
-                              "seed": st.integers(0, 2**31)})
+ECHO = st.sampled_from(
+    [
+        "same",
+        "null_content",
+        "empty_content",
+        "drop_reasoning",
+        "rename_ids",
+        "reserialize",
+        "parts",
+    ]
+)
+APPEND = st.sampled_from(
+    [
+        "next",
+        "next+user",
+        "next+system",
+        "user",
+        "system+user",
+        "developer+user",
+        "user_parts",
+        "rewrite",
+    ]
+)
+TURN = st.fixed_dictionaries(
+    {"reply": REPLY, "finish": FINISH, "echo": ECHO, "append": APPEND, "reasoning": st.booleans()}
+)
+PLAN = st.fixed_dictionaries(
+    {
+        "system": st.booleans(),
+        "parts": st.booleans(),
+        "turns": st.lists(TURN, min_size=2, max_size=5),
+        "seed": st.integers(0, 2**31),
+    }
+)
 
 
 def _marker(renderer: Renderer) -> str:
@@ -123,10 +157,16 @@ def _reply(turn: dict, renderer: Renderer, n: int, think: bool) -> dict:
         k = 2 if turn["reply"] == "calls2" else 1
         m["content"] = ""
         m["tool_calls"] = [
-            {"id": f"call{n}{i:04d}", "type": "function", "function": {
-                "name": TOOLS[i]["function"]["name"],
-                "arguments": json.dumps({"city": f"Paris{eot}" if eot else f"City {n}"})}}
-            for i in range(k)]
+            {
+                "id": f"call{n}{i:04d}",
+                "type": "function",
+                "function": {
+                    "name": TOOLS[i]["function"]["name"],
+                    "arguments": json.dumps({"city": f"Paris{eot}" if eot else f"City {n}"}),
+                },
+            }
+            for i in range(k)
+        ]
     if think:
         m["reasoning_content"] = f"Thinking about step {n}."
     return m
@@ -148,8 +188,9 @@ def _plain(name: str):  # noqa: ANN202 - a tokenizers.Tokenizer
     return plain
 
 
-def _sampled(name: str, history: list[dict], reply: dict, kwargs: dict
-             ) -> tuple[str, list[int]] | None:
+def _sampled(
+    name: str, history: list[dict], reply: dict, kwargs: dict
+) -> tuple[str, list[int]] | None:
     """The template-played model: the reply's text as the template writes it, as tokens, with
     the end-of-turn token; marker text inside the reply is written as ordinary tokens. None
     when the template does not write such a turn."""
@@ -165,8 +206,7 @@ def _sampled(name: str, history: list[dict], reply: dict, kwargs: dict
     if isinstance(got, str):
         return None
     text, stop = got
-    real = renderer.template.render([*history, reply], TOOLS, add_generation_prompt=False,
-                                    **kwargs)
+    real = renderer.template.render([*history, reply], TOOLS, add_generation_prompt=False, **kwargs)
     if text.replace(SENTINEL, marker) not in real:
         return None  # the template writes the marker text differently (escaped, CDATA)
     ids: list[int] = []
@@ -191,8 +231,9 @@ def _echo(message: dict, how: str) -> dict:
             c["id"] = f"renamed-by-the-harness-{i:06d}"
     elif how == "reserialize":
         for c in m.get("tool_calls") or ():
-            c["function"]["arguments"] = json.dumps(json.loads(c["function"]["arguments"]),
-                                                    indent=1)
+            c["function"]["arguments"] = json.dumps(
+                json.loads(c["function"]["arguments"]), indent=1
+            )
     elif how == "parts" and m.get("content"):
         m["content"] = [{"type": "text", "text": m["content"]}]
     return m
@@ -201,16 +242,28 @@ def _echo(message: dict, how: str) -> dict:
 def _appended(turn: dict, echoed: dict, n: int, parts: bool) -> list[dict]:
     user = {"role": "user", "content": f"Next question {n}?"}
     if parts or turn["append"] == "user_parts":
-        user["content"] = [{"type": "text", "text": f"Next question {n}"},
-                           {"type": "text", "text": "please."}]
-    results = [{"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
-                "content": f'{{"temp_c": {10 + n}}}'} for c in echoed.get("tool_calls") or ()]
+        user["content"] = [
+            {"type": "text", "text": f"Next question {n}"},
+            {"type": "text", "text": "please."},
+        ]
+    results = [
+        {
+            "role": "tool",
+            "tool_call_id": c["id"],
+            "name": c["function"]["name"],
+            "content": f'{{"temp_c": {10 + n}}}',
+        }
+        for c in echoed.get("tool_calls") or ()
+    ]
     system = {"role": "system", "content": "Be brief."}
     kind = turn["append"]
     if kind.startswith("next"):
         head = results or [user]
-        return head + ([user] if kind == "next+user" and results else []) + \
-            ([system] if kind == "next+system" else [])
+        return (
+            head
+            + ([user] if kind == "next+user" and results else [])
+            + ([system] if kind == "next+system" else [])
+        )
     if kind == "system+user":
         return results + [system, user]
     if kind == "developer+user":
@@ -218,31 +271,40 @@ def _appended(turn: dict, echoed: dict, n: int, parts: bool) -> list[dict]:
     return results + [user]
 
 
-def _check(renderer: Renderer, gw: Gateway, engine: ScriptedEngine, session: str,
-           truth_msgs: list[dict], kwargs: dict, random_model: bool) -> None:
+def _check(
+    renderer: Renderer,
+    gw: Gateway,
+    engine: ScriptedEngine,
+    session: str,
+    truth_msgs: list[dict],
+    kwargs: dict,
+    random_model: bool,
+) -> None:
     rec = gw.store.calls(session)[-1]
     if rec.parent_id is None:
         assert rec.segment_reason, "a new segment without a reason"
         return
     sent = engine.received[-1]
-    full_text = renderer.template.render(truth_msgs, TOOLS, add_generation_prompt=True,
-                                         **kwargs)
+    full_text = renderer.template.render(truth_msgs, TOOLS, add_generation_prompt=True, **kwargs)
     full = renderer.render_full(truth_msgs, TOOLS, **kwargs)
     delta = list(rec.prompt_delta)
     tok = renderer.tok
     where = f"call {rec.seq} ({rec.seam}): "
-    assert not delta or full[len(full) - len(delta):] == delta, \
-        where + f"delta {tok.decode(delta)!r} is not the full render's tail " \
-        f"{tok.decode(full[len(full) - len(delta):])!r}"
+    assert not delta or full[len(full) - len(delta) :] == delta, (
+        where + f"delta {tok.decode(delta)!r} is not the full render's tail "
+        f"{tok.decode(full[len(full) - len(delta) :])!r}"
+    )
     parent = gw.tree(session).nodes[rec.parent_id]
     if random_model:
         last = parent.completion_ids[-1] if len(parent.completion_ids) else None
-        assert not (delta and last in tok.eog_token_ids and delta[0] == last), \
+        assert not (delta and last in tok.eog_token_ids and delta[0] == last), (
             where + "the close was repeated after a sampled stop token"
+        )
     else:
-        assert tok.decode(sent) == tok.decode(tok.encode(full_text)), \
-            where + f"prompt text differs from the full render:\n{tok.decode(sent)[-300:]!r}" \
+        assert tok.decode(sent) == tok.decode(tok.encode(full_text)), (
+            where + f"prompt text differs from the full render:\n{tok.decode(sent)[-300:]!r}"
             f"\n{full_text[-300:]!r}"
+        )
     CHECKED[gw.model_name] = CHECKED.get(gw.model_name, 0) + 1
 
 
@@ -255,13 +317,13 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
     gw.store.create_session({}, session)
     think = any(t["reasoning"] for t in plan["turns"])
     kwargs = {"enable_thinking": True} if think else {}
-    msgs: list[dict] = [{"role": "system", "content": "You are terse."}] if plan["system"] \
-        else []
+    msgs: list[dict] = [{"role": "system", "content": "You are terse."}] if plan["system"] else []
     msgs.append({"role": "user", "content": "What's the weather?"})
     truth = list(msgs)
     specials = set(tok.tokenizer.get_added_tokens_decoder()) | set(tok.eog_token_ids)
-    ordinary = [i for i in range(100, min(tok.tokenizer.get_vocab_size(), 20000))
-                if i not in specials]
+    ordinary = [
+        i for i in range(100, min(tok.tokenizer.get_vocab_size(), 20000)) if i not in specials
+    ]
     for n, turn in enumerate(plan["turns"]):
         body = {"messages": msgs, "tools": TOOLS, "chat_template_kwargs": kwargs}
         reply = _reply(turn, renderer, n, turn["reasoning"])
@@ -276,7 +338,7 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
             ids, stop = ids[:-1], ids[-1]
         finish = turn["finish"]
         if finish == "length":
-            engine.next = (ids[:max(1, len(ids) // 2)], "length")
+            engine.next = (ids[: max(1, len(ids) // 2)], "length")
         elif finish == "stop_at_cap":  # the engine checks the cap first (vLLM): "length"
             engine.next = (ids + [stop], "length")
         else:
@@ -303,9 +365,10 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
         echoed = _echo(returned, turn["echo"])
         recorded = {**returned}
         if echoed.get("tool_calls"):
-            recorded["tool_calls"] = [{**a, "id": b["id"]} for a, b in
-                                      zip(returned["tool_calls"], echoed["tool_calls"],
-                                          strict=True)]
+            recorded["tool_calls"] = [
+                {**a, "id": b["id"]}
+                for a, b in zip(returned["tool_calls"], echoed["tool_calls"], strict=True)
+            ]
         new = _appended(turn, echoed, n, plan["parts"])
         if turn["append"] == "rewrite":  # compaction: history rewritten, a new segment
             msgs = msgs[:1] + [{"role": "user", "content": f"Summary of {n} turns."}]
@@ -315,8 +378,13 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
         truth = truth + [recorded] + new
 
 
-SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -332,8 +400,9 @@ def test_template_played_model_never_mismatches_silently(name: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize("name", REAL_VOCAB)
-def test_random_tokens_on_real_vocabularies_never_mismatch_silently(name: str,
-                                                                   tmp_path: Path) -> None:
+def test_random_tokens_on_real_vocabularies_never_mismatch_silently(
+    name: str, tmp_path: Path
+) -> None:
     counter = iter(range(10**6))
 
     @SETTINGS
@@ -352,9 +421,16 @@ def test_zz_report_how_much_was_checked() -> None:
 
 # --- named regression cases (issue 10), each a fixed conversation through the same path -------
 
+
 def _turn(**k: object) -> dict:
-    return {"reply": "text", "finish": "stop", "echo": "same", "append": "next",
-            "reasoning": False, **k}
+    return {
+        "reply": "text",
+        "finish": "stop",
+        "echo": "same",
+        "append": "next",
+        "reasoning": False,
+        **k,
+    }
 
 
 def _plan(*turns: dict, system: bool = True, parts: bool = False) -> dict:
@@ -372,9 +448,15 @@ def test_regression_text_parts_render_as_text(tmp_path: Path) -> None:
     assert len(calls) == 2 and calls[1].parent_id == calls[0].id  # extended, exactly
 
 
-@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-                                  "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
-                                  "Bielik-11B-v3.0-Instruct", "Cohere2MoE"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+        "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+        "Bielik-11B-v3.0-Instruct",
+        "Cohere2MoE",
+    ],
+)
 def test_regression_mixed_append_after_second_tool_round(name: str) -> None:
     """These extended [tool, user] after a second tool round with a wrong delta: the audit
     now plays that append and the policy refuses it unless it was exact."""
@@ -406,33 +488,59 @@ def test_regression_mistral_tool_call_ids(tmp_path: Path) -> None:
     gw, engine = _gateway("mistralai-Mistral-Nemo-Instruct-2407", tmp_path)
     gw.store.create_session({}, "s")
     msgs = [{"role": "user", "content": "Weather?"}]
-    reply = _one_call(gw, engine, '[TOOL_CALLS][{"name": "get_weather", "arguments": '
-                                  '{"city": "Paris"}}]', msgs)
+    reply = _one_call(
+        gw, engine, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', msgs
+    )
     (cid,) = [c["id"] for c in reply["tool_calls"]]
     assert len(cid) == 9 and cid.isalnum()
     msgs += [reply, {"role": "tool", "tool_call_id": cid, "content": "18"}]
     _one_call(gw, engine, "Sunny.", msgs)  # the template accepts our ID: no 400
-    assert gw.store.calls("s")[-1].parent_id is not None or \
-        gw.store.calls("s")[-1].segment_reason
-    foreign = [{"role": "user", "content": "q"},
-               {"role": "assistant", "content": "", "tool_calls": [
-                   {"id": "call_0123456789abcdefghij", "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{}"}}]},
-               {"role": "tool", "tool_call_id": "call_0123456789abcdefghij", "content": "1"}]
+    assert gw.store.calls("s")[-1].parent_id is not None or gw.store.calls("s")[-1].segment_reason
+    foreign = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0123456789abcdefghij",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0123456789abcdefghij", "content": "1"},
+    ]
     assert "bcdefghij" in gw.renderer.template.render(foreign, TOOLS)  # last 9 kept, no 400
 
 
 def test_regression_kimi_tool_call_ids(tmp_path: Path) -> None:
     gw, engine = _gateway("moonshotai-Kimi-K2", tmp_path)
     gw.store.create_session({}, "s")
-    earlier = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "functions.get_time:0", "type": "function",
-         "function": {"name": "get_time", "arguments": "{}"}}]}
-    msgs = [{"role": "user", "content": "Weather?"}, earlier,
-            {"role": "tool", "tool_call_id": "functions.get_time:0", "content": "9:00"}]
-    reply = _one_call(gw, engine, "<|tool_calls_section_begin|><|tool_call_begin|>"
-                      "functions.get_weather:1<|tool_call_argument_begin|>"
-                      '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>', msgs)
+    earlier = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "functions.get_time:0",
+                "type": "function",
+                "function": {"name": "get_time", "arguments": "{}"},
+            }
+        ],
+    }
+    msgs = [
+        {"role": "user", "content": "Weather?"},
+        earlier,
+        {"role": "tool", "tool_call_id": "functions.get_time:0", "content": "9:00"},
+    ]
+    reply = _one_call(
+        gw,
+        engine,
+        "<|tool_calls_section_begin|><|tool_call_begin|>"
+        "functions.get_weather:1<|tool_call_argument_begin|>"
+        '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+        msgs,
+    )
     assert [c["id"] for c in reply["tool_calls"]] == ["functions.get_weather:1"]
 
 
@@ -442,9 +550,20 @@ def test_regression_end_marker_text_inside_content(name: str) -> None:
     after the reply, so the delta holds the tool result only, as the full render does."""
     renderer = _setup(name)[0]
     marker = "<|endoftext|>"
-    reply = {"role": "assistant", "content": f"Writing {marker}.", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {
-            "name": "get_weather", "arguments": json.dumps({"city": f"x{marker}y"})}}]}
+    reply = {
+        "role": "assistant",
+        "content": f"Writing {marker}.",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "arguments": json.dumps({"city": f"x{marker}y"}),
+                },
+            }
+        ],
+    }
     user = {"role": "user", "content": "go"}
     tool = {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18"}
     stops = [i for i, t in renderer.eog_text.items() if t != marker]
@@ -465,7 +584,8 @@ def test_regression_apriel_closes_at_the_first_end_marker() -> None:
     renderer = _setup("unsloth-Apriel-1.5")[0]
     report = audit(renderer)
     assert not report.silent_mismatches or all(
-        not report.policy().allows(s.kind, s.variant) for s in report.silent_mismatches)
+        not report.policy().allows(s.kind, s.variant) for s in report.silent_mismatches
+    )
 
 
 def test_regression_unplayed_kinds_never_extend() -> None:
@@ -499,8 +619,14 @@ def test_regression_retry_and_divergence_details(tmp_path: Path) -> None:
     retry = gw.store.calls("s")[-1]
     assert retry.segment_reason == "first_call" and "retry" in retry.info["segment_detail"]
     edited = {**reply, "content": reply["content"] + " (edited by the harness)"}
-    asyncio.run(gw.complete("s", parse_chat_request(
-        {"messages": [*first["messages"], edited, {"role": "user", "content": "more"}]})))
+    asyncio.run(
+        gw.complete(
+            "s",
+            parse_chat_request(
+                {"messages": [*first["messages"], edited, {"role": "user", "content": "more"}]}
+            ),
+        )
+    )
     diverged = gw.store.calls("s")[-1]
     assert diverged.segment_reason == "history_diverged"
     assert "messages[1]" in diverged.info["segment_detail"]
@@ -512,8 +638,9 @@ def test_regression_ambiguous_replies_pick_by_ids(tmp_path: Path) -> None:
     gw, engine = _gateway("Qwen-Qwen2.5-7B-Instruct", tmp_path)
     gw.store.create_session({}, "s")
     renderer = _setup("Qwen-Qwen2.5-7B-Instruct")[0]
-    call = renderer.encode_fragment('<tool_call>\n{"name": "get_weather", "arguments": '
-                                    '{"city": "Paris"}}\n</tool_call>')
+    call = renderer.encode_fragment(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    )
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
     replies = []
     for _ in range(2):
@@ -524,6 +651,9 @@ def test_regression_ambiguous_replies_pick_by_ids(tmp_path: Path) -> None:
     echoed = replies[0]  # the harness continues the first sibling, not the latest
     tool = {"role": "tool", "tool_call_id": echoed["tool_calls"][0]["id"], "content": "18"}
     engine.next = ([9707, 151645], "stop")
-    asyncio.run(gw.complete("s", parse_chat_request(
-        {**body, "messages": [*body["messages"], echoed, tool]})))
+    asyncio.run(
+        gw.complete(
+            "s", parse_chat_request({**body, "messages": [*body["messages"], echoed, tool]})
+        )
+    )
     assert gw.store.calls("s")[-1].parent_id == first_id

@@ -12,7 +12,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from turnstile import testbed
 from turnstile.chat.content import detect_content_format, normalise
-from turnstile.chat.history import message_key
+from turnstile.chat.history_hash import message_key
 
 TEMPLATES = sorted(testbed.templates_dir().glob("*.jinja"))
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
@@ -21,8 +21,9 @@ PARTS = [{"type": "text", "text": "MARK-A"}, {"type": "text", "text": "MARK-B"}]
 
 def _render(source: str, messages: list[dict]) -> str | None:
     try:
-        out, _ = render_jinja_template(conversations=[messages], chat_template=source,
-                                       add_generation_prompt=True, **SPECIAL)
+        out, _ = render_jinja_template(
+            conversations=[messages], chat_template=source, add_generation_prompt=True, **SPECIAL
+        )
     except Exception:  # noqa: BLE001 - a template that refuses this conversation
         return None
     return out[0]
@@ -46,12 +47,22 @@ def test_detected_format_agrees_with_the_templates_behaviour(path) -> None:  # n
         assert "MARK-A" in normalised and "MARK-B" in normalised
         assert not _repr_in(normalised)
     # strings, null content and tool results: never a repr either
-    convo = [{"role": "user", "content": "MARK-U"},
-             {"role": "assistant", "content": None, "tool_calls": [
-                 {"id": "call00001", "type": "function",
-                  "function": {"name": "f", "arguments": "{}"}}]},
-             {"role": "tool", "tool_call_id": "call00001", "content": "MARK-T"},
-             {"role": "assistant", "content": "MARK-A"}]
+    convo = [
+        {"role": "user", "content": "MARK-U"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call00001",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call00001", "content": "MARK-T"},
+        {"role": "assistant", "content": "MARK-A"},
+    ]
     whole = _render(source, normalise(convo, fmt))
     if whole is not None:
         assert not _repr_in(whole)
@@ -62,34 +73,58 @@ def test_the_corpus_has_both_kinds() -> None:
     assert kinds == {"string", "openai"}
 
 
-@pytest.mark.parametrize(("source", "want"), [
-    ("{% for m in messages %}{{ m.content }}{% endfor %}", "string"),
-    ("{% for m in messages %}{% for c in m.content %}{{ c.text }}{% endfor %}{% endfor %}",
-     "openai"),
-    ("{% for m in messages %}{% for c in m['content'] %}{{ c.text }}{% endfor %}{% endfor %}",
-     "openai"),
-    # through set / slices / filters, as system-splitting templates do
-    ("{% set loop_messages = messages[1:] %}{% for m in loop_messages %}"
-     "{% for c in m.content | list %}{{ c }}{% endfor %}{% endfor %}", "openai"),
-    ("{% set a = messages %}{% set b = a %}{% for i, m in b | enumerate %}"
-     "{{ m.content }}{% endfor %}", "string"),
-    # a loop over some other list's content is not a message's content
-    ("{% for d in documents %}{% for c in d.content %}{{ c }}{% endfor %}{% endfor %}",
-     "string"),
-    ("{% for m in messages %", "string"),  # does not parse
-])
+@pytest.mark.parametrize(
+    ("source", "want"),
+    [
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", "string"),
+        (
+            "{% for m in messages %}{% for c in m.content %}{{ c.text }}{% endfor %}{% endfor %}",
+            "openai",
+        ),
+        (
+            "{% for m in messages %}{% for c in m['content'] %}{{ c.text }}{% endfor %}"
+            "{% endfor %}",
+            "openai",
+        ),
+        # through set / slices / filters, as system-splitting templates do
+        (
+            "{% set loop_messages = messages[1:] %}{% for m in loop_messages %}"
+            "{% for c in m.content | list %}{{ c }}{% endfor %}{% endfor %}",
+            "openai",
+        ),
+        (
+            "{% set a = messages %}{% set b = a %}{% for i, m in b | enumerate %}"
+            "{{ m.content }}{% endfor %}",
+            "string",
+        ),
+        # a loop over some other list's content is not a message's content
+        (
+            "{% for d in documents %}{% for c in d.content %}{{ c }}{% endfor %}{% endfor %}",
+            "string",
+        ),
+        ("{% for m in messages %", "string"),  # does not parse
+    ],
+)
 def test_detection_follows_the_syntax_tree(source: str, want: str) -> None:
     assert detect_content_format(source) == want
 
 
 def test_normalise_matches_the_engines_message_shapes() -> None:
     msgs = [
-        {"role": "system", "content": [{"type": "text", "text": "s1"},
-                                       {"type": "text", "text": "s2"}], "extra": 1},
-        {"role": "assistant", "content": None, "reasoning_content": "r", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}},
-            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{\"x\":1}"}},
-        ]},
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "s1"}, {"type": "text", "text": "s2"}],
+            "extra": 1,
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "r",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}},
+                {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"x":1}'}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "out", "name": "f"},
     ]
     s = normalise(msgs, "string")
@@ -100,12 +135,14 @@ def test_normalise_matches_the_engines_message_shapes() -> None:
     o = normalise(msgs, "openai")
     assert o[0]["content"] == [{"type": "text", "text": "s1"}, {"type": "text", "text": "s2"}]
     assert o[1]["content"] == "" and o[2]["content"] == "out"  # strings stay strings
-    assert msgs[1]["tool_calls"][1]["function"]["arguments"] == "{\"x\":1}"  # not mutated
+    assert msgs[1]["tool_calls"][1]["function"]["arguments"] == '{"x":1}'  # not mutated
 
 
 def test_history_keys_follow_what_the_template_sees() -> None:
-    parts = {"role": "user", "content": [{"type": "text", "text": "a"},
-                                         {"type": "text", "text": "b"}]}
+    parts = {
+        "role": "user",
+        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+    }
     joined = {"role": "user", "content": "a\nb"}
     glued = {"role": "user", "content": "ab"}
     assert message_key(parts, "string") == message_key(joined, "string")
@@ -114,5 +151,6 @@ def test_history_keys_follow_what_the_template_sees() -> None:
     assert message_key(parts, "openai") != message_key(joined, "openai")
     one = {"role": "user", "content": [{"type": "text", "text": "a\nb"}]}
     assert message_key(one, "openai") != message_key(joined, "openai")
-    assert message_key({"role": "assistant", "content": None}, "openai") == \
-        message_key({"role": "assistant", "content": ""}, "openai")
+    assert message_key({"role": "assistant", "content": None}, "openai") == message_key(
+        {"role": "assistant", "content": ""}, "openai"
+    )

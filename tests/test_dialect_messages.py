@@ -17,14 +17,30 @@ from turnstile.chat.tokenizer import load_tokenizer
 pytestmark = pytest.mark.timeout(300)
 
 IM_END = 151645
-TOOLS = [{"name": "get_weather", "description": "Weather for a city.",
-          "input_schema": {"type": "object", "required": ["city"], "properties": {
-              "city": {"type": "string", "enum": ["Paris", "Oslo"]}}}}]
-SYSTEM = [{"type": "text", "text": "You are a weather assistant."},
-          {"type": "text", "text": "Use the tools."}]
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "input_schema": {
+            "type": "object",
+            "required": ["city"],
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        },
+    }
+]
+SYSTEM = [
+    {"type": "text", "text": "You are a weather assistant."},
+    {"type": "text", "text": "Use the tools."},
+]
 RAW = TypeAdapter(RawMessageStreamEvent)
-RAW_TYPES = {"message_start", "message_delta", "message_stop", "content_block_start",
-             "content_block_delta", "content_block_stop"}
+RAW_TYPES = {
+    "message_start",
+    "message_delta",
+    "message_stop",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+}
 
 
 def _capability(session: dict) -> str:
@@ -35,37 +51,52 @@ def _blocks(content: list) -> list[dict]:
     return [b.model_dump(exclude_none=True) for b in content]
 
 
-def test_messages_tool_use_conversation_extends_exactly(turnstile, relay, tiny_qwen2,
-                                                        no_end_bias):
+def test_messages_tool_use_conversation_extends_exactly(turnstile, relay, tiny_qwen2, no_end_bias):
     session = turnstile.session(dialect="messages")
     # the capability as the API key (x-api-key), as an Anthropic harness holds it
-    client = anthropic.Anthropic(base_url=turnstile.url, api_key=_capability(session),
-                                 max_retries=0)
+    client = anthropic.Anthropic(
+        base_url=turnstile.url, api_key=_capability(session), max_retries=0
+    )
     common = dict(model="tiny", system=SYSTEM, tools=TOOLS)
 
     msgs: list[dict] = [{"role": "user", "content": "Weather in Paris?"}]
-    r1 = client.messages.create(**common, messages=msgs, max_tokens=200,
-                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                                extra_body={"seed": 3})
+    r1 = client.messages.create(
+        **common,
+        messages=msgs,
+        max_tokens=200,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        extra_body={"seed": 3},
+    )
     assert r1.stop_reason == "tool_use"
     use = [b for b in r1.content if b.type == "tool_use"]
     assert len(use) == 1 and use[0].input["city"] in ("Paris", "Oslo")
 
-    msgs += [{"role": "assistant", "content": _blocks(r1.content)},
-             {"role": "user", "content": [
-                 {"type": "tool_result", "tool_use_id": use[0].id, "content": "18 C"}]}]
-    r2 = client.messages.create(**common, messages=msgs, max_tokens=40,
-                                extra_body={"seed": 4, "logit_bias": no_end_bias})
+    msgs += [
+        {"role": "assistant", "content": _blocks(r1.content)},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": "18 C"}],
+        },
+    ]
+    r2 = client.messages.create(
+        **common, messages=msgs, max_tokens=40, extra_body={"seed": 4, "logit_bias": no_end_bias}
+    )
     assert r2.stop_reason == "max_tokens" and r2.content[0].type == "text"
     assert r2.usage.output_tokens == 40
 
     # streamed, with a forced call by name: every raw event validates against the SDK's models
-    msgs += [{"role": "assistant", "content": _blocks(r2.content)},
-             {"role": "user", "content": [{"type": "text", "text": "And in Oslo?"}]}]
+    msgs += [
+        {"role": "assistant", "content": _blocks(r2.content)},
+        {"role": "user", "content": [{"type": "text", "text": "And in Oslo?"}]},
+    ]
     seen = []
-    with client.messages.stream(**common, messages=msgs, max_tokens=200,
-                                tool_choice={"type": "tool", "name": "get_weather"},
-                                extra_body={"seed": 5}) as stream:
+    with client.messages.stream(
+        **common,
+        messages=msgs,
+        max_tokens=200,
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"seed": 5},
+    ) as stream:
         for ev in stream:
             if ev.type in RAW_TYPES:
                 RAW.validate_python(ev.to_dict())
@@ -76,14 +107,25 @@ def test_messages_tool_use_conversation_extends_exactly(turnstile, relay, tiny_q
     use3 = [b for b in r3.content if b.type == "tool_use"]
     assert len(use3) == 1
 
-    msgs += [{"role": "assistant", "content": _blocks(r3.content)},
-             {"role": "user", "content": [
-                 {"type": "tool_result", "tool_use_id": use3[0].id, "is_error": True,
-                  "content": [{"type": "text", "text": "station offline"}]},
-                 {"type": "text", "text": "Try again later?"}]}]
+    msgs += [
+        {"role": "assistant", "content": _blocks(r3.content)},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": use3[0].id,
+                    "is_error": True,
+                    "content": [{"type": "text", "text": "station offline"}],
+                },
+                {"type": "text", "text": "Try again later?"},
+            ],
+        },
+    ]
     counted = client.messages.count_tokens(**common, messages=msgs).input_tokens
-    r4 = client.messages.create(**common, messages=msgs, max_tokens=12,
-                                extra_body={"seed": 6, "logit_bias": no_end_bias})
+    r4 = client.messages.create(
+        **common, messages=msgs, max_tokens=12, extra_body={"seed": 6, "logit_bias": no_end_bias}
+    )
     assert r4.stop_reason == "max_tokens"
 
     exchanges = relay.completions()
@@ -101,15 +143,19 @@ def test_messages_tool_use_conversation_extends_exactly(turnstile, relay, tiny_q
     ids = trajs[0]["token_ids"]
     for ex in exchanges:
         n, sampled = len(ex.request["prompt"]), ex.response["tokens"]
-        assert ids[:n + len(sampled)] == ex.request["prompt"] + sampled
+        assert ids[: n + len(sampled)] == ex.request["prompt"] + sampled
     assert ids == exchanges[-1].request["prompt"] + exchanges[-1].response["tokens"]
-    assert r2.usage.input_tokens + (r2.usage.cache_read_input_tokens or 0) == \
-        len(exchanges[1].request["prompt"])
+    assert r2.usage.input_tokens + (r2.usage.cache_read_input_tokens or 0) == len(
+        exchanges[1].request["prompt"]
+    )
 
     tok = load_tokenizer(str(tiny_qwen2))
-    drifted = [ex for ex in exchanges
-               if tok.encode(tok.decode([t for t in ex.response["tokens"] if t != IM_END]))
-               != [t for t in ex.response["tokens"] if t != IM_END]]
+    drifted = [
+        ex
+        for ex in exchanges
+        if tok.encode(tok.decode([t for t in ex.response["tokens"] if t != IM_END]))
+        != [t for t in ex.response["tokens"] if t != IM_END]
+    ]
     assert drifted, "a random model should sample at least one non-canonical tokenization"
 
 
@@ -121,10 +167,18 @@ def test_messages_errors_have_anthropics_shape(turnstile):
         ({"messages": user}, "max_tokens"),
         ({"max_tokens": 5, "messages": []}, "messages"),
         ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
-        ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
-         "messages.0.content.0.type"),
-        ({"max_tokens": 5, "messages": user, "tools": [{"type": "web_search_20250305",
-                                                        "name": "web_search"}]}, "tools.0"),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "messages.0.content.0.type",
+        ),
+        (
+            {
+                "max_tokens": 5,
+                "messages": user,
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+            },
+            "tools.0",
+        ),
         ({"max_tokens": 5, "messages": user, "tool_choice": {"type": "maybe"}}, "tool_choice"),
         ({"max_tokens": 5, "messages": user, "frobnicate": 1}, "frobnicate"),
     ]
@@ -135,8 +189,11 @@ def test_messages_errors_have_anthropics_shape(turnstile):
         assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
         assert err["error"]["message"].startswith(field), (body, err)
     # a wrong key: Anthropic's authentication_error, through the SDK's own error class
-    client = anthropic.Anthropic(base_url=session["anthropic_base_url"].split("/s/")[0],
-                                 api_key="not-a-capability", max_retries=0)
+    client = anthropic.Anthropic(
+        base_url=session["anthropic_base_url"].split("/s/")[0],
+        api_key="not-a-capability",
+        max_retries=0,
+    )
     with pytest.raises(anthropic.AuthenticationError) as info:
         client.messages.create(model="t", max_tokens=3, messages=user)
     assert info.value.body["error"]["type"] == "authentication_error"

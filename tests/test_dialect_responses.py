@@ -19,10 +19,19 @@ from turnstile.chat.tokenizer import load_tokenizer
 pytestmark = pytest.mark.timeout(300)
 
 IM_END = 151645
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city.",
-          "strict": False,
-          "parameters": {"type": "object", "required": ["city"],
-                         "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "required": ["city"],
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        },
+    }
+]
 INSTRUCTIONS = "You are a weather assistant. Use the tools."
 EVENTS = TypeAdapter(ResponseStreamEvent)
 
@@ -35,35 +44,50 @@ def _dump(items: list) -> list[dict]:
     return [i.model_dump(exclude_none=True) for i in items]
 
 
-def test_responses_tool_use_chain_stream_and_resend_extend_exactly(turnstile, relay, tiny_qwen2,
-                                                                    no_end_bias):
+def test_responses_tool_use_chain_stream_and_resend_extend_exactly(
+    turnstile, relay, tiny_qwen2, no_end_bias
+):
     session = turnstile.session(dialect="responses")
     client = _client(session)
     common = dict(model="tiny", instructions=INSTRUCTIONS, tools=TOOLS)
 
     # 1: a forced function call (grammar), from a plain string input
-    r1 = client.responses.create(**common, input="Weather in Paris?", tool_choice="required",
-                                 parallel_tool_calls=False, max_output_tokens=200,
-                                 extra_body={"seed": 3})
+    r1 = client.responses.create(
+        **common,
+        input="Weather in Paris?",
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+        extra_body={"seed": 3},
+    )
     calls = [o for o in r1.output if o.type == "function_call"]
     assert r1.status == "completed" and len(calls) == 1
     assert json.loads(calls[0].arguments)["city"] in ("Paris", "Oslo")
 
     # 2: the tool's output, chained by previous_response_id; no end token may be sampled
-    out = [{"type": "function_call_output", "call_id": calls[0].call_id,
-            "output": '{"temp_c": 18}'}]
-    r2 = client.responses.create(**common, previous_response_id=r1.id, input=out,
-                                 max_output_tokens=40,
-                                 extra_body={"seed": 4, "logit_bias": no_end_bias})
+    out = [
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"temp_c": 18}'}
+    ]
+    r2 = client.responses.create(
+        **common,
+        previous_response_id=r1.id,
+        input=out,
+        max_output_tokens=40,
+        extra_body={"seed": 4, "logit_bias": no_end_bias},
+    )
     assert r2.status == "incomplete" and r2.incomplete_details.reason == "max_output_tokens"
     assert r2.output_text and r2.previous_response_id == r1.id
 
     # 3: streamed, chained; every event validates against the SDK's own event models
     user3 = [{"role": "user", "content": "And in Oslo, HAVING fun?"}]
     seen = []
-    with client.responses.stream(**common, previous_response_id=r2.id, input=user3,
-                                 max_output_tokens=40,
-                                 extra_body={"seed": 5, "logit_bias": no_end_bias}) as stream:
+    with client.responses.stream(
+        **common,
+        previous_response_id=r2.id,
+        input=user3,
+        max_output_tokens=40,
+        extra_body={"seed": 5, "logit_bias": no_end_bias},
+    ) as stream:
         for ev in stream:
             EVENTS.validate_python(ev.to_dict())
             seen.append(ev.type)
@@ -81,10 +105,21 @@ def test_responses_tool_use_chain_stream_and_resend_extend_exactly(turnstile, re
 
     # 4: no previous_response_id: the whole input resent, output items as the SDK holds them
     user4 = [{"role": "user", "content": "Thanks!"}]
-    full = [{"role": "user", "content": "Weather in Paris?"}, *_dump(r1.output), *out,
-            *_dump(r2.output), *user3, *_dump(r3.output), *user4]
-    client.responses.create(**common, input=full, max_output_tokens=12,
-                            extra_body={"seed": 6, "logit_bias": no_end_bias})
+    full = [
+        {"role": "user", "content": "Weather in Paris?"},
+        *_dump(r1.output),
+        *out,
+        *_dump(r2.output),
+        *user3,
+        *_dump(r3.output),
+        *user4,
+    ]
+    client.responses.create(
+        **common,
+        input=full,
+        max_output_tokens=12,
+        extra_body={"seed": 6, "logit_bias": no_end_bias},
+    )
 
     # One trajectory: every call extended the one before it, token for token.
     exchanges = relay.completions()
@@ -97,15 +132,18 @@ def test_responses_tool_use_chain_stream_and_resend_extend_exactly(turnstile, re
     ids = trajs[0]["token_ids"]
     for ex in exchanges:
         n, sampled = len(ex.request["prompt"]), ex.response["tokens"]
-        assert ids[:n + len(sampled)] == ex.request["prompt"] + sampled
+        assert ids[: n + len(sampled)] == ex.request["prompt"] + sampled
     assert ids == exchanges[-1].request["prompt"] + exchanges[-1].response["tokens"]
     assert sum(trajs[0]["loss_mask"]) == sum(len(ex.response["tokens"]) for ex in exchanges)
 
     # Re-tokenizing the sampled text would have drifted.
     tok = load_tokenizer(str(tiny_qwen2))
-    drifted = [ex for ex in exchanges[1:]
-               if tok.encode(tok.decode([t for t in ex.response["tokens"] if t != IM_END]))
-               != [t for t in ex.response["tokens"] if t != IM_END]]
+    drifted = [
+        ex
+        for ex in exchanges[1:]
+        if tok.encode(tok.decode([t for t in ex.response["tokens"] if t != IM_END]))
+        != [t for t in ex.response["tokens"] if t != IM_END]
+    ]
     assert drifted, "a random model should sample at least one non-canonical tokenization"
 
 
@@ -121,8 +159,10 @@ def test_responses_errors_name_the_responses_field(turnstile):
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
-         "input[0].content[0]"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0]",
+        ),
         ({"input": "hi", "previous_response_id": "resp_nope"}, "previous_response_id"),
         ({"input": "hi", "background": True}, "background"),
         ({"input": "hi", "truncation": "auto"}, "truncation"),
@@ -141,14 +181,15 @@ def test_responses_chain_is_private_to_its_session(turnstile):
     a, b = turnstile.session(), turnstile.session()
     r = _client(a).responses.create(model="t", input="hi", max_output_tokens=3)
     with pytest.raises(openai.BadRequestError):
-        _client(b).responses.create(model="t", input="more", previous_response_id=r.id,
-                                    max_output_tokens=3)
+        _client(b).responses.create(
+            model="t", input="more", previous_response_id=r.id, max_output_tokens=3
+        )
     with pytest.raises(openai.NotFoundError):
         _client(b).responses.retrieve(r.id)
     assert _client(a).responses.retrieve(r.id).id == r.id
     # store=false keeps no chain: such a response cannot be named (as OpenAI)
-    unstored = _client(a).responses.create(model="t", input="hi", max_output_tokens=3,
-                                           store=False)
+    unstored = _client(a).responses.create(model="t", input="hi", max_output_tokens=3, store=False)
     with pytest.raises(openai.BadRequestError):
-        _client(a).responses.create(model="t", input="more", max_output_tokens=3,
-                                    previous_response_id=unstored.id)
+        _client(a).responses.create(
+            model="t", input="more", max_output_tokens=3, previous_response_id=unstored.id
+        )

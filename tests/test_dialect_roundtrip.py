@@ -11,16 +11,18 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnstile.chat.history import message_key
+from turnstile.chat.history_hash import message_key
 from turnstile.dialects import messages as m
 from turnstile.dialects import responses as r
 from turnstile.dialects.messages_request import messages as anthropic_messages
 from turnstile.dialects.responses_request import input_messages
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
-json_value = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | text,
-                          lambda inner: st.lists(inner, max_size=3) |
-                          st.dictionaries(text, inner, max_size=3), max_leaves=8)
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=8,
+)
 arguments = st.dictionaries(text, json_value, max_size=4)
 
 
@@ -29,21 +31,38 @@ def replies(draw: st.DrawFn) -> dict:
     msg: dict = {"role": "assistant", "content": draw(st.none() | text)}
     if draw(st.booleans()):
         msg["reasoning_content"] = draw(text)
-    calls = draw(st.lists(st.tuples(st.from_regex(r"call_[a-z0-9]{8}", fullmatch=True),
-                                    st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
-                                    arguments), max_size=3, unique_by=lambda c: c[0]))
+    calls = draw(
+        st.lists(
+            st.tuples(
+                st.from_regex(r"call_[a-z0-9]{8}", fullmatch=True),
+                st.from_regex(r"[a-z_]{1,12}", fullmatch=True),
+                arguments,
+            ),
+            max_size=3,
+            unique_by=lambda c: c[0],
+        )
+    )
     if calls:
-        msg["tool_calls"] = [{"id": i, "type": "function", "function": {
-            "name": n, "arguments": json.dumps(a, ensure_ascii=draw(st.booleans()))}}
-            for i, n, a in calls]
+        msg["tool_calls"] = [
+            {
+                "id": i,
+                "type": "function",
+                "function": {
+                    "name": n,
+                    "arguments": json.dumps(a, ensure_ascii=draw(st.booleans())),
+                },
+            }
+            for i, n, a in calls
+        ]
     return msg
 
 
 def _same(sent: dict, recorded: dict) -> None:
     assert message_key(sent) == message_key(recorded)
     assert (sent.get("reasoning_content") or "") == (recorded.get("reasoning_content") or "")
-    assert [c["id"] for c in sent.get("tool_calls") or []] == \
-        [c["id"] for c in recorded.get("tool_calls") or []]
+    assert [c["id"] for c in sent.get("tool_calls") or []] == [
+        c["id"] for c in recorded.get("tool_calls") or []
+    ]
 
 
 @settings(max_examples=300, deadline=None)
@@ -52,8 +71,9 @@ def test_responses_output_items_come_back_as_the_recorded_message(reply, user):
     items = r.output_items(reply, "resp_abc")
     # the items round-trip through JSON as an SDK holds and resends them
     items = json.loads(json.dumps(items))
-    back = input_messages([{"role": "user", "content": "q"}, *items,
-                           *([{"role": "user", "content": user}])])
+    back = input_messages(
+        [{"role": "user", "content": "q"}, *items, *([{"role": "user", "content": user}])]
+    )
     assistants = [x for x in back if x["role"] == "assistant"]
     if not items:  # an empty reply has no output item: nothing to send back
         assert not assistants
@@ -69,6 +89,7 @@ def test_messages_blocks_come_back_as_the_recorded_message(reply):
     blocks = json.loads(json.dumps(m.blocks(reply, "call_x")))
     if not blocks:
         return
-    back = anthropic_messages({"messages": [{"role": "user", "content": "q"},
-                                            {"role": "assistant", "content": blocks}]})
+    back = anthropic_messages(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": blocks}]}
+    )
     _same(back[1], reply)

@@ -66,8 +66,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def collect(h: Harness, params: SamplingParams, stream: bool
-                  ) -> tuple[list[TokenEvent], Finish]:
+async def collect(
+    h: Harness, params: SamplingParams, stream: bool
+) -> tuple[list[TokenEvent], Finish]:
     engine = h.engine()
     await engine.start()
     try:
@@ -76,8 +77,9 @@ async def collect(h: Harness, params: SamplingParams, stream: bool
         await engine.close()
     # batches of events (never empty), then one Finish
     assert isinstance(items[-1], Finish)
-    assert all(isinstance(b, list) and b and all(isinstance(e, TokenEvent) for e in b)
-               for b in items[:-1])
+    assert all(
+        isinstance(b, list) and b and all(isinstance(e, TokenEvent) for e in b) for b in items[:-1]
+    )
     return [e for b in items[:-1] for e in b], items[-1]
 
 
@@ -88,6 +90,7 @@ def _fake_truth(fake: FakeServer) -> Callable[[Finish], Truth]:
     def truth(finish: Finish) -> Truth:
         gen = fake.rec.sent[finish.engine_request_id]
         return Truth(gen.ids, [s.logprob for s in gen.steps], [s.top for s in gen.steps])
+
     return truth
 
 
@@ -97,6 +100,7 @@ def _fake_aborted(fake: FakeServer) -> Callable[[Finish | None], bool]:
         while not (fake.rec.aborts or fake.rec.disconnects) and time.monotonic() < deadline:
             time.sleep(0.02)
         return bool(fake.rec.aborts or fake.rec.disconnects)
+
     return aborted
 
 
@@ -119,18 +123,29 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     kind = request.param.split("-")[0]
     with fake:
         ctx = fake.max_model_len if isinstance(fake, VLLMFake) else fake.context_len
-        yield Harness(request.param, kind, fake.url, list(range(1, 9)), IM_END, [EOS, IM_END],
-                      ctx, _fake_truth(fake), _fake_aborted(fake), options, fake)
+        yield Harness(
+            request.param,
+            kind,
+            fake.url,
+            list(range(1, 9)),
+            IM_END,
+            [EOS, IM_END],
+            ctx,
+            _fake_truth(fake),
+            _fake_aborted(fake),
+            options,
+            fake,
+        )
 
 
 @pytest.fixture
-def llama_harness(relay, tiny_qwen2: Path, llama_tiny: str, tiny_end_ids: list[int]
-                  ) -> Harness:
+def llama_harness(relay, tiny_qwen2: Path, llama_tiny: str, tiny_end_ids: list[int]) -> Harness:
     from turnstile.chat.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tiny_qwen2))
-    prompt = tok.encode("<|im_start|>user\nHello there, how are you?<|im_end|>\n"
-                        "<|im_start|>assistant\n")
+    prompt = tok.encode(
+        "<|im_start|>user\nHello there, how are you?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
     def truth(_: Finish) -> Truth:
         resp = relay.completions()[-1].response
@@ -162,13 +177,28 @@ def llama_harness(relay, tiny_qwen2: Path, llama_tiny: str, tiny_end_ids: list[i
 
     ctx = json.load(urllib.request.urlopen(llama_tiny + "/props", timeout=5))
     n_ctx = ctx["default_generation_settings"]["n_ctx"]
-    return Harness("llama-cpp", "llama-cpp", relay.url, prompt, QWEN_IM_END,
-                   tiny_end_ids, n_ctx, truth, aborted, direct_url=llama_tiny)
+    return Harness(
+        "llama-cpp",
+        "llama-cpp",
+        relay.url,
+        prompt,
+        QWEN_IM_END,
+        tiny_end_ids,
+        n_ctx,
+        truth,
+        aborted,
+        direct_url=llama_tiny,
+    )
 
 
 def params(h: Harness, **kw) -> SamplingParams:
-    base = dict(max_tokens=12, temperature=1.0, seed=11, top_logprobs=2,
-                logit_bias={t: -100.0 for t in h.eog})
+    base = dict(
+        max_tokens=12,
+        temperature=1.0,
+        seed=11,
+        top_logprobs=2,
+        logit_bias={t: -100.0 for t in h.eog},
+    )
     base.update(kw)
     return SamplingParams(**base)
 
@@ -233,11 +263,12 @@ def test_context_length_comes_from_refresh(harness: Harness):
         await engine.refresh()
         await engine.close()
         return engine.context_length
+
     assert run(go()) == harness.context_length
 
 
 def test_a_prompt_over_the_context_is_the_harness_error(harness: Harness):
-    prompt = (harness.prompt * (harness.context_length // len(harness.prompt) + 2))
+    prompt = harness.prompt * (harness.context_length // len(harness.prompt) + 2)
     p = params(harness, max_tokens=1)
 
     async def go() -> None:
@@ -248,6 +279,7 @@ def test_a_prompt_over_the_context_is_the_harness_error(harness: Harness):
                 pass
         finally:
             await engine.close()
+
     with pytest.raises(EngineError) as e:
         run(go())
     assert e.value.status == 400, e.value
@@ -265,6 +297,7 @@ def test_an_unreachable_engine_is_a_5xx(harness: Harness):
                 pass
         finally:
             await engine.close()
+
     with pytest.raises(EngineError) as e:
         run(go())
     assert 500 <= e.value.status < 600
@@ -294,6 +327,7 @@ def test_a_cancelled_call_reaches_the_engine(harness: Harness, stream: bool):
             nonlocal got
             async for _ in engine.generate(harness.prompt, p, stream=stream):
                 got += 1
+
         task = asyncio.ensure_future(consume())
         # Cancel once the engine is generating for it (not after a sleep that may be too
         # short on a busy machine): no end token can be sampled, so it is still running.
@@ -307,6 +341,7 @@ def test_a_cancelled_call_reaches_the_engine(harness: Harness, stream: bool):
             await task
         await engine.close()  # lets the background abort finish
         return got
+
     run(go())
     assert harness.aborted(None)
     if harness.fake is not None:
@@ -317,8 +352,9 @@ def test_a_cancelled_call_reaches_the_engine(harness: Harness, stream: bool):
 
 def test_logprob_kind_is_reported_and_judged(harness: Harness):
     _, finish = run(collect(harness, params(harness, max_tokens=2), stream=False))
-    expected = {"llama-cpp": "raw_logprobs", "vllm": "raw_logprobs",
-                "sglang": "scaled_logprobs"}[harness.kind]
+    expected = {"llama-cpp": "raw_logprobs", "vllm": "raw_logprobs", "sglang": "scaled_logprobs"}[
+        harness.kind
+    ]
     assert finish.logprob_kind == expected
     engine = harness.engine()
     assert engine.logprob_warning(params(harness, temperature=1.0, logit_bias={})) is None

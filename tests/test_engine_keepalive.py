@@ -11,22 +11,31 @@ import orjson
 from turnstile.engines.base import Finish, SamplingParams
 from turnstile.engines.llamacpp import LlamaCppEngine
 
-COMPLETION = {"tokens": [5, 6], "content": "ab", "stop_type": "limit",
-              "completion_probabilities": [{"id": 5, "logprob": -0.5, "top_logprobs": []},
-                                           {"id": 6, "logprob": -0.25, "top_logprobs": []}],
-              "tokens_evaluated": 3, "timings": {}}
+COMPLETION = {
+    "tokens": [5, 6],
+    "content": "ab",
+    "stop_type": "limit",
+    "completion_probabilities": [
+        {"id": 5, "logprob": -0.5, "top_logprobs": []},
+        {"id": 6, "logprob": -0.25, "top_logprobs": []},
+    ],
+    "tokens_evaluated": 3,
+    "timings": {},
+}
 PROPS = {"default_generation_settings": {"n_ctx": 512}, "model_path": "x.gguf"}
 
 
-async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 log: list[str]) -> None:
+async def _serve(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, log: list[str]
+) -> None:
     served = 0
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode().split("\r\n")
-            length = next((int(x.split(":")[1]) for x in lines
-                           if x.lower().startswith("content-length:")), 0)
+            length = next(
+                (int(x.split(":")[1]) for x in lines if x.lower().startswith("content-length:")), 0
+            )
             await reader.readexactly(length)
             path = lines[0].split()[1]
             if served >= 1 and path == "/completion":
@@ -35,8 +44,10 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                 return
             log.append(path)
             body = orjson.dumps(PROPS if path == "/props" else COMPLETION)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
             await writer.drain()
             served += 1
     except (asyncio.IncompleteReadError, ConnectionError):

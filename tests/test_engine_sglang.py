@@ -33,34 +33,61 @@ async def generate(url: str, params: SamplingParams, stream: bool = False, **opt
 
 def test_the_request_is_token_in_with_every_sampling_default_pinned():
     with SGLangFake() as fake:
-        p = SamplingParams(max_tokens=5, temperature=0.9, top_p=0.8, seed=3, stop=["<7>"],
-                           top_logprobs=2, logit_bias={4: -2.0}, stop_token_ids=[IM_END])
+        p = SamplingParams(
+            max_tokens=5,
+            temperature=0.9,
+            top_p=0.8,
+            seed=3,
+            stop=["<7>"],
+            top_logprobs=2,
+            logit_bias={4: -2.0},
+            stop_token_ids=[IM_END],
+        )
         run(generate(fake.url, p))
         body = fake.rec.bodies("/generate")[-1]
         assert body["input_ids"] == PROMPT and body["rid"].startswith("turnstile-")
         assert body["return_logprob"] is True and body["logprob_start_len"] == -1
         assert body["top_logprobs_num"] == 2 and body["return_text_in_logprobs"] is False
         assert body["sampling_params"] == {
-            "max_new_tokens": 5, "temperature": 0.9, "top_p": 0.8, "top_k": -1, "min_p": 0.0,
-            "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-            "min_new_tokens": 0, "n": 1, "ignore_eos": False, "skip_special_tokens": False,
-            "no_stop_trim": False, "stop": ["<7>"], "stop_token_ids": [IM_END],
-            "logit_bias": {"4": -2.0}, "sampling_seed": 3}
+            "max_new_tokens": 5,
+            "temperature": 0.9,
+            "top_p": 0.8,
+            "top_k": -1,
+            "min_p": 0.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "min_new_tokens": 0,
+            "n": 1,
+            "ignore_eos": False,
+            "skip_special_tokens": False,
+            "no_stop_trim": False,
+            "stop": ["<7>"],
+            "stop_token_ids": [IM_END],
+            "logit_bias": {"4": -2.0},
+            "sampling_seed": 3,
+        }
 
 
-@pytest.mark.parametrize("incremental, skip, per_event", [(False, 0, 1), (False, 2, 1),
-                                                          (True, 0, 1), (True, 0, 3)])
+@pytest.mark.parametrize(
+    "incremental, skip, per_event", [(False, 0, 1), (False, 2, 1), (True, 0, 1), (True, 0, 3)]
+)
 def test_both_streaming_modes_give_every_token_once(incremental, skip, per_event):
     with SGLangFake(incremental=incremental, skip_events=skip, tokens_per_event=per_event) as f:
-        p = SamplingParams(max_tokens=11, seed=9, top_logprobs=1,
-                           logit_bias={EOS: -100.0, IM_END: -100.0})
+        p = SamplingParams(
+            max_tokens=11, seed=9, top_logprobs=1, logit_bias={EOS: -100.0, IM_END: -100.0}
+        )
         events, finish, _ = run(generate(f.url, p, stream=True))
         gen = f.rec.sent[finish.engine_request_id]
-        assert [(e.token_id, e.logprob, e.top) for e in events] == \
-            [(s.token_id, s.logprob, s.top) for s in gen.steps]
+        assert [(e.token_id, e.logprob, e.top) for e in events] == [
+            (s.token_id, s.logprob, s.top) for s in gen.steps
+        ]
         assert finish.reason == "length"
-        sent = [orjson.loads(c[6:]) for c in f.rec.raw[finish.engine_request_id]
-                if c.startswith(b"data: {")]
+        sent = [
+            orjson.loads(c[6:])
+            for c in f.rec.raw[finish.engine_request_id]
+            if c.startswith(b"data: {")
+        ]
         lengths = [len(c["output_ids"]) for c in sent]
         if incremental:
             assert sum(lengths) == 11
@@ -70,8 +97,9 @@ def test_both_streaming_modes_give_every_token_once(incremental, skip, per_event
 
 def test_the_sampled_stop_token_stays_in_output_ids():
     with SGLangFake() as fake:
-        p = SamplingParams(max_tokens=8, seed=1, logit_bias={IM_END: 100.0},
-                           stop_token_ids=[IM_END])
+        p = SamplingParams(
+            max_tokens=8, seed=1, logit_bias={IM_END: 100.0}, stop_token_ids=[IM_END]
+        )
         events, finish, _ = run(generate(fake.url, p))
         assert [e.token_id for e in events] == [IM_END]
         assert (finish.reason, finish.stop_token_id) == ("stop", IM_END)
@@ -86,8 +114,10 @@ def test_weight_versions_and_the_server_version():
         fake.version_from = {2: "4"}
         p = SamplingParams(max_tokens=5, seed=2, logit_bias={EOS: -100.0, IM_END: -100.0})
         events, finish, engine = run(generate(fake.url, p, stream=True))
-        assert finish.weight_versions == [{"version": "3", "start": 0, "end": 2},
-                                          {"version": "4", "start": 2, "end": 5}]
+        assert finish.weight_versions == [
+            {"version": "3", "start": 0, "end": 2},
+            {"version": "4", "start": 2, "end": 5},
+        ]
         assert finish.weight_version == "4"
         assert engine.weight_version == "3" and engine.version == "0.5.23"
         assert engine.incremental_streaming is True
@@ -95,11 +125,13 @@ def test_weight_versions_and_the_server_version():
 
 def test_logprob_kind_follows_the_server():
     with SGLangFake(original_logprobs=True) as fake:
-        _, finish, engine = run(generate(fake.url, SamplingParams(max_tokens=2, seed=1),
-                                         original_logprobs=True))
+        _, finish, engine = run(
+            generate(fake.url, SamplingParams(max_tokens=2, seed=1), original_logprobs=True)
+        )
         assert finish.logprob_kind == "raw_logprobs"
-        assert "temperature" in engine.logprob_warning(SamplingParams(max_tokens=1,
-                                                                      temperature=0.5))
+        assert "temperature" in engine.logprob_warning(
+            SamplingParams(max_tokens=1, temperature=0.5)
+        )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -124,6 +156,7 @@ def test_a_contract_violation_is_a_400_with_sglangs_message():
         await engine.close()
         assert status == 400
         raise engine._error("/generate", status, raw)
+
     with SGLangFake() as fake:
         with pytest.raises(EngineError) as e:
             run(go())
@@ -143,6 +176,7 @@ def test_an_engine_side_abort_is_an_error_not_a_finish():
                         fake.abort(list(fake.rec.sent))  # e.g. /pause_generation mode=abort
             finally:
                 await engine.close()
+
         with pytest.raises(EngineError) as e:
             run(go())
         assert "aborted" in str(e.value) and e.value.status == 503

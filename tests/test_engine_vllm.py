@@ -42,8 +42,9 @@ def test_scale_out_switched_off_says_how_to_fix_it(version, status):
         assert e.value.status == 502
         assert not fake.rec.sent  # nothing was generated
         # ... and the completions route still works when asked for
-        events, finish, engine = run(generate(fake.url, SamplingParams(max_tokens=4, seed=1),
-                                              api="completions"))
+        events, finish, engine = run(
+            generate(fake.url, SamplingParams(max_tokens=4, seed=1), api="completions")
+        )
         assert [e.token_id for e in events] == fake.rec.sent[finish.engine_request_id].ids
         assert engine.route == "/v1/completions"
 
@@ -57,30 +58,52 @@ def test_a_vllm_without_the_route_is_driven_through_completions():
         assert body["prompt"] == PROMPT
         assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
         gen = fake.rec.sent[finish.engine_request_id]
-        assert [(e.token_id, e.logprob) for e in events] == \
-            [(s.token_id, s.logprob) for s in gen.steps]
+        assert [(e.token_id, e.logprob) for e in events] == [
+            (s.token_id, s.logprob) for s in gen.steps
+        ]
         assert [e.top for e in events] == [s.top[:2] for s in gen.steps]
 
 
 @pytest.mark.parametrize("version", ["0.29.0", "0.32.0", "0.33.0"])
 def test_the_request_is_token_in_with_every_sampling_default_pinned(version):
     with VLLMFake(version) as fake:
-        p = SamplingParams(max_tokens=7, temperature=0.7, top_p=0.95, seed=42, stop=["<3>"],
-                           top_logprobs=3, logit_bias={12: 1.5}, stop_token_ids=[IM_END])
+        p = SamplingParams(
+            max_tokens=7,
+            temperature=0.7,
+            top_p=0.95,
+            seed=42,
+            stop=["<3>"],
+            top_logprobs=3,
+            logit_bias={12: 1.5},
+            stop_token_ids=[IM_END],
+        )
         run(generate(fake.url, p))
         body = fake.rec.bodies("/inference/v1/generate")[-1]
         assert body["token_ids"] == PROMPT
         assert body["request_id"].startswith("turnstile-")
         sp = body["sampling_params"]
         assert sp == {
-            "n": 1, "temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0,
-            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-            "max_tokens": 7, "min_tokens": 0, "ignore_eos": False,
+            "n": 1,
+            "temperature": 0.7,
+            "top_p": 0.95,
+            "top_k": 0,
+            "min_p": 0.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "max_tokens": 7,
+            "min_tokens": 0,
+            "ignore_eos": False,
             # up to 0.32 vLLM cuts the list to k entries with the sampled token first
             "logprobs": 3 if version == "0.33.0" else 4,
-            "skip_special_tokens": False, "include_stop_str_in_output": False,
-            "seed": 42, "stop": ["<3>"], "stop_token_ids": [IM_END],
-            "logit_bias": {"12": 1.5}, "detokenize": True}
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": False,
+            "seed": 42,
+            "stop": ["<3>"],
+            "stop_token_ids": [IM_END],
+            "logit_bias": {"12": 1.5},
+            "detokenize": True,
+        }
 
 
 @pytest.mark.parametrize("version", ["0.29.0", "0.32.0", "0.33.0"])
@@ -102,10 +125,15 @@ def test_the_wire_shape_of_each_version(version):
         p = SamplingParams(max_tokens=3, seed=1, top_logprobs=1)
         events, finish, _ = run(generate(fake.url, p, stream=True))
         raw = b"".join(fake.rec.raw[finish.engine_request_id])
-        chunks = [orjson.loads(line[6:]) for line in raw.split(b"\n\n")
-                  if line.startswith(b"data: {")]
-        entries = [c for ch in chunks for choice in ch["choices"]
-                   for c in (choice["logprobs"] or {}).get("content") or []]
+        chunks = [
+            orjson.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")
+        ]
+        entries = [
+            c
+            for ch in chunks
+            for choice in ch["choices"]
+            for c in (choice["logprobs"] or {}).get("content") or []
+        ]
         if version == "0.29.0":
             assert b'"token":"token_id:' in raw and b'"stop_reason"' not in raw
             ids = [int(e["token"].split(":")[1]) for e in entries]
@@ -120,12 +148,14 @@ def test_the_wire_shape_of_each_version(version):
 
 def test_logprobs_mode_is_read_from_a_dev_mode_server():
     with VLLMFake("0.33.0", dev_mode=True, logprobs_mode="processed_logprobs") as fake:
-        events, finish, engine = run(generate(fake.url, SamplingParams(max_tokens=3, seed=2,
-                                                                       temperature=0.6)))
+        events, finish, engine = run(
+            generate(fake.url, SamplingParams(max_tokens=3, seed=2, temperature=0.6))
+        )
         assert finish.logprob_kind == "processed_logprobs"
         assert engine.logprobs_mode_source == "server"
-        assert engine.logprob_warning(SamplingParams(max_tokens=1, temperature=0.6,
-                                                     top_p=0.5)) is None
+        assert (
+            engine.logprob_warning(SamplingParams(max_tokens=1, temperature=0.6, top_p=0.5)) is None
+        )
         assert engine.logprob_warning() is None
     with VLLMFake("0.33.0") as fake:
         _, finish, engine = run(generate(fake.url, SamplingParams(max_tokens=2, seed=2)))
@@ -142,8 +172,10 @@ def test_weight_version_spans_are_recorded(stream):
         fake.version_from = {4: "step-8"}
         p = SamplingParams(max_tokens=6, seed=5, logit_bias={EOS: -100.0, IM_END: -100.0})
         events, finish, _ = run(generate(fake.url, p, stream=stream))
-        assert finish.weight_versions == [{"version": "step-7", "start": 0, "end": 4},
-                                          {"version": "step-8", "start": 4, "end": 6}]
+        assert finish.weight_versions == [
+            {"version": "step-7", "start": 0, "end": 4},
+            {"version": "step-8", "start": 4, "end": 6},
+        ]
         assert finish.weight_version == "step-8"
         assert finish.token_versions(len(events)) == ["step-7"] * 4 + ["step-8"] * 2
 
@@ -162,8 +194,7 @@ def test_stop_strings_are_reported():
         events, finish, _ = run(generate(fake.url, p, stream=True))
         gen = fake.rec.sent[finish.engine_request_id]
         if gen.stop_string:
-            assert (finish.reason, finish.stop_string, finish.stop_token_id) == \
-                ("stop", "<1", None)
+            assert (finish.reason, finish.stop_string, finish.stop_token_id) == ("stop", "<1", None)
         assert [e.token_id for e in events] == gen.ids
 
 
@@ -196,6 +227,7 @@ def test_an_error_inside_the_stream_keeps_the_tokens_before_it():
                     got.append(ev)
             finally:
                 await engine.close()
+
         with pytest.raises(EngineError) as e:
             run(go())
         assert e.value.status == 503
@@ -210,12 +242,12 @@ def test_an_engine_side_abort_is_an_error_not_a_finish():
             engine = make_engine("vllm", fake.url)
             await engine.start()
             try:
-                async for batch in engine.generate(PROMPT, SamplingParams(max_tokens=50,
-                                                                          seed=1)):
+                async for batch in engine.generate(PROMPT, SamplingParams(max_tokens=50, seed=1)):
                     if batch and len(fake.rec.sent) == 1 and not fake.rec.aborts:
                         fake.abort(list(fake.rec.sent))  # e.g. /pause?mode=abort
             finally:
                 await engine.close()
+
         with pytest.raises(EngineError) as e:
             run(go())
         assert "abort" in str(e.value) and e.value.status == 503

@@ -57,11 +57,33 @@ def test_parquet_round_trips_losslessly(store_dir, tmp_path):
         assert _bits(c["prompt_delta_ids"]) == row[6]
         assert _bits(c["completion_ids"]) == row[7]
         assert _bits(c["completion_logprobs"]) == row[8]  # NaN included
-        assert (c["session_id"], c["seq"], c["parent_id"], c["segment_reason"],
-                c["reused_prefix_len"], c["finish_reason"], c["stop_token_id"], c["seam"],
-                c["status"], c["error"], c["history_hash"], c["created"]) == (
-            row[1], row[2], row[3], row[4], row[5], row[9], row[10], row[11], row[12],
-            row[13], row[15], row[18])
+        assert (
+            c["session_id"],
+            c["seq"],
+            c["parent_id"],
+            c["segment_reason"],
+            c["reused_prefix_len"],
+            c["finish_reason"],
+            c["stop_token_id"],
+            c["seam"],
+            c["status"],
+            c["error"],
+            c["history_hash"],
+            c["created"],
+        ) == (
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            row[5],
+            row[9],
+            row[10],
+            row[11],
+            row[12],
+            row[13],
+            row[15],
+            row[18],
+        )
         assert c["message"].encode() == row[14] and c["info"].encode() == row[17]
         assert c["prefix_hashes"] == row[16]
 
@@ -70,8 +92,7 @@ def test_parquet_round_trips_losslessly(store_dir, tmp_path):
     assert table.schema.field("token_ids").type == pa.list_(pa.int32())
     assert table.schema.field("logprobs").type == pa.list_(pa.float32())
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
-    assert pq.read_metadata(r.files["trajectories"][0]).row_group(0).column(0).compression \
-        == "ZSTD"
+    assert pq.read_metadata(r.files["trajectories"][0]).row_group(0).column(0).compression == "ZSTD"
     rows = {row["id"]: row for row in table.to_pylist()}
     for s in st.list_sessions(limit=1000)[0]:
         for t in stitch(st.calls(s["id"])):
@@ -114,8 +135,12 @@ def test_every_reader_reads_it_without_custom_code(store_dir, tmp_path, monkeypa
 
     import datasets
 
-    hf = datasets.load_dataset("parquet", data_files=str(traj_dir / "**" / "*.parquet"),
-                               split="train", cache_dir=str(tmp_path / "hf"))
+    hf = datasets.load_dataset(
+        "parquet",
+        data_files=str(traj_dir / "**" / "*.parquet"),
+        split="train",
+        cache_dir=str(tmp_path / "hf"),
+    )
     assert hf.num_rows == ref.num_rows
     row = hf[list(hf["id"]).index(first["id"])]
     assert row["token_ids"] == first["token_ids"] and row["group_id"] == first["group_id"]
@@ -123,8 +148,9 @@ def test_every_reader_reads_it_without_custom_code(store_dir, tmp_path, monkeypa
 
     # A trainer streams one step's partition in row groups, with a filter.
     dataset = ds.dataset(traj_dir, format="parquet")
-    got = dataset.to_table(filter=ds.field("group_id") == first["group_id"],
-                           columns=["id", "token_ids"])
+    got = dataset.to_table(
+        filter=ds.field("group_id") == first["group_id"], columns=["id", "token_ids"]
+    )
     assert 0 < got.num_rows <= 8
 
 
@@ -141,16 +167,26 @@ def test_jsonl_matches_parquet(store_dir, tmp_path):
         assert j["versions"] == r["versions"]
         assert j["logprobs"] == [None if x != x else pytest.approx(x) for x in r["logprobs"]]
         assert j["metadata"] == json.loads(r["metadata"])
-    calls = [orjson.loads(line) for f in (tmp_path / "js" / "calls").rglob("*.jsonl")
-             for line in f.read_bytes().splitlines()]
+    calls = [
+        orjson.loads(line)
+        for f in (tmp_path / "js" / "calls").rglob("*.jsonl")
+        for line in f.read_bytes().splitlines()
+    ]
     assert len(calls) == sum(1 for _ in read_calls(tmp_path / "pq" / "calls"))
 
 
 def test_partition_by_group_incremental_and_delete(tmp_path):
     store, _ = synthetic.make_store(tmp_path / "data", 24, 5, group_size=4)
     out = tmp_path / "out"
-    r = export(tmp_path / "data", out, partition="group", batch="s1", store=store,
-               group_ids=["g000000", "g000001"], status="closed")
+    r = export(
+        tmp_path / "data",
+        out,
+        partition="group",
+        batch="s1",
+        store=store,
+        group_ids=["g000000", "g000001"],
+        status="closed",
+    )
     assert r.sessions == 8
     dirs = sorted(p.name for p in (out / "trajectories").iterdir())
     assert dirs == ["group-g000000", "group-g000001"]
@@ -160,8 +196,7 @@ def test_partition_by_group_incremental_and_delete(tmp_path):
         assert sorted(t.column("sample_index").to_pylist()) == [0, 1, 2, 3]
 
     # The next step exports only what no earlier export wrote, then deletes it.
-    r2 = export(tmp_path / "data", out, batch="s2", unexported_only=True, delete=True,
-                store=store)
+    r2 = export(tmp_path / "data", out, batch="s2", unexported_only=True, delete=True, store=store)
     assert r2.sessions == 16 and r2.deleted == 16
     assert len(store.list_sessions()[0]) == 8  # the first 8 remain (exported, not deleted)
     assert store.calls(r2.session_ids[0]) == []
@@ -172,21 +207,37 @@ def test_partition_by_group_incremental_and_delete(tmp_path):
     with pytest.raises(FileExistsError):
         export(tmp_path / "data", out, batch="s1", store=store, partition="group")
     with pytest.raises(ValueError, match="calls"):
-        export(tmp_path / "data", out, batch="s4", tables=["trajectories"], delete=True,
-               store=store)
+        export(
+            tmp_path / "data", out, batch="s4", tables=["trajectories"], delete=True, store=store
+        )
     store.close()
 
 
 def test_cli_export_works_with_the_server_down(tmp_path):
     store, _ = synthetic.make_store(tmp_path / "data", 10, 4)
     store.close()
-    cmd = [sys.executable, "-m", "turnstile.cli", "export", "--data", str(tmp_path / "data"),
-           "--out", str(tmp_path / "out"), "--batch", "step-9", "--mode", "per_call",
-           "--tables", "trajectories,sessions", "--delete"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "turnstile.cli",
+        "export",
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "out"),
+        "--batch",
+        "step-9",
+        "--mode",
+        "per_call",
+        "--tables",
+        "trajectories,sessions",
+        "--delete",
+    ]
     bad = subprocess.run(cmd, capture_output=True, text=True)
     assert bad.returncode == 2 and "calls" in bad.stderr
-    ok = subprocess.run(cmd[:-1] + ["--format", "jsonl"], capture_output=True, text=True,
-                        check=True)
+    ok = subprocess.run(
+        cmd[:-1] + ["--format", "jsonl"], capture_output=True, text=True, check=True
+    )
     summary = json.loads(ok.stdout)
     assert summary["sessions"] == 10 and summary["rows"]["trajectories"] == 40
     assert (tmp_path / "out" / "trajectories" / "batch-step-9" / "part-00000.jsonl").exists()

@@ -32,54 +32,79 @@ def test_sigkill_keeps_every_acknowledged_call(relay, tiny_qwen2, turnstile_fact
     for i in range(3):
         r = client.chat.completions.create(model="t", messages=msgs, max_tokens=8, seed=i)
         replies.append(r)
-        msgs += [r.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "user", "content": f"turn {i + 2}"}]
+        msgs += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": f"turn {i + 2}"},
+        ]
     before = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
     ts.stop(signal.SIGKILL)
 
     ts2 = turnstile_factory(relay.url, tiny_qwen2, data)
     after = ts2.get(f"/v1/sessions/{session['id']}/calls")["data"]
     assert after == before
-    assert [c["message"]["content"] for c in after] == \
-        [r.choices[0].message.content for r in replies]
+    assert [c["message"]["content"] for c in after] == [
+        r.choices[0].message.content for r in replies
+    ]
     # The restarted server still extends the recorded conversation token for token.
-    client2 = openai.OpenAI(base_url=session["base_url"].replace(ts.url, ts2.url), api_key="x",
-                            max_retries=0)
+    client2 = openai.OpenAI(
+        base_url=session["base_url"].replace(ts.url, ts2.url), api_key="x", max_retries=0
+    )
     client2.chat.completions.create(model="t", messages=msgs, max_tokens=8, seed=9)
     calls = ts2.get(f"/v1/sessions/{session['id']}/calls")["data"]
     assert calls[-1]["parent_id"] == before[-1]["id"]
     ex = relay.completions()[-1]
-    traj = [t for t in ts2.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
-            if t["id"] == calls[-1]["id"]][0]
+    traj = [
+        t
+        for t in ts2.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
+        if t["id"] == calls[-1]["id"]
+    ][0]
     assert traj["token_ids"] == ex.request["prompt"] + ex.response["tokens"]
 
 
-@pytest.mark.parametrize("body, status, param", [
-    (b"{not json", 400, None),
-    (b"[1, 2]", 400, None),
-    (b'{"model": "t"}', 400, "messages"),
-    (b'{"messages": "hi"}', 400, "messages"),
-    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0].role"),
-    (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content"),
-    (b'{"messages": [{"role": "user"}]}', 400, "messages[0].content"),
-    (b'{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "r"}]}',
-     400, "messages[1].tool_call_id"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "temperature": "hot"}', 400,
-     "temperature"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "temperature": 7}', 400, "temperature"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "max_tokens": -3}', 400, "max_tokens"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "n": 2}', 400, "n"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "stream": "yes"}', 400, "stream"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}', 400,
-     "tools[0]"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "stop": [1]}', 400, "stop"),
-    (b'{"messages": [{"role": "user", "content": "a"}], "logit_bias": {"x": 1}}', 400,
-     "logit_bias"),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (b'{"model": "t"}', 400, "messages"),
+        (b'{"messages": "hi"}', 400, "messages"),
+        (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0].role"),
+        (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content"),
+        (b'{"messages": [{"role": "user"}]}', 400, "messages[0].content"),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "r"}]}',
+            400,
+            "messages[1].tool_call_id",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "temperature": "hot"}',
+            400,
+            "temperature",
+        ),
+        (b'{"messages": [{"role": "user", "content": "a"}], "temperature": 7}', 400, "temperature"),
+        (b'{"messages": [{"role": "user", "content": "a"}], "max_tokens": -3}', 400, "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "a"}], "n": 2}', 400, "n"),
+        (b'{"messages": [{"role": "user", "content": "a"}], "stream": "yes"}', 400, "stream"),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}',
+            400,
+            "tools[0]",
+        ),
+        (b'{"messages": [{"role": "user", "content": "a"}], "stop": [1]}', 400, "stop"),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}], "logit_bias": {"x": 1}}',
+            400,
+            "logit_bias",
+        ),
+    ],
+)
 def test_bad_requests_name_the_field(turnstile, body, status, param):
     session = turnstile.session()
-    r = httpx.post(session["base_url"] + "/chat/completions", content=body,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        session["base_url"] + "/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
     err = _error(r, status)
     assert err["param"] == param
     if param:
@@ -87,15 +112,21 @@ def test_bad_requests_name_the_field(turnstile, body, status, param):
 
 
 def test_unknown_session_and_oversize_body(turnstile):
-    r = httpx.post(turnstile.url + "/s/nope/v1/chat/completions",
-                   json={"messages": [{"role": "user", "content": "a"}]})
+    r = httpx.post(
+        turnstile.url + "/s/nope/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "a"}]},
+    )
     assert _error(r, 404)["code"] == "session_not_found"
     _error(turnstile.http.get(turnstile.url + "/v1/sessions/nope/calls"), 404)
     _error(turnstile.http.get(turnstile.url + "/v1/sessions/nope/trajectories"), 404)
     _error(httpx.get(turnstile.url + "/no/such/route"), 404)
     big = b'{"messages": [{"role": "user", "content": "' + b"x" * (33 << 20) + b'"}]}'
-    r = turnstile.http.post(turnstile.url + "/v1/chat/completions", content=big,
-                   headers={"content-type": "application/json"}, timeout=60)
+    r = turnstile.http.post(
+        turnstile.url + "/v1/chat/completions",
+        content=big,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert _error(r, 413)["code"] == "request_too_large"
 
 
@@ -104,7 +135,8 @@ def test_context_overflow_is_a_400(turnstile):
     client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
-            model="t", messages=[{"role": "user", "content": "word " * 9000}], max_tokens=5)
+            model="t", messages=[{"role": "user", "content": "word " * 9000}], max_tokens=5
+        )
     assert e.value.body["code"] == "context_length_exceeded"
 
 
@@ -139,15 +171,18 @@ def test_engine_dies_mid_run(tiny_qwen2, turnstile_factory):
         client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
         msgs = [{"role": "user", "content": "hi"}]
         r = client.chat.completions.create(model="t", messages=msgs, max_tokens=4, seed=1)
-    msgs += [r.choices[0].message.model_dump(exclude_none=True),
-             {"role": "user", "content": "still there?"}]
+    msgs += [
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "still there?"},
+    ]
     with pytest.raises(openai.APIStatusError) as e:
         client.chat.completions.create(model="t", messages=msgs, max_tokens=4)
     assert e.value.status_code in (502, 503)
     # Streaming: the failure arrives in-band as an OpenAI error event.
     with pytest.raises(openai.APIError):
-        for _ in client.chat.completions.create(model="t", messages=msgs, max_tokens=4,
-                                                stream=True):
+        for _ in client.chat.completions.create(
+            model="t", messages=msgs, max_tokens=4, stream=True
+        ):
             pass
     calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
     assert [c["status"] for c in calls] == ["ok", "error", "error"]
@@ -159,16 +194,23 @@ def test_engine_dies_mid_run(tiny_qwen2, turnstile_factory):
 def test_client_gone_mid_stream_is_recorded_as_aborted(turnstile, no_end_bias):
     session = turnstile.session()
     # no end token can be sampled: the call is still generating when the harness goes away
-    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 2000, "stream": True,
-            "seed": 5, "logit_bias": no_end_bias}
-    with httpx.stream("POST", session["base_url"] + "/chat/completions", json=body,
-                      timeout=60) as r:
+    body = {
+        "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": 2000,
+        "stream": True,
+        "seed": 5,
+        "logit_bias": no_end_bias,
+    }
+    with httpx.stream(
+        "POST", session["base_url"] + "/chat/completions", json=body, timeout=60
+    ) as r:
         assert r.status_code == 200
         for _ in r.iter_lines():
             break  # the harness goes away after the first chunk
     client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
-    r2 = client.chat.completions.create(model="t", messages=[{"role": "user", "content": "ok"}],
-                                        max_tokens=4)
+    r2 = client.chat.completions.create(
+        model="t", messages=[{"role": "user", "content": "ok"}], max_tokens=4
+    )
     assert r2.choices[0].finish_reason in ("stop", "length")
     deadline = time.monotonic() + 30
     while True:
@@ -185,8 +227,12 @@ def test_closed_session_refuses_new_calls(turnstile):
     client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
     msgs = [{"role": "user", "content": "hi"}]
     client.chat.completions.create(model="t", messages=msgs, max_tokens=2)
-    assert turnstile.http.post(f"{turnstile.url}/v1/sessions/{session['id']}/close",
-                               json={}).status_code == 200
+    assert (
+        turnstile.http.post(
+            f"{turnstile.url}/v1/sessions/{session['id']}/close", json={}
+        ).status_code
+        == 200
+    )
     with pytest.raises(openai.ConflictError) as e:
         client.chat.completions.create(model="t", messages=msgs, max_tokens=2)
     assert e.value.body["code"] == "session_closed"

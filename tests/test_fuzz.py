@@ -36,6 +36,10 @@ def test_the_document_describes_every_route():
     from turnstile.server.openapi import ROUTES
 
     app = create_app(SimpleNamespace(store=None), "http://x", token="t" * 16)
-    served = {(m, r.path.replace("{sid}/v1", "{capability}/v1"))
-              for r in app.routes for m in r.methods if m != "HEAD"}
+    served = {
+        (m, r.path.replace("{sid}/v1", "{capability}/v1"))
+        for r in app.routes
+        for m in r.methods
+        if m != "HEAD"
+    }
     assert served == {(op.method, op.path) for op in ROUTES}

@@ -26,18 +26,24 @@ def _run_conversation(client: openai.OpenAI, no_end: dict, turns: int = 4) -> li
     """user/assistant alternating; turn 1 streams, turn 2 is pushed to stop on <|im_end|>, the
     others can sample no end token (``no_end``): they run to max_tokens whatever the CPU."""
     msgs: list[dict] = [{"role": "system", "content": "You are a terse assistant."}]
-    users = ["Hello there, how are you doing?", "Tell me about HAVING fun in Zürich.",
-             "Why is that?", "Thanks, goodbye!"]
+    users = [
+        "Hello there, how are you doing?",
+        "Tell me about HAVING fun in Zürich.",
+        "Why is that?",
+        "Thanks, goodbye!",
+    ]
     for i in range(turns):
         msgs.append({"role": "user", "content": users[i]})
-        kw = dict(model="tiny", messages=msgs, max_tokens=40, temperature=1.0, seed=7 + i,
-                  logprobs=True)
+        kw = dict(
+            model="tiny", messages=msgs, max_tokens=40, temperature=1.0, seed=7 + i, logprobs=True
+        )
         # turn 2: <|im_end|> is ~96% likely at each step (no other end token can be sampled)
         kw["logit_bias"] = {**no_end, str(IM_END): 15} if i == 2 else no_end
         if i == 1:
             text = ""
-            stream = client.chat.completions.create(**kw, stream=True,
-                                                    stream_options={"include_usage": True})
+            stream = client.chat.completions.create(
+                **kw, stream=True, stream_options={"include_usage": True}
+            )
             finish = None
             for chunk in stream:
                 if chunk.choices:
@@ -51,8 +57,9 @@ def _run_conversation(client: openai.OpenAI, no_end: dict, turns: int = 4) -> li
     return msgs
 
 
-def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(turnstile, relay, tiny_qwen2,
-                                                               no_end_bias):
+def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(
+    turnstile, relay, tiny_qwen2, no_end_bias
+):
     session = turnstile.session(task="exact")
     msgs = _run_conversation(_client(session), no_end_bias)
 
@@ -71,11 +78,11 @@ def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(turnstile, relay,
         start = len(ex.request["prompt"])
         sampled = ex.response["tokens"]
         assert ex.response["tokens_predicted"] == len(sampled)  # no sampled token went missing
-        assert traj["token_ids"][:start + len(sampled)] == ex.request["prompt"] + sampled
-        mask[start:start + len(sampled)] = [1] * len(sampled)
+        assert traj["token_ids"][: start + len(sampled)] == ex.request["prompt"] + sampled
+        mask[start : start + len(sampled)] = [1] * len(sampled)
         # Logprobs: the engine's, in order, on the tokens they belong to. llama-server gives
         # none for a token ending mid-UTF-8 character; those are null, never a neighbour's.
-        got = traj["logprobs"][start:start + len(sampled)]
+        got = traj["logprobs"][start : start + len(sampled)]
         probs = ex.response["completion_probabilities"]
         known = [(traj["token_ids"][start + i], lp) for i, lp in enumerate(got) if lp is not None]
         assert [t for t, _ in known] == [p["id"] for p in probs]
@@ -96,9 +103,12 @@ def test_trajectory_is_exactly_what_the_engine_saw_and_sampled(turnstile, relay,
     tok = load_tokenizer(str(tiny_qwen2))
     naive = tok.encode(ChatTemplate.for_tokenizer(tok).render(msgs, add_generation_prompt=False))
     assert naive != traj["token_ids"]
-    drifted = [ex for ex in exchanges
-               if tok.encode(tok.decode([t for t in ex.response["tokens"] if t != IM_END]))
-               != [t for t in ex.response["tokens"] if t != IM_END]]
+    drifted = [
+        ex
+        for ex in exchanges
+        if tok.encode(tok.decode([t for t in ex.response["tokens"] if t != IM_END]))
+        != [t for t in ex.response["tokens"] if t != IM_END]
+    ]
     assert drifted, "a random model should sample at least one non-canonical tokenization"
 
 
@@ -111,7 +121,7 @@ def test_calls_record_deltas_and_parents(turnstile, relay, no_end_bias):
     for c, ex in zip(calls, exchanges, strict=True):
         prompt = ex.request["prompt"]
         assert c["reused_prefix_len"] + len(c["prompt_delta_ids"]) == len(prompt)
-        assert prompt[c["reused_prefix_len"]:] == c["prompt_delta_ids"]
+        assert prompt[c["reused_prefix_len"] :] == c["prompt_delta_ids"]
         assert c["completion_ids"] == ex.response["tokens"]
         assert c["sampling"]["seed"] == ex.request["seed"]
         assert c["status"] == "ok"
@@ -174,8 +184,14 @@ def test_echoed_assistant_variants_still_extend(turnstile):
 def test_response_logprobs_and_usage_are_the_engines(turnstile, relay, no_end_bias):
     session = turnstile.session()
     r = _client(session).chat.completions.create(  # 16 tokens, none an end token
-        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=16, seed=11,
-        logprobs=True, top_logprobs=3, logit_bias=no_end_bias)
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=16,
+        seed=11,
+        logprobs=True,
+        top_logprobs=3,
+        logit_bias=no_end_bias,
+    )
     ex = relay.completions()[-1]
     assert ex.request["n_probs"] == 3
     assert r.usage.prompt_tokens == len(ex.request["prompt"])
@@ -190,5 +206,6 @@ def test_response_logprobs_and_usage_are_the_engines(turnstile, relay, no_end_bi
         if p is None or e.logprob is None:
             continue  # llama-server reported none for this token (mid-UTF-8)
         assert e.logprob == pytest.approx(p["logprob"], abs=1e-5)
-        assert [t.logprob for t in e.top_logprobs] == \
-            pytest.approx([t["logprob"] for t in p["top_logprobs"]][:3], abs=1e-5)
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx(
+            [t["logprob"] for t in p["top_logprobs"]][:3], abs=1e-5
+        )

@@ -16,26 +16,67 @@ from turnstile.parsing.grammar import supports, tool_call_grammar
 pytestmark = pytest.mark.timeout(300)
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "required": ["city", "days"],
-        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
-                       "days": {"type": "integer"}, "note": {"type": "string"}}}}},
-    {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object", "required": ["query", "exact"],
-        "properties": {"query": {"type": "string"}, "exact": {"type": "boolean"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "required": ["city", "days"],
+                "properties": {
+                    "city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                    "days": {"type": "integer"},
+                    "note": {"type": "string"},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "required": ["query", "exact"],
+                "properties": {"query": {"type": "string"}, "exact": {"type": "boolean"}},
+            },
+        },
+    },
 ]
 
 
 # A random model rarely samples "<", which ends a free XML string value: enum there instead.
-XML_TOOLS = [TOOLS[0], {"type": "function", "function": {"name": "search", "parameters": {
-    "type": "object", "required": ["query", "exact"],
-    "properties": {"query": {"type": "string", "enum": ["cats", "dogs"]},
-                   "exact": {"type": "boolean"}}}}}]
+XML_TOOLS = [
+    TOOLS[0],
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "required": ["query", "exact"],
+                "properties": {
+                    "query": {"type": "string", "enum": ["cats", "dogs"]},
+                    "exact": {"type": "boolean"},
+                },
+            },
+        },
+    },
+]
 
 
 def _sample(url: str, prompt: list[int], g: str, seed: int, bias: list | None = None) -> str:
-    body = {"prompt": prompt, "n_predict": 160, "temperature": 1.0, "top_k": 0, "min_p": 0,
-            "seed": seed, "grammar": g, "return_tokens": True, "logit_bias": bias or []}
+    body = {
+        "prompt": prompt,
+        "n_predict": 160,
+        "temperature": 1.0,
+        "top_k": 0,
+        "min_p": 0,
+        "seed": seed,
+        "grammar": g,
+        "return_tokens": True,
+        "logit_bias": bias or [],
+    }
     return httpx.post(url + "/completion", json=body, timeout=120).json()
 
 
@@ -73,8 +114,9 @@ def test_sampled_calls_parse_back(fmt, llama_tiny, tiny_qwen2):
 
 def test_reasoning_may_close_before_the_call(llama_tiny, tiny_qwen2):
     tok = load_tokenizer(str(tiny_qwen2))
-    prompt = tok.encode("<|im_start|>user\nThink, then call.<|im_end|>\n"
-                        "<|im_start|>assistant\n<think>\n")
+    prompt = tok.encode(
+        "<|im_start|>user\nThink, then call.<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
     g = tool_call_grammar("hermes", TOOLS, "get_weather", reasoning_close="</think>")
     # each of the close's tokens ~50% likely at each step: the reasoning ends within a few
     close = [[t, 12.0] for t in tok.encode("</think>")]

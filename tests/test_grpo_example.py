@@ -15,10 +15,24 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(600)
 def test_grpo_example_prints_a_consistent_verl_batch(tiny_qwen2, tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "grpo_loop.py"), "--model", "tiny",
-         "--groups", "2", "--group-size", "3", "--max-tokens", "12",
-         "--data", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=540)
+        [
+            sys.executable,
+            str(ROOT / "examples" / "grpo_loop.py"),
+            "--model",
+            "tiny",
+            "--groups",
+            "2",
+            "--group-size",
+            "3",
+            "--max-tokens",
+            "12",
+            "--data",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line.removeprefix("RESULT "))

@@ -33,10 +33,20 @@ pytestmark = pytest.mark.timeout(900)
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
 SYSTEM = "You are a helpful assistant. Use the tools."
 TASK = "What is the weather in Paris?"
-WEATHER = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city.",
-    "parameters": {"type": "object", "required": ["city"],
-                   "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}}}}]
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +69,25 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 def _serve(engine: str, model: Path, data: Path, log: Path, *extra: str) -> tuple:
     port = testbed.free_port()
-    cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--engine-url", engine,
-           "--model", str(model), "--port", str(port), "--data", str(data), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "turnstile.cli",
+        "serve",
+        "--engine-url",
+        engine,
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--data",
+        str(data),
+        *extra,
+    ]
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "TURNSTILE_TOKEN": TOKEN})
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TURNSTILE_TOKEN": TOKEN}
+        )
     url = f"http://127.0.0.1:{port}"
     testbed.wait_healthy(url + "/v1/models", proc, timeout=120, headers=AUTH)
     return url, proc
@@ -79,11 +103,16 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def gateway(engine: str, smollm2: Path, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[str]:
+def gateway(engine: str, smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("turnstile-harnesses")
-    url, proc = _serve(engine, smollm2, tmp / "data", tmp / "turnstile.log",
-                       "--chat-template", str(testbed.templates_dir() / QWEN25))
+    url, proc = _serve(
+        engine,
+        smollm2,
+        tmp / "data",
+        tmp / "turnstile.log",
+        "--chat-template",
+        str(testbed.templates_dir() / QWEN25),
+    )
     yield url
     _stop(proc)
 
@@ -95,8 +124,11 @@ def no_markup(smollm2: Path) -> dict[str, int]:
     admits them (they are then the only tokens allowed); end-of-turn tokens are left alone."""
     tok = load_tokenizer(str(smollm2))
     keep = set(tok.tokenizer.get_added_tokens_decoder()) | set(tok.eog_token_ids)
-    return {str(i): -100 for i in range(tok.tokenizer.get_vocab_size())
-            if i not in keep and "<" in tok.decode([i])}
+    return {
+        str(i): -100
+        for i in range(tok.tokenizer.get_vocab_size())
+        if i not in keep and "<" in tok.decode([i])
+    }
 
 
 class Requests:
@@ -115,6 +147,7 @@ class Requests:
     def async_client(self) -> httpx.AsyncClient:
         async def see(response: httpx.Response) -> None:
             self._see(response)
+
         return httpx.AsyncClient(event_hooks={"response": [see]}, timeout=300)
 
     @property
@@ -123,16 +156,16 @@ class Requests:
 
 
 def _session(gateway: str, harness: str) -> dict:
-    r = httpx.post(gateway + "/v1/sessions", json={"metadata": {"harness": harness}},
-                   headers=AUTH)
+    r = httpx.post(gateway + "/v1/sessions", json={"metadata": {"harness": harness}}, headers=AUTH)
     r.raise_for_status()
     return r.json()
 
 
 def _tally(gateway: str, session: dict, harness: str, sent: int | None) -> dict:
     """Check the session's records and count chaining; print one line for the README."""
-    calls = httpx.get(f"{gateway}/v1/sessions/{session['id']}/calls", timeout=30,
-                      headers=AUTH).json()["data"]
+    calls = httpx.get(
+        f"{gateway}/v1/sessions/{session['id']}/calls", timeout=30, headers=AUTH
+    ).json()["data"]
     assert calls, f"{harness}: nothing recorded"
     if sent is not None:
         assert len(calls) == sent, f"{harness}: {sent} requests answered, {len(calls)} recorded"
@@ -143,9 +176,14 @@ def _tally(gateway: str, session: dict, harness: str, sent: int | None) -> dict:
     assert calls[0]["segment_reason"] == "first_call"
     reasons = collections.Counter(c["segment_reason"] for c in new)
     details = [c["segment_detail"] for c in new if c["segment_reason"] != "first_call"]
-    out = {"harness": harness, "calls": len(calls), "chained": len(chained),
-           "new_segments": dict(reasons), "details": details,
-           "finish": dict(collections.Counter(c["finish_reason"] for c in calls))}
+    out = {
+        "harness": harness,
+        "calls": len(calls),
+        "chained": len(chained),
+        "new_segments": dict(reasons),
+        "details": details,
+        "finish": dict(collections.Counter(c["finish_reason"] for c in calls)),
+    }
     print("\nHARNESS " + json.dumps(out))
     return out
 
@@ -171,12 +209,20 @@ def _start() -> list[dict]:
 
 def test_openai_client_sync(gateway, no_markup):
     session, seen = _session(gateway, "openai-sync"), Requests()
-    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
-                           http_client=seen.client())
+    client = openai.OpenAI(
+        base_url=session["base_url"], api_key="x", max_retries=0, http_client=seen.client()
+    )
 
     def create(msgs: list[dict], **kw: object) -> dict:
-        r = client.chat.completions.create(model="smollm2", messages=msgs, tools=WEATHER,
-                                           max_tokens=64, seed=1, logit_bias=no_markup, **kw)
+        r = client.chat.completions.create(
+            model="smollm2",
+            messages=msgs,
+            tools=WEATHER,
+            max_tokens=64,
+            seed=1,
+            logit_bias=no_markup,
+            **kw,
+        )
         return r.choices[0].message.model_dump(exclude_none=True)
 
     _turns(create, _start())
@@ -188,19 +234,41 @@ def test_openai_client_async(gateway, no_markup):
     session, seen = _session(gateway, "openai-async"), Requests()
 
     async def run() -> None:
-        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
-                                    http_client=seen.async_client())
+        client = openai.AsyncOpenAI(
+            base_url=session["base_url"],
+            api_key="x",
+            max_retries=0,
+            http_client=seen.async_client(),
+        )
         msgs = _start()
         r = await client.chat.completions.create(
-            model="smollm2", messages=msgs, tools=WEATHER, tool_choice="required",
-            parallel_tool_calls=False, max_tokens=64, seed=2)
+            model="smollm2",
+            messages=msgs,
+            tools=WEATHER,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=64,
+            seed=2,
+        )
         msg = r.choices[0].message
-        msgs += [msg.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "18 C"}]
+        msgs += [
+            msg.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "18 C"},
+        ]
         # two concurrent continuations of the same history: siblings, both chained
-        await asyncio.gather(*(client.chat.completions.create(
-            model="smollm2", messages=msgs, tools=WEATHER, max_tokens=16, seed=s,
-            logit_bias=no_markup) for s in (3, 4)))
+        await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model="smollm2",
+                    messages=msgs,
+                    tools=WEATHER,
+                    max_tokens=16,
+                    seed=s,
+                    logit_bias=no_markup,
+                )
+                for s in (3, 4)
+            )
+        )
 
     asyncio.run(run())
     t = _tally(gateway, session, "openai async", seen.total)
@@ -209,20 +277,30 @@ def test_openai_client_async(gateway, no_markup):
 
 def test_openai_client_stream(gateway, no_markup):
     session, seen = _session(gateway, "openai-stream"), Requests()
-    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
-                           http_client=seen.client())
+    client = openai.OpenAI(
+        base_url=session["base_url"], api_key="x", max_retries=0, http_client=seen.client()
+    )
 
     def create(msgs: list[dict], **kw: object) -> dict:
         content, calls = "", {}
         for chunk in client.chat.completions.create(
-                model="smollm2", messages=msgs, tools=WEATHER, max_tokens=64, seed=1,
-                logit_bias=no_markup, stream=True, stream_options={"include_usage": True},
-                **kw):
+            model="smollm2",
+            messages=msgs,
+            tools=WEATHER,
+            max_tokens=64,
+            seed=1,
+            logit_bias=no_markup,
+            stream=True,
+            stream_options={"include_usage": True},
+            **kw,
+        ):
             for choice in chunk.choices:
                 content += choice.delta.content or ""
                 for d in choice.delta.tool_calls or ():
-                    c = calls.setdefault(d.index, {"id": "", "type": "function",
-                                                   "function": {"name": "", "arguments": ""}})
+                    c = calls.setdefault(
+                        d.index,
+                        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                    )
                     c["id"] += d.id or ""
                     c["function"]["name"] += d.function.name or ""
                     c["function"]["arguments"] += d.function.arguments or ""
@@ -270,16 +348,26 @@ def test_openai_agents_sdk(gateway, no_markup, smollm2, streamed, api):
         bias.update({str(t): 15 for t in load_tokenizer(str(smollm2)).eog_token_ids})
 
     async def run() -> object:
-        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key="x", max_retries=0,
-                                    http_client=seen.async_client())
+        client = openai.AsyncOpenAI(
+            base_url=session["base_url"],
+            api_key="x",
+            max_retries=0,
+            http_client=seen.async_client(),
+        )
         kind = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
         agent = Agent(
-            name="weather", instructions=SYSTEM, tools=[get_weather],
+            name="weather",
+            instructions=SYSTEM,
+            tools=[get_weather],
             model=kind(model="smollm2", openai_client=client),
             # forced on the first turn; the SDK resets tool_choice after a tool ran
-            model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False,
-                                         max_tokens=64, extra_body={"logit_bias": bias,
-                                                                    "seed": 1}))
+            model_settings=ModelSettings(
+                tool_choice="required",
+                parallel_tool_calls=False,
+                max_tokens=64,
+                extra_body={"logit_bias": bias, "seed": 1},
+            ),
+        )
         if not streamed:
             return await Runner.run(agent, TASK, max_turns=3)
         result = Runner.run_streamed(agent, TASK, max_turns=3)
@@ -318,17 +406,26 @@ def test_langchain_create_agent(gateway, no_markup, streamed):
     @wrap_model_call
     def force_first_call(request, handler):  # a tool call on the first turn only
         if not any(isinstance(m, ToolMessage) for m in request.messages):
-            request = request.override(tool_choice="required",
-                                       model_settings={"parallel_tool_calls": False})
+            request = request.override(
+                tool_choice="required", model_settings={"parallel_tool_calls": False}
+            )
         return handler(request)
 
-    model = ChatOpenAI(model="smollm2", base_url=session["base_url"], api_key="x",
-                       max_tokens=64, seed=1, logit_bias=no_markup, max_retries=0,
-                       http_client=seen.client(), streaming=streamed)
-    agent = create_agent(model, tools=[get_weather], system_prompt=SYSTEM,
-                         middleware=[force_first_call])
-    out = agent.invoke({"messages": [{"role": "user", "content": TASK}]},
-                       {"recursion_limit": 8})
+    model = ChatOpenAI(
+        model="smollm2",
+        base_url=session["base_url"],
+        api_key="x",
+        max_tokens=64,
+        seed=1,
+        logit_bias=no_markup,
+        max_retries=0,
+        http_client=seen.client(),
+        streaming=streamed,
+    )
+    agent = create_agent(
+        model, tools=[get_weather], system_prompt=SYSTEM, middleware=[force_first_call]
+    )
+    out = agent.invoke({"messages": [{"role": "user", "content": TASK}]}, {"recursion_limit": 8})
     assert ran and out["messages"][-1].type == "ai"
     label = "LangChain create_agent" + (" (streaming=True)" if streamed else "")
     t = _tally(gateway, session, label, seen.total)
@@ -358,17 +455,28 @@ def test_inspect_ai_react(gateway, no_markup, tmp_path, monkeypatch):
                 city: The city.
             """
             return f"18 C in {city}"
+
         return execute
 
     # The model is kept from calling tools (bias): react() asks it to continue until the
     # message limit ends the sample; every turn appends a user message to a recorded reply.
-    task = Task(dataset=[Sample(input=TASK, target="18")],
-                solver=react(tools=[get_weather()]), message_limit=7)
-    [log] = inspect_eval(task, model="openai-api/turnstile/smollm2",
-                         model_base_url=session["base_url"], display="none",
-                         log_dir=str(tmp_path / "logs"), max_tokens=24, seed=1,
-                         logit_bias={int(k): v for k, v in no_markup.items()},
-                         max_retries=0, fail_on_error=True)
+    task = Task(
+        dataset=[Sample(input=TASK, target="18")],
+        solver=react(tools=[get_weather()]),
+        message_limit=7,
+    )
+    [log] = inspect_eval(
+        task,
+        model="openai-api/turnstile/smollm2",
+        model_base_url=session["base_url"],
+        display="none",
+        log_dir=str(tmp_path / "logs"),
+        max_tokens=24,
+        seed=1,
+        logit_bias={int(k): v for k, v in no_markup.items()},
+        max_retries=0,
+        fail_on_error=True,
+    )
     assert log.status == "success", log.error
     [sample] = log.samples
     assert sample.error is None
@@ -384,9 +492,15 @@ def test_inspect_ai_react(gateway, no_markup, tmp_path, monkeypatch):
 def _smol_model(session: dict, seen: Requests, **kw: object):
     from smolagents import OpenAIServerModel
 
-    return OpenAIServerModel(model_id="smollm2", api_base=session["base_url"], api_key="x",
-                             client_kwargs={"http_client": seen.client(), "max_retries": 0},
-                             max_tokens=48, seed=1, **kw)
+    return OpenAIServerModel(
+        model_id="smollm2",
+        api_base=session["base_url"],
+        api_key="x",
+        client_kwargs={"http_client": seen.client(), "max_retries": 0},
+        max_tokens=48,
+        seed=1,
+        **kw,
+    )
 
 
 def test_smolagents_tool_calling_agent(gateway, smollm2):
@@ -395,8 +509,7 @@ def test_smolagents_tool_calling_agent(gateway, smollm2):
     class Weather(Tool):
         name = "get_weather"
         description = "Current weather for a city."
-        inputs = {"city": {"type": "string", "description": "The city.",
-                           "enum": ["Paris", "Oslo"]}}
+        inputs = {"city": {"type": "string", "description": "The city.", "enum": ["Paris", "Oslo"]}}
         output_type = "string"
 
         def forward(self, city: str) -> str:
@@ -408,8 +521,12 @@ def test_smolagents_tool_calling_agent(gateway, smollm2):
     get = tok.encode('"get')[-1]
     assert tok.decode([get]).strip('"') == "get"
     session, seen = _session(gateway, "smolagents-tools"), Requests()
-    agent = ToolCallingAgent(tools=[Weather()], model=_smol_model(
-        session, seen, logit_bias={str(get): 100}), max_steps=2, verbosity_level=0)
+    agent = ToolCallingAgent(
+        tools=[Weather()],
+        model=_smol_model(session, seen, logit_bias={str(get): 100}),
+        max_steps=2,
+        verbosity_level=0,
+    )
     agent.run(TASK)
     steps = [s for s in agent.memory.steps if getattr(s, "error", None) is not None]
     assert not [s for s in steps if "Error in generating model output" in str(s.error)]
@@ -421,8 +538,7 @@ def test_smolagents_code_agent(gateway):
     from smolagents import CodeAgent
 
     session, seen = _session(gateway, "smolagents-code"), Requests()
-    agent = CodeAgent(tools=[], model=_smol_model(session, seen), max_steps=2,
-                      verbosity_level=0)
+    agent = CodeAgent(tools=[], model=_smol_model(session, seen), max_steps=2, verbosity_level=0)
     agent.run(TASK)
     assert seen.status.keys() == {200}
     _tally(gateway, session, "smolagents CodeAgent", seen.total)
@@ -437,11 +553,11 @@ def test_a_template_that_ignores_tools_is_warned_about(engine, smollm2, tmp_path
     try:
         session = _session(url, "own-template")
         client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
-        client.chat.completions.create(model="smollm2", messages=_start(), tools=WEATHER,
-                                       max_tokens=2)
+        client.chat.completions.create(
+            model="smollm2", messages=_start(), tools=WEATHER, max_tokens=2
+        )
         client.chat.completions.create(model="smollm2", messages=_start(), max_tokens=2)
-        calls = httpx.get(f"{url}/v1/sessions/{session['id']}/calls",
-                          headers=AUTH).json()["data"]
+        calls = httpx.get(f"{url}/v1/sessions/{session['id']}/calls", headers=AUTH).json()["data"]
     finally:
         _stop(proc)
     assert "does not render 'tools'" in log.read_text()

@@ -16,7 +16,8 @@ from array import array
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnstile.chat.history import Node, SessionTree, prefix_hashes, root_hash
+from turnstile.chat.history import Node, SessionTree
+from turnstile.chat.history_hash import prefix_hashes, root_hash
 
 TEXTS = st.sampled_from(["", "hi", "ok", "a b", "日本", "\n", "42"])
 NAMES = st.sampled_from(["get", "put"])
@@ -31,9 +32,14 @@ def assistant(draw: st.DrawFn) -> dict:
     m: dict = {"role": "assistant", "content": draw(TEXTS)}
     calls = draw(st.lists(st.tuples(NAMES, _args()), max_size=2))
     if calls:
-        m["tool_calls"] = [{"id": f"call_{i}", "type": "function",
-                            "function": {"name": n, "arguments": json.dumps(a)}}
-                           for i, (n, a) in enumerate(calls)]
+        m["tool_calls"] = [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": n, "arguments": json.dumps(a)},
+            }
+            for i, (n, a) in enumerate(calls)
+        ]
     if draw(st.booleans()):
         m["reasoning_content"] = draw(TEXTS)
     return m
@@ -43,8 +49,11 @@ def other() -> st.SearchStrategy[dict]:
     return st.one_of(
         st.builds(lambda t: {"role": "user", "content": t}, TEXTS),
         st.builds(lambda t: {"role": "system", "content": t}, TEXTS),
-        st.builds(lambda t, i: {"role": "tool", "content": t, "tool_call_id": f"call_{i}"},
-                  TEXTS, st.integers(0, 1)),
+        st.builds(
+            lambda t, i: {"role": "tool", "content": t, "tool_call_id": f"call_{i}"},
+            TEXTS,
+            st.integers(0, 1),
+        ),
     )
 
 
@@ -65,8 +74,13 @@ def same(a: dict, b: dict) -> bool:
     if (a.get("content") or "") != (b.get("content") or ""):
         return False
     if a.get("role") == "assistant":
-        calls = [[(c["function"]["name"], _canon_args(c["function"]["arguments"]))
-                  for c in m.get("tool_calls") or ()] for m in (a, b)]
+        calls = [
+            [
+                (c["function"]["name"], _canon_args(c["function"]["arguments"]))
+                for c in m.get("tool_calls") or ()
+            ]
+            for m in (a, b)
+        ]
         return calls[0] == calls[1]
     return True
 
@@ -80,11 +94,20 @@ def echo(m: dict, draw: st.DrawFn) -> dict:
         del e["reasoning_content"]
     if e.get("tool_calls"):
         e["tool_calls"] = [
-            {**c, "id": f"renamed_{i}" if draw(st.booleans()) else c["id"],
-             "function": {**c["function"], "arguments": json.dumps(
-                 json.loads(c["function"]["arguments"]), indent=draw(st.sampled_from([None, 1])),
-                 sort_keys=draw(st.booleans()))}}
-            for i, c in enumerate(e["tool_calls"])]
+            {
+                **c,
+                "id": f"renamed_{i}" if draw(st.booleans()) else c["id"],
+                "function": {
+                    **c["function"],
+                    "arguments": json.dumps(
+                        json.loads(c["function"]["arguments"]),
+                        indent=draw(st.sampled_from([None, 1])),
+                        sort_keys=draw(st.booleans()),
+                    ),
+                },
+            }
+            for i, c in enumerate(e["tool_calls"])
+        ]
     return e
 
 
@@ -133,8 +156,9 @@ def test_match_is_the_longest_recorded_reply_prefix(case: tuple) -> None:
     root = root_hash(None, None)
     ids = _record(tree, root, calls)
     m = tree.match(request, root)
-    fits = [(len(req) + 1, i) for i, (req, reply) in enumerate(calls)
-            if _continues(request, req, reply)]
+    fits = [
+        (len(req) + 1, i) for i, (req, reply) in enumerate(calls) if _continues(request, req, reply)
+    ]
     if not fits:
         assert m.parent is None
         assert m.new_messages == request
@@ -170,7 +194,6 @@ def test_hash_equality_is_message_sameness(a: list[dict], b: list[dict]) -> None
 def test_tools_and_template_kwargs_start_another_chain() -> None:
     msgs = [{"role": "user", "content": "hi"}]
     a = prefix_hashes(root_hash(None, None), msgs)[-1]
-    b = prefix_hashes(root_hash([{"type": "function", "function": {"name": "f"}}], None),
-                      msgs)[-1]
+    b = prefix_hashes(root_hash([{"type": "function", "function": {"name": "f"}}], None), msgs)[-1]
     c = prefix_hashes(root_hash(None, {"enable_thinking": False}), msgs)[-1]
     assert len({a, b, c}) == 3

@@ -18,7 +18,8 @@ from array import array
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnstile.chat.history import Node, SessionTree, prefix_hashes, root_hash
+from turnstile.chat.history import Node, SessionTree
+from turnstile.chat.history_hash import prefix_hashes, root_hash
 from turnstile.chat.policy import has_reasoning
 
 TEXTS = st.sampled_from(["", "hi", "ok", "a b", "日本", "\n", "42"])
@@ -26,23 +27,42 @@ SCALARS = st.sampled_from([1, 1.0, True, 0, 0.0, False, None, "1", "x"])
 
 
 @st.composite
-def message(draw: st.DrawFn, kinds: tuple[str, ...] = ("user", "system", "tool", "assistant",
-                                                       "odd")) -> dict:
+def message(
+    draw: st.DrawFn, kinds: tuple[str, ...] = ("user", "system", "tool", "assistant", "odd")
+) -> dict:
     kind = draw(st.sampled_from(kinds))
     if kind == "assistant":
         m: dict = {"role": "assistant", "content": draw(st.one_of(TEXTS, st.none()))}
         if draw(st.booleans()):
             args = draw(st.dictionaries(st.sampled_from(["x", "y"]), SCALARS, max_size=2))
-            m["tool_calls"] = [{"id": "call_0", "type": "function", "index": 0,
-                                "function": {"name": "get", "arguments": (
-                                    json.dumps(args) if draw(st.booleans()) else args)}}]
+            m["tool_calls"] = [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "index": 0,
+                    "function": {
+                        "name": "get",
+                        "arguments": (json.dumps(args) if draw(st.booleans()) else args),
+                    },
+                }
+            ]
         if draw(st.booleans()):
             m["reasoning_content"] = draw(TEXTS)
         return m
     if kind == "odd":  # fields the key reads, holding numbers and booleans
-        return {"role": "user", "name": draw(SCALARS),
-                "content": draw(st.one_of(TEXTS, st.lists(st.fixed_dictionaries(
-                    {"type": st.just("image_url"), "detail": SCALARS}), max_size=2)))}
+        return {
+            "role": "user",
+            "name": draw(SCALARS),
+            "content": draw(
+                st.one_of(
+                    TEXTS,
+                    st.lists(
+                        st.fixed_dictionaries({"type": st.just("image_url"), "detail": SCALARS}),
+                        max_size=2,
+                    ),
+                )
+            ),
+        }
     m = {"role": kind, "content": draw(TEXTS)}
     if kind == "tool":
         m["tool_call_id"] = "call_0"
@@ -71,15 +91,16 @@ def next_request(draw: st.DrawFn, calls: list[tuple[list[dict], dict]]) -> list[
         return draw(st.lists(message(), min_size=1, max_size=4))
     req, reply = calls[-1] if draw(st.booleans()) else draw(st.sampled_from(calls))
     base = copy.deepcopy([*req, reply] if draw(st.integers(0, 3)) else req)
-    op = draw(st.sampled_from(["extend", "extend", "extend", "retry", "edit", "retype",
-                               "truncate"]))
+    op = draw(
+        st.sampled_from(["extend", "extend", "extend", "retry", "edit", "retype", "truncate"])
+    )
     if op == "edit":
         base[draw(st.integers(0, len(base) - 1))] = draw(message())
     elif op == "retype":
         i = draw(st.integers(0, len(base) - 1))
         base[i] = _retype(base[i])  # type: ignore[assignment]
     elif op == "truncate" and len(base) > 1:
-        base = base[:draw(st.integers(1, len(base) - 1))]
+        base = base[: draw(st.integers(1, len(base) - 1))]
     if op != "retry":
         base += draw(st.lists(message(), min_size=1, max_size=3))
     return base
@@ -98,8 +119,9 @@ def _reference(tree: SessionTree, msgs: list[dict], root: bytes) -> object:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 10), st.booleans(), st.data())
-def test_fast_path_agrees_with_the_full_walk(n_calls: int, mutate: bool,
-                                             data: st.DataObject) -> None:
+def test_fast_path_agrees_with_the_full_walk(
+    n_calls: int, mutate: bool, data: st.DataObject
+) -> None:
     tree = SessionTree()
     root = root_hash(None, None)
     calls: list[tuple[list[dict], dict]] = []
@@ -110,9 +132,19 @@ def test_fast_path_agrees_with_the_full_walk(n_calls: int, mutate: bool,
         ref = _reference(tree, msgs, root)
         got = tree.match(msgs, root)
         assert got.hashes == want
-        assert (got.parent and got.parent.id, got.matched, got.new_messages, got.note,
-                got.stale) == (ref.parent and ref.parent.id, ref.matched,  # type: ignore
-                               ref.new_messages, ref.note, ref.stale)  # type: ignore
+        assert (
+            got.parent and got.parent.id,
+            got.matched,
+            got.new_messages,
+            got.note,
+            got.stale,
+        ) == (
+            ref.parent and ref.parent.id,
+            ref.matched,  # type: ignore
+            ref.new_messages,
+            ref.note,
+            ref.stale,
+        )  # type: ignore
         assert got.echoed_reasoning == has_reasoning(msgs)
         reply = data.draw(message(("assistant",)))
         node = Node(f"c{n}", got.parent, array("i", [n]), array("i", [n, n]), reply, None)
@@ -131,8 +163,17 @@ def _ctx(calls: dict[str, tuple[str | None, list[int], list[int]]], cid: str) ->
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(-1, 30), st.lists(st.integers(0, 9), max_size=4),
-                          st.lists(st.integers(0, 9), max_size=3)), min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-1, 30),
+            st.lists(st.integers(0, 9), max_size=4),
+            st.lists(st.integers(0, 9), max_size=3),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_context_slices_equal_the_recorded_tokens(steps: list[tuple]) -> None:
     """Calls continue the last one, an earlier one (retries, branches) or start anew; every
     call's context from the log equals its path's recorded tokens, and the log holds at most
@@ -149,8 +190,16 @@ def test_context_slices_equal_the_recorded_tokens(steps: list[tuple]) -> None:
         cid = f"c{i}"
         calls[cid] = (parent, delta, done)
         order.append(cid)
-        tree.place(Node(cid, tree.nodes[parent] if parent else None, array("i", delta),
-                        array("i", done), None, None))
+        tree.place(
+            Node(
+                cid,
+                tree.nodes[parent] if parent else None,
+                array("i", delta),
+                array("i", done),
+                None,
+                None,
+            )
+        )
         recorded = sum(len(d) + len(c) for _, d, c in calls.values())
         assert len(tree.log) <= 2 * recorded
     for cid in order:
@@ -186,7 +235,15 @@ def test_interleaved_branches_stay_within_twice_the_tokens() -> None:
             assert tree.context_ids(tree.nodes[parent]).tolist() == _ctx(calls, parent)
         cid = f"c{i}"
         calls[cid] = (parent, [i] * 5, [i])
-        tree.place(Node(cid, tree.nodes[parent] if parent else None, array("i", [i] * 5),
-                        array("i", [i]), None, None))
+        tree.place(
+            Node(
+                cid,
+                tree.nodes[parent] if parent else None,
+                array("i", [i] * 5),
+                array("i", [i]),
+                None,
+                None,
+            )
+        )
         tips[i % 2] = cid
         assert len(tree.log) <= 2 * sum(len(d) + len(c) for _, d, c in calls.values())

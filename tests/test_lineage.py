@@ -36,8 +36,9 @@ def sessions(draw: st.DrawFn) -> list[tuple[int | None, list[int], list[int]]]:
     return calls
 
 
-def build(calls: list[tuple[int | None, list[int], list[int]]]
-          ) -> tuple[LineageIndex, list[Node], list[list[int]]]:
+def build(
+    calls: list[tuple[int | None, list[int], list[int]]],
+) -> tuple[LineageIndex, list[Node], list[list[int]]]:
     idx = LineageIndex()
     nodes: list[Node] = []
     fulls: list[list[int]] = []
@@ -56,7 +57,7 @@ def session_and_prompt(draw: st.DrawFn):
     idx, nodes, fulls = build(calls)
     if fulls and draw(st.booleans()):  # near a recorded conversation: cut, extended, changed
         base = list(draw(st.sampled_from(fulls)))
-        base = base[:draw(st.integers(0, len(base)))] if draw(st.booleans()) else base
+        base = base[: draw(st.integers(0, len(base)))] if draw(st.booleans()) else base
         base += draw(tokens)
         if base and draw(st.booleans()):
             i = draw(st.integers(0, len(base) - 1))
@@ -68,7 +69,7 @@ def session_and_prompt(draw: st.DrawFn):
 
 
 def is_prefix(a: list[int], b: list[int]) -> bool:
-    return b[:len(a)] == a
+    return b[: len(a)] == a
 
 
 def ref_common(a: list[int], b: list[int]) -> int:
@@ -82,8 +83,9 @@ def ref_common(a: list[int], b: list[int]) -> int:
 @given(session_and_prompt())
 def test_parent_is_the_longest_latest_recorded_prefix(case):
     idx, nodes, fulls, prompt = case
-    cands = [(len(f), n.seq, n) for n, f in zip(nodes, fulls, strict=True)
-             if f and is_prefix(f, prompt)]
+    cands = [
+        (len(f), n.seq, n) for n, f in zip(nodes, fulls, strict=True) if f and is_prefix(f, prompt)
+    ]
     want = max(cands, key=lambda c: (c[0], c[1]))[2] if cands else None
     assert idx.parent_of(array("i", prompt)) is want
 
@@ -102,8 +104,11 @@ def test_extends_is_a_prefix_test(case):
 def test_closest_is_the_leaf_sharing_the_longest_prefix(case):
     idx, nodes, fulls, prompt = case
     parents = {n.parent.id for n in nodes if n.parent is not None}
-    leaves = [(ref_common(f, prompt), n.seq, n) for n, f in zip(nodes, fulls, strict=True)
-              if n.id not in parents]
+    leaves = [
+        (ref_common(f, prompt), n.seq, n)
+        for n, f in zip(nodes, fulls, strict=True)
+        if n.id not in parents
+    ]
     got = idx.closest(array("i", prompt))
     if not leaves:
         assert got is None
@@ -124,11 +129,23 @@ def test_an_index_rebuilt_from_records_is_the_same(calls, failed):
         ok = not (seq < len(failed) and failed[seq])
         parent_ok = p is None or f"c{p}" in kept_nodes
         status = "ok" if ok and parent_ok else "error"
-        records.append(CallRecord(
-            id=node.id, session_id="s", seq=seq, parent_id=f"c{p}" if p is not None else None,
-            segment_reason=None, reused_prefix_len=0, prompt_delta=array("i", delta),
-            completion_ids=array("i", completion), completion_logprobs=array("f"),
-            finish_reason="stop", stop_token_id=None, seam=None, status=status))
+        records.append(
+            CallRecord(
+                id=node.id,
+                session_id="s",
+                seq=seq,
+                parent_id=f"c{p}" if p is not None else None,
+                segment_reason=None,
+                reused_prefix_len=0,
+                prompt_delta=array("i", delta),
+                completion_ids=array("i", completion),
+                completion_logprobs=array("f"),
+                finish_reason="stop",
+                stop_token_id=None,
+                seam=None,
+                status=status,
+            )
+        )
         if status == "ok":
             kept_nodes[node.id] = node
             kept.add(node)
@@ -136,8 +153,7 @@ def test_an_index_rebuilt_from_records_is_the_same(calls, failed):
     assert rebuilt.n_calls == len(calls)
     assert set(rebuilt.nodes) == set(kept.nodes) and set(rebuilt.leaves) == set(kept.leaves)
     for cid, node in rebuilt.nodes.items():
-        assert (node.full_len, node.digest) == (kept.nodes[cid].full_len,
-                                                kept.nodes[cid].digest)
+        assert (node.full_len, node.digest) == (kept.nodes[cid].full_len, kept.nodes[cid].digest)
 
 
 async def _text(ids: list[int]) -> str:
@@ -164,19 +180,30 @@ def test_link_names_why_a_call_starts_a_new_segment():
 
     first = asyncio.run(go(LineageIndex(), [user], [b"r", b"u"], [1, 2]))
     assert first.reason == "first_call" and first.parent is None
-    child = asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"x", b"y"],
-                           [1, 2, 3, 4, 5, 6, 7, 8]))
+    child = asyncio.run(
+        go(_chain(), [user, reply, user], [b"r", b"u", b"x", b"y"], [1, 2, 3, 4, 5, 6, 7, 8])
+    )
     assert child.parent.id == "c1" and child.reason is None and child.delta.tolist() == [8]
     # the messages continue c1, but the engine re-tokenized its completion: [6 9], not [6 7]
-    drift = asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"after-c1", b"y"],
-                           [1, 2, 3, 4, 5, 6, 9, 8]))
+    drift = asyncio.run(
+        go(_chain(), [user, reply, user], [b"r", b"u", b"after-c1", b"y"], [1, 2, 3, 4, 5, 6, 9, 8])
+    )
     assert drift.reason == "drift" and drift.parent is None
     d = drift.drift
     assert (d["call_id"], d["index"], d["at_call_id"], d["region"], d["offset"]) == (
-        "c1", 6, "c1", "completion", 1)
-    assert d["recorded"]["ids"] == [1, 2, 3, 4, 5, 6, 7] and d["received"]["text_from_index"] \
-        == "<9><8>"
+        "c1",
+        6,
+        "c1",
+        "completion",
+        1,
+    )
+    assert (
+        d["recorded"]["ids"] == [1, 2, 3, 4, 5, 6, 7]
+        and d["received"]["text_from_index"] == "<9><8>"
+    )
     assert "prompt token 6 is the first that differs" in drift.detail
     assert asyncio.run(go(_chain(), [user], [b"r", b"u"], [1, 9])).reason == "new_conversation"
-    assert asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"x", b"y"],
-                          [1, 9])).reason == "history_diverged"
+    assert (
+        asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"x", b"y"], [1, 9])).reason
+        == "history_diverged"
+    )

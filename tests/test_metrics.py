@@ -30,8 +30,12 @@ def scrape(ts) -> dict[str, list]:  # noqa: ANN001
 
 def value(fams: dict, sample: str, **labels: str) -> float:
     """The sum of the samples named ``sample`` whose labels include ``labels``."""
-    return sum(s.value for ss in fams.values() for s in ss
-               if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for ss in fams.values()
+        for s in ss
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def test_metrics_count_what_the_engine_and_the_store_saw(turnstile, relay, no_end_bias):
@@ -44,18 +48,24 @@ def test_metrics_count_what_the_engine_and_the_store_saw(turnstile, relay, no_en
         oa = openai.OpenAI(base_url=s["base_url"], api_key="unused", max_retries=0)
         msgs: list[dict] = [{"role": "user", "content": "hello there"}]
         for turn in range(3):
-            r = oa.chat.completions.create(model="m", messages=msgs, max_tokens=3 + turn,
-                                           logit_bias=no_end_bias, temperature=0)
-            msgs += [{"role": "assistant", "content": r.choices[0].message.content},
-                     {"role": "user", "content": f"turn {turn}"}]
+            r = oa.chat.completions.create(
+                model="m", messages=msgs, max_tokens=3 + turn, logit_bias=no_end_bias, temperature=0
+            )
+            msgs += [
+                {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": f"turn {turn}"},
+            ]
         # a rewritten history: a new segment, with its reason
-        oa.chat.completions.create(model="m", max_tokens=2, logit_bias=no_end_bias,
-                                   messages=[{"role": "system", "content": "other"}, *msgs])
+        oa.chat.completions.create(
+            model="m",
+            max_tokens=2,
+            logit_bias=no_end_bias,
+            messages=[{"role": "system", "content": "other"}, *msgs],
+        )
         with pytest.raises(openai.BadRequestError):  # refused before any engine call
             oa.chat.completions.create(model="m", messages=msgs, n=2)
         bad += 1
-    missing = openai.OpenAI(base_url=ts.url + "/s/cap_nothing_here/v1", api_key="x",
-                            max_retries=0)
+    missing = openai.OpenAI(base_url=ts.url + "/s/cap_nothing_here/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         missing.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
 
@@ -71,12 +81,15 @@ def test_metrics_count_what_the_engine_and_the_store_saw(turnstile, relay, no_en
     assert value(fams, "turnstile_calls_total") == len(records)
     # what the engine received and sampled
     assert value(fams, "turnstile_prompt_tokens_total") == sum(
-        len(e.request["prompt"]) for e in exchanges)
+        len(e.request["prompt"]) for e in exchanges
+    )
     assert value(fams, "turnstile_sampled_tokens_total") == sum(
-        len(e.response["tokens"]) for e in exchanges)
+        len(e.response["tokens"]) for e in exchanges
+    )
     # what the store recorded
     assert value(fams, "turnstile_reused_prompt_tokens_total") == sum(
-        c["reused_prefix_len"] for c in records)
+        c["reused_prefix_len"] for c in records
+    )
     reasons = Counter(c["segment_reason"] for c in records if c["segment_reason"])
     assert set(reasons) >= {"first_call"} and sum(reasons.values()) > len(sessions)
     for reason, n in reasons.items():
@@ -90,13 +103,17 @@ def test_metrics_count_what_the_engine_and_the_store_saw(turnstile, relay, no_en
     engine = sum(c["timings"]["engine_s"] for c in records)
     assert value(fams, "turnstile_call_seconds_sum") == pytest.approx(latency, rel=1e-6)
     assert value(fams, "turnstile_engine_seconds_sum") == pytest.approx(engine, rel=1e-6)
-    assert value(fams, "turnstile_own_seconds_sum") == pytest.approx(latency - engine,
-                                                                     rel=1e-6, abs=1e-9)
+    assert value(fams, "turnstile_own_seconds_sum") == pytest.approx(
+        latency - engine, rel=1e-6, abs=1e-9
+    )
     assert 0 < engine < latency
     assert value(fams, "turnstile_store_write_seconds_sum") > 0
     # errors by kind: the 400s and the 404 the harness got
-    errors = {(s.labels["status"], s.labels["kind"]): s.value
-              for s in fams["turnstile_errors"] if s.name == "turnstile_errors_total"}
+    errors = {
+        (s.labels["status"], s.labels["kind"]): s.value
+        for s in fams["turnstile_errors"]
+        if s.name == "turnstile_errors_total"
+    }
     assert sum(v for (st, _), v in errors.items() if st == "400") == bad
     assert errors.get(("404", "session_not_found")) == 1, errors
     assert value(fams, "turnstile_in_flight") == 0
@@ -111,8 +128,12 @@ def test_in_flight_counts_a_waiting_call(turnstile, no_end_bias):
     done = threading.Event()
 
     def call() -> None:
-        oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                   max_tokens=2, logit_bias=no_end_bias)
+        oa.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            logit_bias=no_end_bias,
+        )
         done.set()
 
     t = threading.Thread(target=call)

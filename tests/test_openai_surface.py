@@ -21,12 +21,24 @@ from turnstile.parsing.grammar import tool_call_grammar
 pytestmark = pytest.mark.timeout(300)
 
 NEWLINE = 198  # "\n" in the Qwen2 vocabulary
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city.",
-    "parameters": {"type": "object", "required": ["city"],
-                   "properties": {"city": {"type": "string", "enum": ["Paris"]}}}}}]
-FORCED = {"type": "json_schema", "json_schema": {
-    "name": "forced", "schema": {"const": "abc STOP def"}}}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city.",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {"city": {"type": "string", "enum": ["Paris"]}},
+            },
+        },
+    }
+]
+FORCED = {
+    "type": "json_schema",
+    "json_schema": {"name": "forced", "schema": {"const": "abc STOP def"}},
+}
 
 
 def _client(session: dict) -> openai.OpenAI:
@@ -42,8 +54,9 @@ def test_a_matched_stop_string_is_left_out_of_the_content(turnstile, relay, stre
     session = turnstile.session()
     client = _client(session)
     msgs = [{"role": "user", "content": "Say it."}]
-    kw = dict(model="t", messages=msgs, response_format=FORCED, stop=["STOP"], max_tokens=32,
-              seed=1)
+    kw = dict(
+        model="t", messages=msgs, response_format=FORCED, stop=["STOP"], max_tokens=32, seed=1
+    )
     if stream:
         content, finish = "", None
         for chunk in client.chat.completions.create(stream=True, **kw):
@@ -71,8 +84,14 @@ def test_a_matched_stop_string_is_left_out_of_the_content(turnstile, relay, stre
 def test_a_forced_call_cut_by_max_tokens_is_length(turnstile, stream):
     session = turnstile.session()
     client = _client(session)
-    kw = dict(model="t", messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS,
-              tool_choice="required", max_tokens=6, seed=3)
+    kw = dict(
+        model="t",
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=6,
+        seed=3,
+    )
     if stream:
         finish = None
         for chunk in client.chat.completions.create(stream=True, **kw):
@@ -90,17 +109,27 @@ def test_required_admits_several_calls_unless_parallel_tool_calls_is_false(turns
     """A bias on "\\n" makes the model start another call whenever the grammar allows it."""
     session = turnstile.session()
     client = _client(session)
-    kw = dict(model="t", messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS,
-              tool_choice="required", logit_bias={str(NEWLINE): 100}, seed=4)
+    kw = dict(
+        model="t",
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        logit_bias={str(NEWLINE): 100},
+        seed=4,
+    )
     r = client.chat.completions.create(max_tokens=200, **kw)
-    done = [c for c in r.choices[0].message.tool_calls or ()
-            if c.function.arguments == '{"city": "Paris"}']
+    done = [
+        c
+        for c in r.choices[0].message.tool_calls or ()
+        if c.function.arguments == '{"city": "Paris"}'
+    ]
     assert len(done) >= 2, r.choices[0].message
     assert r.choices[0].finish_reason == "length"  # it never stops adding calls
     one = client.chat.completions.create(max_tokens=200, parallel_tool_calls=False, **kw)
     assert one.choices[0].finish_reason == "tool_calls"
-    assert [c.function.arguments for c in one.choices[0].message.tool_calls] == \
-        ['{"city": "Paris"}']
+    assert [c.function.arguments for c in one.choices[0].message.tool_calls] == [
+        '{"city": "Paris"}'
+    ]
     many, single = _calls(turnstile, session)
     assert many["parallel_tool_calls"] is True and single["parallel_tool_calls"] is False
     assert many["sampling"]["grammar"] == tool_call_grammar("hermes", TOOLS, parallel=True)
@@ -110,9 +139,14 @@ def test_required_admits_several_calls_unless_parallel_tool_calls_is_false(turns
 def test_named_function_is_one_call_even_with_parallel_tool_calls(turnstile):
     session = turnstile.session()
     r = _client(session).chat.completions.create(
-        model="t", messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS,
+        model="t",
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        logit_bias={str(NEWLINE): 100}, max_tokens=200, seed=5)
+        logit_bias={str(NEWLINE): 100},
+        max_tokens=200,
+        seed=5,
+    )
     assert r.choices[0].finish_reason == "tool_calls"
     assert len(r.choices[0].message.tool_calls) == 1
 
@@ -120,61 +154,113 @@ def test_named_function_is_one_call_even_with_parallel_tool_calls(turnstile):
 def test_response_format_is_passed_to_the_engine_and_recorded(turnstile, relay):
     session = turnstile.session()
     client = _client(session)
-    schema = {"type": "object", "required": ["answer"],
-              "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}}}
+    schema = {
+        "type": "object",
+        "required": ["answer"],
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+    }
     r = client.chat.completions.create(
-        model="t", messages=[{"role": "user", "content": "Yes or no?"}], max_tokens=48, seed=6,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "a", "schema": schema, "strict": True}})
+        model="t",
+        messages=[{"role": "user", "content": "Yes or no?"}],
+        max_tokens=48,
+        seed=6,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema, "strict": True},
+        },
+    )
     assert json.loads(r.choices[0].message.content)["answer"] in ("yes", "no")
     assert relay.completions()[-1].request["json_schema"] == schema
     assert _calls(turnstile, session)[0]["sampling"]["json_schema"] == schema
-    client.chat.completions.create(model="t", messages=[{"role": "user", "content": "JSON?"}],
-                                   max_tokens=4, seed=6, response_format={"type": "json_object"})
+    client.chat.completions.create(
+        model="t",
+        messages=[{"role": "user", "content": "JSON?"}],
+        max_tokens=4,
+        seed=6,
+        response_format={"type": "json_object"},
+    )
     assert relay.completions()[-1].request["json_schema"] == {"type": "object"}
-    client.chat.completions.create(model="t", messages=[{"role": "user", "content": "Text?"}],
-                                   max_tokens=2, response_format={"type": "text"})
+    client.chat.completions.create(
+        model="t",
+        messages=[{"role": "user", "content": "Text?"}],
+        max_tokens=2,
+        response_format={"type": "text"},
+    )
     assert "json_schema" not in relay.completions()[-1].request
 
 
 def test_penalties_and_sampling_knobs_reach_the_engine_and_the_record(turnstile, relay):
     session = turnstile.session()
     _client(session).chat.completions.create(
-        model="t", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=7,
-        frequency_penalty=0.5, presence_penalty=-0.25, user="u-1", metadata={"k": "v"},
-        extra_body={"top_k": 20, "min_p": 0.1, "repetition_penalty": 1.1})
+        model="t",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        seed=7,
+        frequency_penalty=0.5,
+        presence_penalty=-0.25,
+        user="u-1",
+        metadata={"k": "v"},
+        extra_body={"top_k": 20, "min_p": 0.1, "repetition_penalty": 1.1},
+    )
     sent = relay.completions()[-1].request
-    assert (sent["frequency_penalty"], sent["presence_penalty"], sent["repeat_penalty"],
-            sent["top_k"], sent["min_p"]) == (0.5, -0.25, 1.1, 20, 0.1)
+    assert (
+        sent["frequency_penalty"],
+        sent["presence_penalty"],
+        sent["repeat_penalty"],
+        sent["top_k"],
+        sent["min_p"],
+    ) == (0.5, -0.25, 1.1, 20, 0.1)
     call = _calls(turnstile, session)[0]
     s = call["sampling"]
-    assert (s["frequency_penalty"], s["presence_penalty"], s["repetition_penalty"], s["top_k"],
-            s["min_p"]) == (0.5, -0.25, 1.1, 20, 0.1)
+    assert (
+        s["frequency_penalty"],
+        s["presence_penalty"],
+        s["repetition_penalty"],
+        s["top_k"],
+        s["min_p"],
+    ) == (0.5, -0.25, 1.1, 20, 0.1)
     assert any("prompt" in w for w in call["warnings"])  # llama-server penalises the prompt too
     assert call["request_options"] == {"user": "u-1", "metadata": {"k": "v"}}
     assert "penalties" in call["logprob_warning"]
 
 
-@pytest.mark.parametrize("field,value", [
-    ("frequency_penalty", 3), ("presence_penalty", "a"), ("response_format", {"type": "xml"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("modalities", ["audio"]),
-    ("best_of", 2), ("guided_json", {}), ("parallel_tool_calls", "yes"),
-    ("reasoning_effort", 3)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("frequency_penalty", 3),
+        ("presence_penalty", "a"),
+        ("response_format", {"type": "xml"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+        ("functions", [{"name": "f"}]),
+        ("function_call", "auto"),
+        ("modalities", ["audio"]),
+        ("best_of", 2),
+        ("guided_json", {}),
+        ("parallel_tool_calls", "yes"),
+        ("reasoning_effort", 3),
+    ],
+)
 def test_fields_turnstile_cannot_honour_are_a_400_naming_them(turnstile, field, value):
     session = turnstile.session()
-    r = httpx.post(session["base_url"] + "/chat/completions",
-                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-                         field: value})
+    r = httpx.post(
+        session["base_url"] + "/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, field: value},
+    )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].split(".")[0] == field
 
 
 def test_a_json_format_cannot_be_combined_with_a_forced_call(turnstile):
     session = turnstile.session()
-    r = httpx.post(session["base_url"] + "/chat/completions", json={
-        "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
-        "tool_choice": "required", "response_format": {"type": "json_object"}})
+    r = httpx.post(
+        session["base_url"] + "/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        },
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
 
 
@@ -182,8 +268,11 @@ def test_reasoning_effort_reaches_the_template_or_is_flagged(turnstile):
     """The Qwen2.5 template reads no reasoning_effort: the call says so."""
     session = turnstile.session()
     _client(session).chat.completions.create(
-        model="t", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
-        reasoning_effort="low")
+        model="t",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=1,
+        reasoning_effort="low",
+    )
     call = _calls(turnstile, session)[0]
     assert "the chat template does not read 'reasoning_effort'" in call["warnings"]
 
@@ -223,8 +312,13 @@ def test_a_stream_holds_back_what_may_start_a_stop_string(tiny_qwen2, tmp_path):
     gw.engine = _Batches(ids, "END")
 
     async def run() -> list[str]:
-        req = parse_chat_request({"messages": [{"role": "user", "content": "hi"}],
-                                  "stop": ["END", "world!"], "stream": True})
+        req = parse_chat_request(
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "stop": ["END", "world!"],
+                "stream": True,
+            }
+        )
         chunks = [c async for c in await gw.stream("s1", req)]
         return [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
 

@@ -52,10 +52,22 @@ ACME_TEMPLATE = (
     "{% for m in messages %}{{ m.content }}{% if m.tool_calls %}<acme:call>{{ m.tool_calls "
     "| tojson }}</acme:call>{% endif %}{% endfor %}{{ unstable }}<acme:think></acme:think>"
 )
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "required": ["city", "days"],
-    "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
-                   "days": {"type": "integer"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "required": ["city", "days"],
+                "properties": {
+                    "city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                    "days": {"type": "integer"},
+                },
+            },
+        },
+    }
+]
 COMPLETION = (
     "<acme:think>Look it up.</acme:think>Checking."
     '<acme:call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</acme:call>'
@@ -73,9 +85,13 @@ def acme() -> Iterator[Family]:
 
 def test_declared_family_is_detected_with_its_reasoning(acme: Family) -> None:
     choice = detect_format(ACME_TEMPLATE)
-    assert (choice.tool_format, choice.reasoning, choice.reasoning_tags, choice.family,
-            choice.id_style) == ("acme", True, ("<acme:think>", "</acme:think>"), "acme chat",
-                                 "mistral9")
+    assert (
+        choice.tool_format,
+        choice.reasoning,
+        choice.reasoning_tags,
+        choice.family,
+        choice.id_style,
+    ) == ("acme", True, ("<acme:think>", "</acme:think>"), "acme chat", "mistral9")
     assert choice.reasoning_started("user: hi\n<acme:think>\n")
     assert not choice.reasoning_started("user: hi\n")
     assert "acme" in tool_formats()
@@ -166,10 +182,25 @@ def test_register_tool_format_declares_a_family_without_detection() -> None:
 
 
 # Modules of the parsing package that are shared machinery, not a family's parser.
-SHARED = {"__init__", "base", "call_ids", "detect", "families", "family", "family_specs",
-          "grammar", "jsoncalls",
-          "jsonlist", "markers", "parser", "reasoning", "registry", "tagged", "types",
-          "xmlcalls"}
+SHARED = {
+    "__init__",
+    "base",
+    "call_ids",
+    "detect",
+    "families",
+    "family",
+    "family_specs",
+    "grammar",
+    "jsoncalls",
+    "jsonlist",
+    "markers",
+    "parser",
+    "reasoning",
+    "registry",
+    "tagged",
+    "types",
+    "xmlcalls",
+}
 
 
 def test_parser_modules_exist_only_for_code_and_carry_their_family_name() -> None:
@@ -193,8 +224,15 @@ def test_declared_family_grammar_samples_parse_back(
     tok = load_tokenizer(str(tiny_qwen2))
     prompt = tok.encode("<|im_start|>user\nCall a tool.<|im_end|>\n<|im_start|>assistant\n")
     g = tool_call_grammar("acme", TOOLS, "get_weather")
-    body = {"prompt": prompt, "n_predict": 120, "temperature": 1.0, "top_k": 0, "min_p": 0,
-            "seed": 0, "grammar": g}
+    body = {
+        "prompt": prompt,
+        "n_predict": 120,
+        "temperature": 1.0,
+        "top_k": 0,
+        "min_p": 0,
+        "seed": 0,
+        "grammar": g,
+    }
     out = httpx.post(llama_tiny + "/completion", json=body, timeout=120).json()
     assert out["stop_type"] == "eos", out["content"]
     parser = detect_format(ACME_TEMPLATE).parser("", TOOLS)

@@ -91,7 +91,10 @@ EXPECTED: dict[str, Expect] = {
     "Cohere2MoE": Expect("cohere", True, "command-r", eot="<|END_OF_TURN_TOKEN|>"),
     "CohereForAI-c4ai-command-r-plus-tool_use": Expect(
         # the template writes no end of turn after tool calls, only the next (system) turn
-        "command_r", tok="command-r", eot="\n<|START_OF_TURN_TOKEN|>", render="legacy_tools",
+        "command_r",
+        tok="command-r",
+        eot="\n<|START_OF_TURN_TOKEN|>",
+        render="legacy_tools",
         turn_after="<|CHATBOT_TOKEN|>",
     ),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": Expect(
@@ -133,9 +136,7 @@ EXPECTED: dict[str, Expect] = {
     ),
     "deepseek-ai-DeepSeek-V3.1": Expect("deepseek_v3", True, "deepseek-llm", eot=DS_EOS),
     "deepseek-ai-DeepSeek-V3.2": Expect("deepseek_dsml", True, "deepseek-llm", eot=DS_EOS),
-    "deepseek-ai-DeepSeek-V4-Flash-0731": Expect(
-        "deepseek_dsml", True, "deepseek-llm", eot=DS_EOS
-    ),
+    "deepseek-ai-DeepSeek-V4-Flash-0731": Expect("deepseek_dsml", True, "deepseek-llm", eot=DS_EOS),
     "deepseek-ai-DeepSeek-V4": Expect("deepseek_dsml", True, "deepseek-llm", eot=DS_EOS),
     "fireworks-ai-llama-3-firefunction-v2": Expect(
         "firefunction_v2", tok="llama-bpe", eot="<|eot_id|>" + LLAMA3_GEN, render="functions"
@@ -300,8 +301,11 @@ def render(name: str, messages: list[dict], gen: bool) -> str:
         )
     if exp.render == "strargs":
         rendered, _ = render_jinja_template(
-            conversations=[messages], tools=tools, chat_template=source,
-            add_generation_prompt=gen, **variables,
+            conversations=[messages],
+            tools=tools,
+            chat_template=source,
+            add_generation_prompt=gen,
+            **variables,
         )
         return rendered[0]
     return ChatTemplate(source, variables).render(messages, tools, add_generation_prompt=gen)
@@ -314,8 +318,13 @@ def _dict_args(messages: list[dict]) -> list[dict]:
             m = {
                 **m,
                 "tool_calls": [
-                    {**c, "function": {**c["function"],
-                                       "arguments": json.loads(c["function"]["arguments"])}}
+                    {
+                        **c,
+                        "function": {
+                            **c["function"],
+                            "arguments": json.loads(c["function"]["arguments"]),
+                        },
+                    }
                     for c in m["tool_calls"]
                 ],
             }
@@ -414,8 +423,14 @@ def ids(i: int, _name: str = "") -> str:
 
 
 def make_parser(choice: FormatChoice, started: bool) -> Parser:
-    return Parser(choice.reasoning, choice.tool_format, started,
-                  reasoning_tags=choice.reasoning_tags, tools=TOOLS, id_factory=ids)
+    return Parser(
+        choice.reasoning,
+        choice.tool_format,
+        started,
+        reasoning_tags=choice.reasoning_tags,
+        tools=TOOLS,
+        id_factory=ids,
+    )
 
 
 def parse_whole(choice: FormatChoice, started: bool, text: str) -> ParsedMessage:
@@ -455,8 +470,9 @@ def reassemble(deltas: list[dict]) -> tuple[str, str, list[dict]]:
             for tc in value:
                 if "id" in tc:
                     assert tc["index"] == len(calls) and tc["function"]["name"]
-                    calls.append({"id": tc["id"], "type": "function",
-                                  "function": dict(tc["function"])})
+                    calls.append(
+                        {"id": tc["id"], "type": "function", "function": dict(tc["function"])}
+                    )
                 else:
                     assert tc["index"] == len(calls) - 1
                     calls[-1]["function"]["arguments"] += tc["function"]["arguments"]

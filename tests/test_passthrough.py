@@ -38,16 +38,35 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 class Passthrough:
     """``turnstile serve --mode passthrough`` as a real process."""
 
-    def __init__(self, engine_url: str, data: Path, log: Path, *extra: str,
-                 engine: str = "vllm"):
+    def __init__(self, engine_url: str, data: Path, log: Path, *extra: str, engine: str = "vllm"):
         self.port = testbed.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--mode", "passthrough",
-               "--engine", engine, "--engine-url", engine_url, "--model", MODEL,
-               "--port", str(self.port), "--data", str(data), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "turnstile.cli",
+            "serve",
+            "--mode",
+            "passthrough",
+            "--engine",
+            engine,
+            "--engine-url",
+            engine_url,
+            "--model",
+            MODEL,
+            "--port",
+            str(self.port),
+            "--data",
+            str(data),
+            *extra,
+        ]
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "TURNSTILE_TOKEN": TOKEN})
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "TURNSTILE_TOKEN": TOKEN},
+            )
         testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=60, headers=AUTH)
 
     def stop(self) -> None:
@@ -100,11 +119,13 @@ def sglang_fake() -> Iterator[SGLangFake]:
 
 
 @pytest.fixture(scope="module")
-def sglang_ts(sglang_fake: SGLangFake, tmp_path_factory: pytest.TempPathFactory
-              ) -> Iterator[Passthrough]:
+def sglang_ts(
+    sglang_fake: SGLangFake, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Passthrough]:
     d = tmp_path_factory.mktemp("passthrough-sglang")
-    t = Passthrough(sglang_fake.url, d / "data", d / "turnstile.log", "--keep-bodies",
-                    engine="sglang")
+    t = Passthrough(
+        sglang_fake.url, d / "data", d / "turnstile.log", "--keep-bodies", engine="sglang"
+    )
     yield t
     t.stop()
 
@@ -114,8 +135,7 @@ def engine(request: pytest.FixtureRequest) -> tuple[str, Passthrough, VLLMFake |
     """(engine, Turnstile, its fake) for each engine."""
     if request.param == "vllm":
         return "vllm", request.getfixturevalue("ts"), request.getfixturevalue("fake")
-    return ("sglang", request.getfixturevalue("sglang_ts"),
-            request.getfixturevalue("sglang_fake"))
+    return ("sglang", request.getfixturevalue("sglang_ts"), request.getfixturevalue("sglang_fake"))
 
 
 def _logprobs(kind: str, stream: bool, ids: list[int]) -> list[float | None]:
@@ -141,8 +161,9 @@ def _chat(client: openai.OpenAI, msgs: list[dict], stream: bool, **kw: object) -
     return {"role": "assistant", "content": text}
 
 
-def _conversation(ts: Passthrough, fake: VLLMFake | SGLangFake, turns: int, stream: bool
-                  ) -> tuple[str, list[dict], list[dict]]:
+def _conversation(
+    ts: Passthrough, fake: VLLMFake | SGLangFake, turns: int, stream: bool
+) -> tuple[str, list[dict], list[dict]]:
     sid = ts.session()
     client = ts.client(sid)
     before = len(fake.chat_log)
@@ -169,8 +190,9 @@ def test_drift_on_turn_three_is_located_exactly(engine, stream):
         assert c["completion_ids"] == ids
         want = _logprobs(kind, stream, ids)
         assert [x is None for x in c["completion_logprobs"]] == [x is None for x in want]
-        assert [x for x in c["completion_logprobs"] if x is not None] == \
-            pytest.approx([x for x in want if x is not None], abs=1e-5)
+        assert [x for x in c["completion_logprobs"] if x is not None] == pytest.approx(
+            [x for x in want if x is not None], abs=1e-5
+        )
         assert c["engine_request_id"] == s["id"]
         assert c["stop_token_id"] == toychat.IM_END and c["finish_reason"] == "stop"
         assert c["engine"] == f"passthrough-{kind}"
@@ -185,7 +207,7 @@ def test_drift_on_turn_three_is_located_exactly(engine, stream):
     assert c1["prompt_delta_ids"] == prompts[0]
     assert c2["parent_id"] == c1["id"] and c2["segment_reason"] is None
     assert c2["reused_prefix_len"] == len(prompts[0]) + len(outs[0])
-    assert c2["prompt_delta_ids"] == prompts[1][c2["reused_prefix_len"]:]
+    assert c2["prompt_delta_ids"] == prompts[1][c2["reused_prefix_len"] :]
 
     # Turn 3 drifts: the engine re-tokenized turn 2's reply ("a" + "b" sampled, "ab" now).
     split = toychat.ChatScript().split_index(msgs[:4])
@@ -198,10 +220,10 @@ def test_drift_on_turn_three_is_located_exactly(engine, stream):
     assert d["call_id"] == c2["id"] and d["at_call_id"] == c2["id"]
     assert d["index"] == index and d["region"] == "completion" and d["offset"] == split
     lo = d["window_start"]
-    assert d["recorded"]["ids"] == (prompts[1] + outs[1])[lo:index + 6]
-    assert d["received"]["ids"] == prompts[2][lo:index + 6]
+    assert d["recorded"]["ids"] == (prompts[1] + outs[1])[lo : index + 6]
+    assert d["received"]["ids"] == prompts[2][lo : index + 6]
     a, b, ab = toychat.char_id("a"), toychat.char_id("b"), toychat.PIECES["ab"]
-    assert d["recorded"]["ids"][index - lo:index - lo + 2] == [a, b]
+    assert d["recorded"]["ids"][index - lo : index - lo + 2] == [a, b]
     assert d["received"]["ids"][index - lo] == ab
     assert d["same_text"] is True  # same text, other tokens: retokenization
     assert d["recorded"]["text_from_index"] == "ab ab<|im_end|>"
@@ -216,7 +238,7 @@ def test_drift_on_turn_three_is_located_exactly(engine, stream):
     # Turn 4 extends turn 3.
     assert c4["parent_id"] == c3["id"] and c4["segment_reason"] is None
     assert c4["reused_prefix_len"] == len(prompts[2]) + len(outs[2])
-    assert c4["prompt_delta_ids"] == prompts[3][c4["reused_prefix_len"]:]
+    assert c4["prompt_delta_ids"] == prompts[3][c4["reused_prefix_len"] :]
 
     # Trajectories are exactly what the engine saw and sampled, one per segment.
     trajs = ts.get(f"/v1/sessions/{sid}/trajectories")["data"]
@@ -226,19 +248,21 @@ def test_drift_on_turn_three_is_located_exactly(engine, stream):
     assert second["token_ids"] == prompts[3] + outs[3]
     assert first["segment_reason"] == "first_call" and second["segment_reason"] == "drift"
     assert second["segment_detail"] == detail
-    for t, pieces in ((first, [(prompts[0], outs[0]), (prompts[1], outs[1])]),
-                      (second, [(prompts[2], outs[2]), (prompts[3], outs[3])])):
+    for t, pieces in (
+        (first, [(prompts[0], outs[0]), (prompts[1], outs[1])]),
+        (second, [(prompts[2], outs[2]), (prompts[3], outs[3])]),
+    ):
         mask = [0] * len(pieces[0][0]) + [1] * len(pieces[0][1])
         mask += [0] * (len(pieces[1][0]) - len(mask)) + [1] * len(pieces[1][1])
         assert t["loss_mask"] == mask
         lp = [x for _, out in pieces for x in _logprobs(kind, stream, out)]
         got = [x for x, m in zip(t["logprobs"], mask, strict=True) if m]
         assert [x is None for x in got] == [x is None for x in lp]
-        assert [x for x in got if x is not None] == \
-            pytest.approx([x for x in lp if x is not None], abs=1e-5)
+        assert [x for x in got if x is not None] == pytest.approx(
+            [x for x in lp if x is not None], abs=1e-5
+        )
     per_call = ts.get(f"/v1/sessions/{sid}/trajectories?mode=per_call")["data"]
-    assert [t["token_ids"] for t in per_call] == [p + o for p, o in zip(prompts, outs,
-                                                                        strict=True)]
+    assert [t["token_ids"] for t in per_call] == [p + o for p, o in zip(prompts, outs, strict=True)]
 
 
 def _normalize(obj: dict) -> dict:
@@ -253,10 +277,14 @@ def _sse(r: httpx.Response) -> list[dict]:
     return out
 
 
-ADDED = {"vllm": {"return_token_ids", "logprobs", "return_weight_versions"},
-         "sglang": {"return_input_ids_in_sglext", "return_output_ids_in_sglext", "logprobs"}}
-ASK_IDS = {"vllm": {"return_token_ids": True},
-           "sglang": {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}}
+ADDED = {
+    "vllm": {"return_token_ids", "logprobs", "return_weight_versions"},
+    "sglang": {"return_input_ids_in_sglext", "return_output_ids_in_sglext", "logprobs"},
+}
+ASK_IDS = {
+    "vllm": {"return_token_ids": True},
+    "sglang": {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True},
+}
 
 
 @pytest.mark.parametrize("asked", ["plain", "logprobs", "token_ids"])
@@ -265,15 +293,22 @@ def test_the_harness_gets_the_engines_own_response(engine, asked, stream):
     """Turnstile's additions (token IDs, logprobs, weight versions) are taken out again:
     the harness gets what the engine answers to the request as the harness sent it."""
     kind, ts, fake = engine
-    asked = {"plain": {}, "logprobs": {"logprobs": True, "top_logprobs": 2},
-             "token_ids": ASK_IDS[kind]}[asked]
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 30, "stream": stream, **asked}
+    asked = {
+        "plain": {},
+        "logprobs": {"logprobs": True, "top_logprobs": 2},
+        "token_ids": ASK_IDS[kind],
+    }[asked]
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 30,
+        "stream": stream,
+        **asked,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     sid = ts.session()
-    with httpx.stream("POST", f"{ts.base_url(sid)}/chat/completions", json=body,
-                      timeout=30) as via:
+    with httpx.stream("POST", f"{ts.base_url(sid)}/chat/completions", json=body, timeout=30) as via:
         assert via.status_code == 200
         got = _sse(via) if stream else _normalize(orjson.loads(via.read()))
     with httpx.stream("POST", f"{fake.url}/v1/chat/completions", json=body, timeout=30) as d:
@@ -281,8 +316,9 @@ def test_the_harness_gets_the_engines_own_response(engine, asked, stream):
     assert got == direct
     sent = fake.chat_log[-2]["body"]  # what the engine received through Turnstile
     assert all(sent[k] is True for k in ADDED[kind])
-    assert {k: v for k, v in sent.items() if k not in ADDED[kind]} == \
-        {k: v for k, v in body.items() if k not in ADDED[kind]}
+    assert {k: v for k, v in sent.items() if k not in ADDED[kind]} == {
+        k: v for k, v in body.items() if k not in ADDED[kind]
+    }
     (call,) = ts.get(f"/v1/sessions/{sid}/calls")["data"]
     assert call["completion_ids"] == fake.chat_log[-2]["choices"][0]["token_ids"]
     assert call["prompt_delta_ids"] == fake.chat_log[-2]["prompt_token_ids"]
@@ -315,11 +351,15 @@ def test_new_conversations_and_rewritten_history_are_named(ts, fake):
     msgs = [{"role": "system", "content": "main"}, {"role": "user", "content": "q1"}]
     msgs.append(_chat(client, msgs, False))
     # A subagent: another conversation in the same rollout, sharing no assistant turn.
-    _chat(client, [{"role": "system", "content": "helper"}, {"role": "user", "content": "x"}],
-          False)
+    _chat(
+        client, [{"role": "system", "content": "helper"}, {"role": "user", "content": "x"}], False
+    )
     # The harness compacts its history: the assistant turn is not the one sampled.
-    edited = [*msgs[:2], {"role": "assistant", "content": "summary"},
-              {"role": "user", "content": "q2"}]
+    edited = [
+        *msgs[:2],
+        {"role": "assistant", "content": "summary"},
+        {"role": "user", "content": "q2"},
+    ]
     _chat(client, edited, False)
     first, sub, compacted = ts.get(f"/v1/sessions/{sid}/calls")["data"]
     assert sub["segment_reason"] == "new_conversation" and sub["parent_id"] is None
@@ -346,8 +386,9 @@ def test_engine_errors_reach_the_harness_in_openai_shape(ts, fake, stream):
     msgs = [{"role": "user", "content": "hi"}]
 
     def call(**kw: object) -> object:
-        r = client.chat.completions.create(model=kw.pop("model", MODEL), messages=msgs,
-                                           stream=stream, **kw)
+        r = client.chat.completions.create(
+            model=kw.pop("model", MODEL), messages=msgs, stream=stream, **kw
+        )
         return list(r) if stream else r
 
     for status, want in ((500, 502), (503, 503)):
@@ -372,8 +413,11 @@ def test_engine_failing_mid_stream_is_reported_in_band_and_recorded(ts, fake):
     sid = ts.session()
     fake.fail_mid_stream = 500
     with pytest.raises(openai.APIError) as e:
-        list(ts.client(sid).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))
+        list(
+            ts.client(sid).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+        )
     assert "Internal server error" in str(e.value)
     (call,) = ts.get(f"/v1/sessions/{sid}/calls")["data"]
     sent = fake.chat_log[-1]
@@ -424,8 +468,9 @@ def test_a_harness_that_goes_away_mid_stream_leaves_an_aborted_call(ts, fake):
     fake.token_delay = 0.1
     try:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        with httpx.stream("POST", f"{ts.base_url(sid)}/chat/completions", json=body,
-                          timeout=30) as r:
+        with httpx.stream(
+            "POST", f"{ts.base_url(sid)}/chat/completions", json=body, timeout=30
+        ) as r:
             lines = r.iter_lines()
             while not next(lines).startswith("data: {"):
                 pass
@@ -441,7 +486,7 @@ def test_a_harness_that_goes_away_mid_stream_leaves_an_aborted_call(ts, fake):
     assert call["prompt_delta_ids"] == sent["prompt_token_ids"]
     out = call["completion_ids"]
     assert len(out) < len(sent["choices"][0]["token_ids"])
-    assert out == sent["choices"][0]["token_ids"][:len(out)]
+    assert out == sent["choices"][0]["token_ids"][: len(out)]
 
 
 def _until_in_flight(ts: Passthrough) -> None:
@@ -459,7 +504,8 @@ def test_policy_pause_abort_and_resume(ts, fake):
     def call(key: str) -> None:
         try:
             r = client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": key}])
+                model=MODEL, messages=[{"role": "user", "content": key}]
+            )
             results[key] = r.choices[0].finish_reason
         except openai.APIStatusError as e:
             results[key] = e.body.get("code") if isinstance(e.body, dict) else e.status_code
@@ -469,8 +515,9 @@ def test_policy_pause_abort_and_resume(ts, fake):
         t = threading.Thread(target=call, args=("aborted",))
         t.start()
         _until_in_flight(ts)  # running (it takes seconds at 0.2 s a token), not just sent
-        r = httpx.post(ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60,
-                       headers=AUTH).json()
+        r = httpx.post(
+            ts.url + "/admin/pause", json={"mode": "abort"}, timeout=60, headers=AUTH
+        ).json()
         t.join(30)
     finally:
         fake.token_delay = 0.0
@@ -485,8 +532,9 @@ def test_policy_pause_abort_and_resume(ts, fake):
     assert "waited" not in results
     assert ts.get("/admin/status")["in_flight"] == 0 and len(fake.chat_log) == sent
     resumed = time.time()
-    httpx.post(ts.url + "/admin/resume", json={"weight_version": "7"},
-               headers=AUTH).raise_for_status()
+    httpx.post(
+        ts.url + "/admin/resume", json={"weight_version": "7"}, headers=AUTH
+    ).raise_for_status()
     waiting.join(30)
     assert results["waited"] == "stop"
     last = ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]
@@ -505,28 +553,57 @@ def test_stripping_keeps_what_the_harness_asked_for():
 
     nothing = Asked(False, False, False, False)
     # vLLM sends a chunk for an empty-text token only because ids/logprobs were asked for
-    empty = {"id": "x", "choices": [{"index": 0, "delta": {"content": ""}, "logprobs": {
-        "content": [{"token": "", "logprob": -1.0}]}, "finish_reason": None, "token_ids": [7]}]}
+    empty = {
+        "id": "x",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": ""},
+                "logprobs": {"content": [{"token": "", "logprob": -1.0}]},
+                "finish_reason": None,
+                "token_ids": [7],
+            }
+        ],
+    }
     assert strip_chunk(orjson.loads(orjson.dumps(empty)), nothing, VLLMChat()) is None
-    kept = strip_chunk(orjson.loads(orjson.dumps(empty)), Asked(True, True, False, False),
-                       VLLMChat())
+    kept = strip_chunk(
+        orjson.loads(orjson.dumps(empty)), Asked(True, True, False, False), VLLMChat()
+    )
     assert kept["choices"][0]["token_ids"] == [7] and kept["choices"][0]["logprobs"] is None
-    first = {"id": "x", "prompt_token_ids": [1, 2], "choices": [
-        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-         "finish_reason": None}]}
+    first = {
+        "id": "x",
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+    }
     assert strip_chunk(first, nothing, VLLMChat()) == {"id": "x", "choices": first["choices"]}
     # SGLang: the ids-only chunk goes; one that also carries other sglext fields stays
-    ids_only = {"choices": [], "sglext": {"input_ids": [1], "output_ids": [[2]],
-                                          "routed_experts": None}}
+    ids_only = {
+        "choices": [],
+        "sglext": {"input_ids": [1], "output_ids": [[2]], "routed_experts": None},
+    }
     assert strip_chunk(ids_only, nothing, SGLangChat()) is None
     mixed = {"choices": [], "sglext": {"input_ids": [1], "routed_experts": "AAAA"}}
-    assert strip_chunk(mixed, nothing, SGLangChat()) == {"choices": [],
-                                                         "sglext": {"routed_experts": "AAAA"}}
-    resp = {"prompt_token_ids": [1], "choices": [{"token_ids": [2], "logprobs": {"content": []},
-                                                  "weight_versions": [{"version": "1"}]}]}
+    assert strip_chunk(mixed, nothing, SGLangChat()) == {
+        "choices": [],
+        "sglext": {"routed_experts": "AAAA"},
+    }
+    resp = {
+        "prompt_token_ids": [1],
+        "choices": [
+            {"token_ids": [2], "logprobs": {"content": []}, "weight_versions": [{"version": "1"}]}
+        ],
+    }
     assert strip_response(resp, nothing, VLLMChat()) == {
         "prompt_token_ids": None,
-        "choices": [{"token_ids": None, "logprobs": None, "weight_versions": None}]}
+        "choices": [{"token_ids": None, "logprobs": None, "weight_versions": None}],
+    }
 
 
 def test_replicas_keep_a_session_on_one_engine(tmp_path):
@@ -545,8 +622,9 @@ def test_replicas_keep_a_session_on_one_engine(tmp_path):
                 assert second["parent_id"] == first["id"]
                 assert first["added_fields"] == ["return_token_ids", "logprobs"]
                 assert first["weight_version"] is None
-            served = {f.url: [e["body"]["messages"][0]["content"] for e in f.chat_log]
-                      for f in (a, b)}
+            served = {
+                f.url: [e["body"]["messages"][0]["content"] for e in f.chat_log] for f in (a, b)
+            }
             for sid in sids:  # both calls of a session on the same replica
                 assert sorted(len([x for x in v if x == sid]) for v in served.values()) == [0, 2]
         finally:

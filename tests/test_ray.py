@@ -77,25 +77,36 @@ def fleet(tiny_qwen2: Path, llama_tiny: str, tmp_path_factory: pytest.TempPathFa
 
     tmp = tmp_path_factory.mktemp("ray")
     gate = Gate()
-    with testbed.llama_server(tiny_qwen2, ctx=8192, parallel=2,
-                              log=tmp / "llama-2.log") as second:
+    with testbed.llama_server(tiny_qwen2, ctx=8192, parallel=2, log=tmp / "llama-2.log") as second:
         relays = [gated_relay(u, gate) for u in (llama_tiny, second)]
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "include_dashboard": False})
+        cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+        )
         cluster.add_node(num_cpus=1)
         ray.init(address=cluster.address, log_to_driver=False)
         port = testbed.free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        args = build_parser().parse_args([
-            "serve", *(a for r, _ in relays for a in ("--engine-url", r.url)),
-            "--model", str(tiny_qwen2), "--data", str(tmp / "data"),
-            "--public-url", f"http://127.0.0.1:{port}"])
+        args = build_parser().parse_args(
+            [
+                "serve",
+                *(a for r, _ in relays for a in ("--engine-url", r.url)),
+                "--model",
+                str(tiny_qwen2),
+                "--data",
+                str(tmp / "data"),
+                "--public-url",
+                f"http://127.0.0.1:{port}",
+            ]
+        )
         args.trainer_token = TOKEN
-        serve.run(build_app(replica_options(args), replicas=2), name="turnstile",
-                  route_prefix="/")
+        serve.run(build_app(replica_options(args), replicas=2), name="turnstile", route_prefix="/")
         try:
-            yield {"url": f"http://127.0.0.1:{port}", "relays": [r for r, _ in relays],
-                   "gate": gate, "data": str(tmp / "data")}
+            yield {
+                "url": f"http://127.0.0.1:{port}",
+                "relays": [r for r, _ in relays],
+                "gate": gate,
+                "data": str(tmp / "data"),
+            }
         finally:
             gate.open.set()
             serve.shutdown()
@@ -123,12 +134,13 @@ def check_exact(http: httpx.Client, url: str, sid: str, by_prompt: dict) -> list
     sampled = 0
     for c in calls:
         assert c["status"] == "ok", c
-        full = ids[:c["reused_prefix_len"] + len(c["prompt_delta_ids"])]
-        (ex,) = [e for e in by_prompt[tuple(full)]
-                 if e.response["tokens"] == c["completion_ids"]][:1]
+        full = ids[: c["reused_prefix_len"] + len(c["prompt_delta_ids"])]
+        (ex,) = [e for e in by_prompt[tuple(full)] if e.response["tokens"] == c["completion_ids"]][
+            :1
+        ]
         n = len(full)
-        assert ids[n:n + len(c["completion_ids"])] == ex.response["tokens"]
-        assert set(mask[n:n + len(c["completion_ids"])]) == {1}
+        assert ids[n : n + len(c["completion_ids"])] == ex.response["tokens"]
+        assert set(mask[n : n + len(c["completion_ids"])]) == {1}
         sampled += len(c["completion_ids"])
     assert sum(mask) == sampled
     return calls
@@ -144,23 +156,32 @@ def ring_owner(replicas: list[str], key: str, vnodes: int = 100) -> str:
 
 
 def turn(oa: openai.OpenAI, msgs: list[dict], bias: dict, max_tokens: int = 4) -> None:
-    r = oa.chat.completions.create(model="m", messages=msgs, max_tokens=max_tokens,
-                                   logit_bias=bias, temperature=1.0)
-    msgs += [{"role": "assistant", "content": r.choices[0].message.content},
-             {"role": "user", "content": f"go on ({len(msgs)})"}]
+    r = oa.chat.completions.create(
+        model="m", messages=msgs, max_tokens=max_tokens, logit_bias=bias, temperature=1.0
+    )
+    msgs += [
+        {"role": "assistant", "content": r.choices[0].message.content},
+        {"role": "user", "content": f"go on ({len(msgs)})"},
+    ]
 
 
 def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
     url, gate = fleet["url"], fleet["gate"]
     http = httpx.Client(headers=AUTH, timeout=60)
     assert http.get(url + "/metrics").status_code == 200
-    sessions = [http.post(url + "/v1/sessions", json={"metadata": {"task": i}, "group_id": "g",
-                                                     "sample_index": i}).json()
-                for i in range(SESSIONS)]
-    convs = {s["id"]: [{"role": "user", "content": f"task {i}: start"}]
-             for i, s in enumerate(sessions)}
-    clients = {s["id"]: openai.OpenAI(base_url=s["base_url"], api_key="unused",
-                                      max_retries=0) for s in sessions}
+    sessions = [
+        http.post(
+            url + "/v1/sessions", json={"metadata": {"task": i}, "group_id": "g", "sample_index": i}
+        ).json()
+        for i in range(SESSIONS)
+    ]
+    convs = {
+        s["id"]: [{"role": "user", "content": f"task {i}: start"}] for i, s in enumerate(sessions)
+    }
+    clients = {
+        s["id"]: openai.OpenAI(base_url=s["base_url"], api_key="unused", max_retries=0)
+        for s in sessions
+    }
 
     def run(sid: str) -> None:
         for _ in range(TURNS):
@@ -186,8 +207,9 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
     # a session closed through the other replica (a trainer route, keyed by a name the ring
     # gives the other one) takes no more calls on its own replica
     sid0 = next(iter(convs))
-    name = next(f"n{i}" for i in range(10_000)
-                if ring_owner(sorted(spread), f"id:n{i}") != owner[sid0])
+    name = next(
+        f"n{i}" for i in range(10_000) if ring_owner(sorted(spread), f"id:n{i}") != owner[sid0]
+    )
     r = http.post(f"{url}/v1/sessions/{sid0}/close", json={}, headers={"x-session-id": name})
     assert r.status_code == 200, r.text
     with pytest.raises(openai.ConflictError):
@@ -213,8 +235,11 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
     for t in threads:
         t.start()
     gate.wait_for(len(threads))
-    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-               if a["name"].startswith("SERVE_REPLICA") and a["name"].endswith(victim)]
+    (name,) = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith("SERVE_REPLICA") and a["name"].endswith(victim)
+    ]
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     for s in mine:  # wait until each of the victim's calls has failed
         threads[mine.index(s)].join(120)
@@ -255,7 +280,6 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
         assert t.session_id == sid and t.sample_index == i
         assert t.token_ids.dtype.name == "int32" and t.token_ids.tolist() == want["token_ids"]
         assert t.loss_mask.tolist() == want["loss_mask"]
-
 
     # ... and from a trainer actor, as a trainer on Ray would call it
     @ray.remote(num_cpus=0)

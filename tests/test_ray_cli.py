@@ -33,20 +33,45 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "turnstile.cli", "serve", "--ray", "--ray-replicas", "2",
-             "--ray-replica-cpus", "0.5", "--engine-url", relay.url, "--model",
-             str(tiny_qwen2), "--data", str(tmp_path / "data"), "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-            env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
-                 "TURNSTILE_TOKEN": TOKEN})
+            [
+                sys.executable,
+                "-m",
+                "turnstile.cli",
+                "serve",
+                "--ray",
+                "--ray-replicas",
+                "2",
+                "--ray-replica-cpus",
+                "0.5",
+                "--engine-url",
+                relay.url,
+                "--model",
+                str(tiny_qwen2),
+                "--data",
+                str(tmp_path / "data"),
+                "--port",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={
+                **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                "TURNSTILE_TOKEN": TOKEN,
+            },
+        )
     ray_procs: list[psutil.Process] = []
     try:
         testbed.wait_healthy(url + "/v1/models", proc, timeout=180, headers=AUTH)
         s = httpx.post(url + "/v1/sessions", json={"metadata": {}}, headers=AUTH).json()
         assert s["base_url"] == f"{url}/s/" + s["base_url"].split("/s/")[1]
         oa = openai.OpenAI(base_url=s["base_url"], api_key="unused", max_retries=0)
-        r = oa.chat.completions.create(model="m", max_tokens=3, logit_bias=no_end_bias,
-                                       messages=[{"role": "user", "content": "hi"}])
+        r = oa.chat.completions.create(
+            model="m",
+            max_tokens=3,
+            logit_bias=no_end_bias,
+            messages=[{"role": "user", "content": "hi"}],
+        )
         (call,) = httpx.get(f"{url}/v1/sessions/{s['id']}/calls", headers=AUTH).json()["data"]
         assert call["completion_ids"] == relay.completions()[-1].response["tokens"]
         assert r.usage.completion_tokens == 3
@@ -63,8 +88,11 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
                         seen[sample.labels["replica"]] = sample.value
         assert call["replica"] in seen and seen[call["replica"]] == 3
         assert sum(seen.values()) == 3 and ":" not in call["replica"]  # not host:pid
-        ray_procs += [p for p in psutil.Process(proc.pid).children(recursive=True)
-                     if "raylet" in " ".join(p.cmdline()) or "gcs_server" in p.name()]
+        ray_procs += [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "raylet" in " ".join(p.cmdline()) or "gcs_server" in p.name()
+        ]
         assert ray_procs
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -20,7 +20,8 @@ from ray.serve._private.common import StreamingHTTPRequest  # noqa: E402
 from turnstile.ray.routing import request_scope, session_key  # noqa: E402
 
 CAP = st.text(string.ascii_letters + string.digits + "-_", min_size=43, max_size=43).map(
-    lambda s: "cap_" + s)
+    lambda s: "cap_" + s
+)
 
 
 def sent(base_url: str, api_key: str, headers: dict | None = None) -> httpx.Request:
@@ -31,9 +32,13 @@ def sent(base_url: str, api_key: str, headers: dict | None = None) -> httpx.Requ
         got.append(req)
         return httpx.Response(400, json={"error": {"message": "stop here"}})
 
-    oa = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                       http_client=httpx.Client(transport=httpx.MockTransport(handler)),
-                       default_headers=headers)
+    oa = openai.OpenAI(
+        base_url=base_url,
+        api_key=api_key,
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
+        default_headers=headers,
+    )
     with pytest.raises(openai.BadRequestError):
         oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     return got[0]
@@ -41,8 +46,11 @@ def sent(base_url: str, api_key: str, headers: dict | None = None) -> httpx.Requ
 
 def scope_of(req: httpx.Request) -> dict:
     """The scope as Serve's proxy pickles it for the replica (the router unpickles it)."""
-    scope = {"type": "http", "path": req.url.path,
-             "headers": [(k.lower(), v) for k, v in req.headers.raw]}
+    scope = {
+        "type": "http",
+        "path": req.url.path,
+        "headers": [(k.lower(), v) for k, v in req.headers.raw],
+    }
     arg = pickle.dumps(StreamingHTTPRequest(scope, proxy_actor_name="proxy"))
     out = request_scope(arg)
     assert out is not None
@@ -63,8 +71,9 @@ def test_a_session_has_one_key_however_its_harness_reaches_it(cap: str, other: s
 
 
 def test_trainer_requests():
-    named = scope_of(sent("http://h:8000/v1", "trainer-token-0123456789",
-                          {"X-Session-Id": "rollout-7"}))
+    named = scope_of(
+        sent("http://h:8000/v1", "trainer-token-0123456789", {"X-Session-Id": "rollout-7"})
+    )
     assert session_key(named["path"], named["headers"]) == "id:rollout-7"
     plain = scope_of(sent("http://h:8000/v1", "trainer-token-0123456789"))
     assert session_key(plain["path"], plain["headers"]) is None  # any replica
@@ -76,12 +85,14 @@ def test_the_app_has_the_router_and_the_bounds_asked_for():
 
     fixed = build_app({"mode": "token-in"}, replicas=3)._bound_deployment
     assert fixed.num_replicas == 3
-    assert fixed._deployment_config.request_router_config.request_router_class == \
-        "turnstile.ray.routing:SessionRouter"
-    scaled = build_app({"mode": "token-in"}, min_replicas=2, max_replicas=6,
-                       target_ongoing=8)._bound_deployment._deployment_config
+    assert (
+        fixed._deployment_config.request_router_config.request_router_class
+        == "turnstile.ray.routing:SessionRouter"
+    )
+    scaled = build_app(
+        {"mode": "token-in"}, min_replicas=2, max_replicas=6, target_ongoing=8
+    )._bound_deployment._deployment_config
     bounds = scaled.autoscaling_config
-    assert (bounds.min_replicas, bounds.max_replicas, bounds.target_ongoing_requests) == \
-        (2, 6, 8)
+    assert (bounds.min_replicas, bounds.max_replicas, bounds.target_ongoing_requests) == (2, 6, 8)
     with pytest.raises(ValueError, match="token-in"):
         build_app({"mode": "passthrough"})

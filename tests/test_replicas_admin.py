@@ -26,9 +26,25 @@ class Replica:
         self.port = testbed.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [str(testbed.llama_server_binary()), "-m", str(model), "--host", "127.0.0.1",
-             "--port", str(self.port), "-c", str(ctx), "-np", "2", "-t", "1", "--no-webui"],
-            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+            [
+                str(testbed.llama_server_binary()),
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "-c",
+                str(ctx),
+                "-np",
+                "2",
+                "-t",
+                "1",
+                "--no-webui",
+            ],
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
         testbed.wait_healthy(self.url + "/health", self.proc)
 
     def kill(self) -> None:
@@ -47,8 +63,10 @@ def replicas(tiny_qwen2, tmp_path):
 
 def _ask(client: openai.OpenAI, msgs: list[dict], **kw) -> openai.types.chat.ChatCompletion:
     r = client.chat.completions.create(model="t", messages=msgs, **kw)
-    msgs += [r.choices[0].message.model_dump(exclude_none=True),
-             {"role": "user", "content": "go on"}]
+    msgs += [
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "go on"},
+    ]
     return r
 
 
@@ -99,8 +117,9 @@ def test_replica_killed_mid_run(replicas, tiny_qwen2, turnstile_factory, no_end_
 
     def long_call() -> None:
         try:  # no end token can be sampled: it runs until the replica dies
-            client.chat.completions.create(model="t", messages=msgs, max_tokens=6000, seed=1,
-                                           logit_bias=no_end_bias)
+            client.chat.completions.create(
+                model="t", messages=msgs, max_tokens=6000, seed=1, logit_bias=no_end_bias
+            )
             outcome["status"] = 200
         except openai.APIStatusError as e:
             outcome["status"] = e.status_code
@@ -147,18 +166,27 @@ def test_pause_drain_resume_and_abort(tiny_qwen2, turnstile_factory, tmp_path, n
         ts = turnstile_factory(engine.url, tiny_qwen2)
         s = ts.session()
         sent: dict = {}  # when each call's request left the harness
-        http = httpx.Client(event_hooks={"request": [
-            lambda req: sent.setdefault(orjson.loads(req.content)["messages"][0]["content"],
-                                        time.time())]})
-        client = openai.OpenAI(base_url=s["base_url"], api_key="x", max_retries=0,
-                               http_client=http)
+        http = httpx.Client(
+            event_hooks={
+                "request": [
+                    lambda req: sent.setdefault(
+                        orjson.loads(req.content)["messages"][0]["content"], time.time()
+                    )
+                ]
+            }
+        )
+        client = openai.OpenAI(base_url=s["base_url"], api_key="x", max_retries=0, http_client=http)
         results: dict = {}
 
         def call(key: str, max_tokens: int) -> None:
             try:
                 r = client.chat.completions.create(
-                    model="t", messages=[{"role": "user", "content": key}],
-                    max_tokens=max_tokens, seed=2, logit_bias=no_end_bias)
+                    model="t",
+                    messages=[{"role": "user", "content": key}],
+                    max_tokens=max_tokens,
+                    seed=2,
+                    logit_bias=no_end_bias,
+                )
                 results[key] = r.choices[0].finish_reason
             except openai.APIStatusError as e:
                 results[key] = e.body.get("code") if isinstance(e.body, dict) else e.status_code

@@ -21,8 +21,9 @@ def _chat(base_url: str, turns: int, seed: int) -> list[dict]:
     msgs: list[dict] = []
     for i in range(turns):
         msgs.append({"role": "user", "content": f"Question {i}: why?"})
-        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=12,
-                                           seed=seed + i)
+        r = client.chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=12, seed=seed + i
+        )
         msgs.append(r.choices[0].message.model_dump(exclude_none=True))
     return msgs
 
@@ -120,8 +121,7 @@ def test_bad_requests_name_the_field(turnstile):
     _error(http.post(f"{url}/v1/sessions", json={"sample_index": -1}), 400, "sample_index")
     _error(http.post(f"{url}/v1/sessions", json={"group_id": 5}), 400, "group_id")
     _error(http.delete(f"{url}/v1/sessions/nope"), 404, "session_id")
-    _error(http.post(f"{url}/v1/sessions/nope/rewards", json={"reward": 1}), 404,
-           "session_id")
+    _error(http.post(f"{url}/v1/sessions/nope/rewards", json={"reward": 1}), 404, "session_id")
     _error(http.get(f"{url}/v1/sessions/{sid}/calls/call_x/body"), 404, "call_id")
     # Nothing above changed the session.
     s = http.get(f"{url}/v1/sessions/{sid}").json()
@@ -131,9 +131,9 @@ def test_bad_requests_name_the_field(turnstile):
 def test_async_client_runs_a_group_concurrently(turnstile, relay):
     async def main() -> list:
         async with AsyncClient(turnstile.url, token=turnstile.token) as ts:
-            sessions = await asyncio.gather(*(
-                ts.session(group_id="ga", sample_index=i, metadata={"k": i})
-                for i in range(4)))
+            sessions = await asyncio.gather(
+                *(ts.session(group_id="ga", sample_index=i, metadata={"k": i}) for i in range(4))
+            )
 
             async def rollout(s) -> None:
                 await asyncio.to_thread(_chat, s.base_url, 2, 10 * s.sample_index)

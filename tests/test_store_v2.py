@@ -48,17 +48,35 @@ CREATE INDEX IF NOT EXISTS calls_by_session ON calls(session_id, seq);
 """
 
 
-def _call(cid: str, sid: str, seq: int, parent: str | None, delta: list[int],
-          completion: list[int], logprobs: list[float], status: str = "ok",
-          **info: object) -> CallRecord:
+def _call(
+    cid: str,
+    sid: str,
+    seq: int,
+    parent: str | None,
+    delta: list[int],
+    completion: list[int],
+    logprobs: list[float],
+    status: str = "ok",
+    **info: object,
+) -> CallRecord:
     prefix = 0
     return CallRecord(
-        id=cid, session_id=sid, seq=seq, parent_id=parent,
-        segment_reason=None if parent else "first_call", reused_prefix_len=prefix,
-        prompt_delta=array("i", delta), completion_ids=array("i", completion),
-        completion_logprobs=array("f", logprobs), finish_reason="stop", stop_token_id=None,
-        seam=None, status=status, message={"role": "assistant", "content": "x"},
-        info={"sampling": {"temperature": 0.7}, **info})
+        id=cid,
+        session_id=sid,
+        seq=seq,
+        parent_id=parent,
+        segment_reason=None if parent else "first_call",
+        reused_prefix_len=prefix,
+        prompt_delta=array("i", delta),
+        completion_ids=array("i", completion),
+        completion_logprobs=array("f", logprobs),
+        finish_reason="stop",
+        stop_token_id=None,
+        seam=None,
+        status=status,
+        message={"role": "assistant", "content": "x"},
+        info={"sampling": {"temperature": 0.7}, **info},
+    )
 
 
 def test_v1_file_is_migrated_in_place(tmp_path):
@@ -66,12 +84,32 @@ def test_v1_file_is_migrated_in_place(tmp_path):
     db = sqlite3.connect(path)
     db.executescript(V1_SCHEMA)
     db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
-    db.execute("INSERT INTO sessions VALUES (?, ?, ?)",
-               ("s1", 1.5, orjson.dumps({"group": "g7", "sample_index": 3, "k": "v"})))
+    db.execute(
+        "INSERT INTO sessions VALUES (?, ?, ?)",
+        ("s1", 1.5, orjson.dumps({"group": "g7", "sample_index": 3, "k": "v"})),
+    )
     db.execute("INSERT INTO sessions VALUES (?, ?, ?)", ("s2", 2.5, orjson.dumps({})))
-    row = ("c1", "s1", 0, None, "first_call", 0, array("i", [1, 2, 3]).tobytes(),
-           array("i", [4, 5]).tobytes(), array("f", [-0.5, -1.5]).tobytes(), "stop", None,
-           None, "ok", None, b'{"role":"assistant"}', None, b"", b'{"model":"m"}', 3.0)
+    row = (
+        "c1",
+        "s1",
+        0,
+        None,
+        "first_call",
+        0,
+        array("i", [1, 2, 3]).tobytes(),
+        array("i", [4, 5]).tobytes(),
+        array("f", [-0.5, -1.5]).tobytes(),
+        "stop",
+        None,
+        None,
+        "ok",
+        None,
+        b'{"role":"assistant"}',
+        None,
+        b"",
+        b'{"model":"m"}',
+        3.0,
+    )
     db.execute(f"INSERT INTO calls VALUES ({','.join('?' * 19)})", row)
     db.commit()
     db.close()
@@ -81,7 +119,11 @@ def test_v1_file_is_migrated_in_place(tmp_path):
     s1 = store.get_session("s1")
     assert s1["metadata"] == {"group": "g7", "sample_index": 3, "k": "v"}
     assert (s1["group_id"], s1["sample_index"], s1["status"], s1["created"]) == (
-        "g7", 3, "open", 1.5)
+        "g7",
+        3,
+        "open",
+        1.5,
+    )
     assert store.get_session("s2")["group_id"] is None
     (c,) = store.calls("s1")
     assert c.prompt_delta.tolist() == [1, 2, 3] and c.completion_ids.tolist() == [4, 5]
@@ -106,8 +148,10 @@ def test_a_newer_store_is_refused(tmp_path):
 
 def test_rewards_status_listing_and_delete(tmp_path):
     store = Store(tmp_path)
-    ids = [store.create_session({"n": i}, group_id="g" if i < 3 else "h", sample_index=i)
-           for i in range(5)]
+    ids = [
+        store.create_session({"n": i}, group_id="g" if i < 3 else "h", sample_index=i)
+        for i in range(5)
+    ]
     store.add_call(_call("c0", ids[0], 0, None, [1, 2], [3], [-0.1]))
     store.set_rewards(ids[0], {"correct": 1.0, "format": 0.5})
     assert store.get_session(ids[0])["reward"] == 1.5  # the sum when no scalar was given
@@ -123,8 +167,7 @@ def test_rewards_status_listing_and_delete(tmp_path):
     first = store.get_session(ids[1])["closed"]
     assert store.close_session(ids[1])
     s1 = store.get_session(ids[1])
-    assert (s1["status"], s1["closed"], s1["termination_reason"]) == (
-        "closed", first, "max_turns")
+    assert (s1["status"], s1["closed"], s1["termination_reason"]) == ("closed", first, "max_turns")
     assert not store.close_session("nope")
 
     group, more = store.list_sessions(group_id="g")
@@ -164,8 +207,9 @@ def test_versions_and_per_call_samples(tmp_path):
     nan = float("nan")
     calls = [
         _call("a", "s", 0, None, [10, 11], [12, 13], [-0.1, nan], weight_version=7),
-        _call("b", "s", 1, "a", [14], [15, 16, 17], [-0.2, -0.3, -0.4],
-              weight_version=["8", "8", "9"]),
+        _call(
+            "b", "s", 1, "a", [14], [15, 16, 17], [-0.2, -0.3, -0.4], weight_version=["8", "8", "9"]
+        ),
         _call("x", "s", 2, "b", [18], [19], [-0.5], status="aborted"),
         _call("c", "s", 3, "b", [20], [21], [-0.6], weight_version="sha-abc"),
     ]

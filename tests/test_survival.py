@@ -35,8 +35,9 @@ NO_EOS = {str(EOS): -100}  # the fake never ends on its own: every call runs to 
 class Server:
     """``turnstile serve --engine vllm`` as a real process (SIGKILL, rlimits, restart)."""
 
-    def __init__(self, engine_url: str, model: Path, data: Path, log: Path, *extra: str,
-                 preexec=None):  # noqa: ANN001
+    def __init__(
+        self, engine_url: str, model: Path, data: Path, log: Path, *extra: str, preexec=None
+    ):  # noqa: ANN001
         self.engine_url, self.model, self.data, self.log = engine_url, model, data, log
         self.extra, self.preexec = extra, preexec
         self.proc: subprocess.Popen | None = None
@@ -45,13 +46,31 @@ class Server:
     def start(self) -> Server:
         port = testbed.free_port()
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "turnstile.cli", "serve", "--engine", "vllm",
-               "--engine-url", self.engine_url, "--model", str(self.model), "--port", str(port),
-               "--data", str(self.data), *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "turnstile.cli",
+            "serve",
+            "--engine",
+            "vllm",
+            "--engine-url",
+            self.engine_url,
+            "--model",
+            str(self.model),
+            "--port",
+            str(port),
+            "--data",
+            str(self.data),
+            *self.extra,
+        ]
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "TURNSTILE_TOKEN": TOKEN},
-                                         preexec_fn=self.preexec)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "TURNSTILE_TOKEN": TOKEN},
+                preexec_fn=self.preexec,
+            )
         testbed.wait_healthy(self.url + "/v1/models", self.proc, timeout=120, headers=AUTH)
         return self
 
@@ -88,10 +107,17 @@ class Server:
 def servers(tmp_path: Path):
     started: list[Server] = []
 
-    def make(engine_url: str, model: Path, data: Path | None = None, *extra: str,
-             preexec=None) -> Server:  # noqa: ANN001
-        s = Server(engine_url, model, data or tmp_path / "data",
-                   tmp_path / f"turnstile-{len(started)}.log", *extra, preexec=preexec)
+    def make(
+        engine_url: str, model: Path, data: Path | None = None, *extra: str, preexec=None
+    ) -> Server:  # noqa: ANN001
+        s = Server(
+            engine_url,
+            model,
+            data or tmp_path / "data",
+            tmp_path / f"turnstile-{len(started)}.log",
+            *extra,
+            preexec=preexec,
+        )
         started.append(s)
         return s.start()
 
@@ -119,16 +145,25 @@ def _error(r: httpx.Response, *status: int) -> dict:
 
 
 def _body(messages: list[dict], seed: int, stream: bool = False, max_tokens: int = 8) -> dict:
-    return {"model": "m", "messages": messages, "max_tokens": max_tokens, "seed": seed,
-            "logit_bias": NO_EOS, "stream": stream}
+    return {
+        "model": "m",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "logit_bias": NO_EOS,
+        "stream": stream,
+    }
 
 
 def _received(fake: VLLMFake, rid: str) -> list[int]:
     """The prompt the fake engine received for one of its request ids."""
     for r in fake.rec.requests:
         b = r.body
-        if r.path == "/inference/v1/generate" and isinstance(b, dict) and \
-                f"generate-tokens-{r.headers.get('x-request-id') or b.get('request_id')}" == rid:
+        if (
+            r.path == "/inference/v1/generate"
+            and isinstance(b, dict)
+            and f"generate-tokens-{r.headers.get('x-request-id') or b.get('request_id')}" == rid
+        ):
             return b["token_ids"]
     raise AssertionError(f"the fake never received {rid}")
 
@@ -137,8 +172,9 @@ def _check_extends(ts: Server, fake: VLLMFake, sid: str, call: dict, parent_id: 
     """``call`` extends ``parent_id``: its trajectory is what the engine received + sampled."""
     assert call["parent_id"] == parent_id and call["segment_reason"] is None, call
     rid = call["engine_request_id"]
-    traj = [t for t in ts.get(f"/v1/sessions/{sid}/trajectories")["data"]
-            if t["id"] == call["id"]][0]
+    traj = [t for t in ts.get(f"/v1/sessions/{sid}/trajectories")["data"] if t["id"] == call["id"]][
+        0
+    ]
     assert traj["token_ids"] == _received(fake, rid) + fake.rec.sent[rid].ids
 
 
@@ -146,8 +182,9 @@ def _check_extends(ts: Server, fake: VLLMFake, sid: str, call: dict, parent_id: 
 # crash
 
 
-async def _harness(url: str, i: int, stream: bool, acked: dict, stop: asyncio.Event,
-                   client: httpx.AsyncClient) -> None:
+async def _harness(
+    url: str, i: int, stream: bool, acked: dict, stop: asyncio.Event, client: httpx.AsyncClient
+) -> None:
     """One rollout: turn after turn until the server dies; ``acked`` keeps every reply whose
     response (or final chunk) arrived, with the messages it answered."""
     msgs = [{"role": "user", "content": f"task {i}"}]
@@ -178,8 +215,10 @@ async def _harness(url: str, i: int, stream: bool, acked: dict, stop: asyncio.Ev
         except httpx.HTTPError:
             return
         acked.setdefault(i, []).append((list(msgs), reply))
-        msgs = msgs + [{"role": "assistant", "content": reply["content"]},
-                       {"role": "user", "content": f"turn {turn + 2} of {i}"}]
+        msgs = msgs + [
+            {"role": "assistant", "content": reply["content"]},
+            {"role": "user", "content": f"turn {turn + 2} of {i}"},
+        ]
         turn += 1
 
 
@@ -198,9 +237,19 @@ def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, serve
             stop = asyncio.Event()
             limits = httpx.Limits(max_connections=400)
             async with httpx.AsyncClient(headers=AUTH, timeout=120, limits=limits) as client:
-                tasks = [asyncio.ensure_future(_harness(
-                    f"{ts.url}/s/{sid}/v1/chat/completions", i, i % 2 == 1, acked, stop,
-                    client)) for i, sid in enumerate(sids)]
+                tasks = [
+                    asyncio.ensure_future(
+                        _harness(
+                            f"{ts.url}/s/{sid}/v1/chat/completions",
+                            i,
+                            i % 2 == 1,
+                            acked,
+                            stop,
+                            client,
+                        )
+                    )
+                    for i, sid in enumerate(sids)
+                ]
                 while sum(len(v) for v in acked.values()) < 300:
                     await asyncio.sleep(0.01)
                 ts.proc.send_signal(signal.SIGKILL)
@@ -219,8 +268,11 @@ def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, serve
             # every acknowledged reply is there, in order along one chain, intact
             parent = None
             for _msgs, reply in acked.get(i, []):
-                mine = [c for c in ok if c["parent_id"] == parent and
-                        c["message"]["content"] == reply["content"]]
+                mine = [
+                    c
+                    for c in ok
+                    if c["parent_id"] == parent and c["message"]["content"] == reply["content"]
+                ]
                 assert mine, (sid, reply)
                 c = mine[0]
                 assert c["completion_ids"] == fake.rec.sent[c["engine_request_id"]].ids
@@ -231,19 +283,27 @@ def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, serve
             msgs = [{"role": "user", "content": f"task {i}"}]
             if history:
                 last_msgs, last = history[-1]
-                msgs = last_msgs + [{"role": "assistant", "content": last["content"]},
-                                    {"role": "user", "content": "after the restart"}]
-            r = httpx.post(f"{ts2.url}/s/{sid}/v1/chat/completions", headers=AUTH,
-                           json=_body(msgs, seed=7), timeout=60)
+                msgs = last_msgs + [
+                    {"role": "assistant", "content": last["content"]},
+                    {"role": "user", "content": "after the restart"},
+                ]
+            r = httpx.post(
+                f"{ts2.url}/s/{sid}/v1/chat/completions",
+                headers=AUTH,
+                json=_body(msgs, seed=7),
+                timeout=60,
+            )
             assert r.status_code == 200, r.text
             new = ts2.calls(sid)[-1]
             if parent is not None:
                 _check_extends(ts2, fake, sid, new, parent)
         assert n_acked >= 300 and streamed > 0
         before = [c["status"] for s in sids for c in ts2.calls(s)[:-1]]
-        print(f"\ncrash: {n_acked} replies acknowledged before SIGKILL; recorded: "
-              f"{before.count('ok')} ok, {before.count('aborted')} aborted, "
-              f"{before.count('error')} error; 200/200 sessions continued exactly")
+        print(
+            f"\ncrash: {n_acked} replies acknowledged before SIGKILL; recorded: "
+            f"{before.count('ok')} ok, {before.count('aborted')} aborted, "
+            f"{before.count('error')} error; 200/200 sessions continued exactly"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,11 +312,20 @@ def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, serve
 
 def _hold_write_lock(db: Path, seconds: int) -> subprocess.Popen:
     """Another process holding the store's write lock for ``seconds`` (returns once held)."""
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, time\n"
-        f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
-        "db.execute('BEGIN IMMEDIATE')\nprint('locked', flush=True)\n"
-        f"time.sleep({seconds})\ndb.execute('ROLLBACK')\n")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sqlite3, time\n"
+                f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                "db.execute('BEGIN IMMEDIATE')\nprint('locked', flush=True)\n"
+                f"time.sleep({seconds})\ndb.execute('ROLLBACK')\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     return holder
 
@@ -277,8 +346,11 @@ def test_store_locked_for_35_s(tiny_qwen2, servers, tmp_path):
         holder = _hold_write_lock(ts.data / "turnstile.sqlite3", 35)
         try:
             out: dict = {}
-            t = threading.Thread(target=lambda: out.update(r=httpx.post(
-                url, json=_body(msgs, 2), headers=AUTH, timeout=60)))
+            t = threading.Thread(
+                target=lambda: out.update(
+                    r=httpx.post(url, json=_body(msgs, 2), headers=AUTH, timeout=60)
+                )
+            )
             t.start()
             _until(lambda: len(fake.rec.sent) >= 2, what="the engine call")
             # the loop is not blocked while the write waits
@@ -332,8 +404,9 @@ def test_disk_full(tiny_qwen2, servers, tmp_path):
                     assert _error(r, 507, 503)["code"] in ("store_full", "store_busy")
             assert httpx.get(ts.url + "/health").status_code == 200  # still up
         finally:
-            resource.prlimit(ts.proc.pid, resource.RLIMIT_FSIZE,
-                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            resource.prlimit(
+                ts.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            )
         r = httpx.post(url, json=_body(msgs, 5), headers=AUTH, timeout=60)
         assert r.status_code == 200, r.text
         calls = [c for c in ts.calls(sid) if c["status"] == "ok"]
@@ -356,8 +429,9 @@ while True:
 
 def test_engine_killed_mid_stream(tiny_qwen2, servers):
     tests = str(Path(__file__).parent)
-    eng = subprocess.Popen([sys.executable, "-c", _FAKE_MAIN.format(tests=tests)],
-                           stdout=subprocess.PIPE, text=True)
+    eng = subprocess.Popen(
+        [sys.executable, "-c", _FAKE_MAIN.format(tests=tests)], stdout=subprocess.PIPE, text=True
+    )
     try:
         engine_url = eng.stdout.readline().strip()
         ts = servers(engine_url, tiny_qwen2)
@@ -368,8 +442,9 @@ def test_engine_killed_mid_stream(tiny_qwen2, servers):
         assert ok.status_code == 200
         msgs += [ok.json()["choices"][0]["message"], {"role": "user", "content": "two"}]
         lines = []
-        with httpx.stream("POST", url, json=_body(msgs, 2, True, max_tokens=400),
-                          headers=AUTH, timeout=60) as r:
+        with httpx.stream(
+            "POST", url, json=_body(msgs, 2, True, max_tokens=400), headers=AUTH, timeout=60
+        ) as r:
             for line in r.iter_lines():
                 lines.append(line)
                 if line.startswith("data: {") and len(lines) > 4:
@@ -377,15 +452,15 @@ def test_engine_killed_mid_stream(tiny_qwen2, servers):
                     eng.wait()
         events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
         assert "error" in events[-1] and events[-1]["error"]["message"]
-        assert not any(c.get("choices") and c["choices"][0]["finish_reason"]
-                       for c in events[:-1])
+        assert not any(c.get("choices") and c["choices"][0]["finish_reason"] for c in events[:-1])
     finally:
         eng.kill()
         eng.wait()
     calls = ts.calls(sid)
     assert [c["status"] for c in calls] == ["ok", "error"]
-    assert [t["call_ids"] for t in ts.get(f"/v1/sessions/{sid}/trajectories")["data"]] == \
-        [[calls[0]["id"]]]
+    assert [t["call_ids"] for t in ts.get(f"/v1/sessions/{sid}/trajectories")["data"]] == [
+        [calls[0]["id"]]
+    ]
     _until(lambda: ts.in_flight() == 0, what="in_flight 0")
     assert httpx.get(ts.url + "/admin/status", headers=AUTH).status_code == 200
 
@@ -414,8 +489,10 @@ def test_client_gone_mid_call_aborts_the_engine_call(tiny_qwen2, servers, stream
 
         go()
         _until(lambda: fake.rec.disconnects, timeout=15, what="the engine to see the drop")
-        calls = _until(lambda: [c for c in ts.calls(sid) if c["status"] == "aborted"],
-                       what="the aborted record")
+        calls = _until(
+            lambda: [c for c in ts.calls(sid) if c["status"] == "aborted"],
+            what="the aborted record",
+        )
         assert len(ts.calls(sid)) == 1 and calls[0]["error"] == "the client disconnected"
         assert len(calls[0]["completion_ids"]) < 400
         _until(lambda: ts.in_flight() == 0, what="in_flight 0")
@@ -432,15 +509,22 @@ def test_bad_values_are_refused_and_old_ones_do_not_poison(tiny_qwen2, servers, 
         data = tmp_path / "data"
         ts = servers(fake.url, tiny_qwen2, data)
         for v in ("99999999999999999999", "--5", "²", 2**64, ""):
-            assert _error(ts.post("/admin/resume", {"weight_version": v}), 400)["param"] == \
-                "weight_version"
-        assert _error(ts.post("/v1/sessions", {"sample_index": 3_000_000_000}), 400)[
-            "param"] == "sample_index"
-        assert _error(ts.post("/v1/sessions", {"group_id": "g" * 300}), 400)["param"] == \
-            "group_id"
+            assert (
+                _error(ts.post("/admin/resume", {"weight_version": v}), 400)["param"]
+                == "weight_version"
+            )
+        assert (
+            _error(ts.post("/v1/sessions", {"sample_index": 3_000_000_000}), 400)["param"]
+            == "sample_index"
+        )
+        assert _error(ts.post("/v1/sessions", {"group_id": "g" * 300}), 400)["param"] == "group_id"
         sid = ts.session(group_id="ok", sample_index=1)["id"]
-        r = httpx.post(f"{ts.url}/s/{sid}/v1/chat/completions", headers=AUTH,
-                       json=_body([{"role": "user", "content": "hi"}], 1), timeout=60)
+        r = httpx.post(
+            f"{ts.url}/s/{sid}/v1/chat/completions",
+            headers=AUTH,
+            json=_body([{"role": "user", "content": "hi"}], 1),
+            timeout=60,
+        )
         assert r.status_code == 200
         assert ts.post("/admin/resume", {"weight_version": "step-7"}).status_code == 200
         # records an older version let in: a huge version, an int32-breaking sample index,
@@ -449,8 +533,10 @@ def test_bad_values_are_refused_and_old_ones_do_not_poison(tiny_qwen2, servers, 
         info = json.loads(db.execute("SELECT info FROM calls").fetchone()[0])
         info["weight_version"] = "99999999999999999999"
         db.execute("UPDATE calls SET info = ?", (json.dumps(info).encode(),))
-        db.execute("UPDATE sessions SET sample_index = 3000000000, group_id = ? WHERE id = ?",
-                   ("g" * 300, sid))
+        db.execute(
+            "UPDATE sessions SET sample_index = 3000000000, group_id = ? WHERE id = ?",
+            ("g" * 300, sid),
+        )
         db.commit()
         db.close()
         t = ts.get(f"/v1/sessions/{sid}/trajectories")["data"]
@@ -472,11 +558,22 @@ def test_export_is_atomic_and_tolerant_and_delete_keeps_late_calls(tmp_path, mon
     from array import array
 
     def add(sid: str, n: int) -> None:
-        c = CallRecord(id=f"call_{sid}_{n}", session_id=sid, seq=n, parent_id=None,
-                       segment_reason="first_call", reused_prefix_len=0,
-                       prompt_delta=array("i", [1, 2]), completion_ids=array("i", [3]),
-                       completion_logprobs=array("f", [-0.5]), finish_reason="stop",
-                       stop_token_id=None, seam=None, status="ok", info={})
+        c = CallRecord(
+            id=f"call_{sid}_{n}",
+            session_id=sid,
+            seq=n,
+            parent_id=None,
+            segment_reason="first_call",
+            reused_prefix_len=0,
+            prompt_delta=array("i", [1, 2]),
+            completion_ids=array("i", [3]),
+            completion_logprobs=array("f", [-0.5]),
+            finish_reason="stop",
+            stop_token_id=None,
+            seam=None,
+            status="ok",
+            info={},
+        )
         st.add_call(c)
 
     for sid in ("a", "b", "c"):
@@ -522,9 +619,16 @@ def test_delete_during_a_call_and_closed_sessions_stay_closed(tiny_qwen2, server
         ts.session(id="reused")
         url = f"{ts.url}/s/reused/v1/chat/completions"
         out: dict = {}
-        t = threading.Thread(target=lambda: out.update(r=httpx.post(
-            url, headers=AUTH, timeout=60,
-            json=_body([{"role": "user", "content": "x"}], 1, max_tokens=40))))
+        t = threading.Thread(
+            target=lambda: out.update(
+                r=httpx.post(
+                    url,
+                    headers=AUTH,
+                    timeout=60,
+                    json=_body([{"role": "user", "content": "x"}], 1, max_tokens=40),
+                )
+            )
+        )
         t.start()
         _until(lambda: fake.rec.sent, what="the engine call")
         assert httpx.delete(ts.url + "/v1/sessions/reused", headers=AUTH).status_code == 200
@@ -540,9 +644,12 @@ def test_delete_during_a_call_and_closed_sessions_stay_closed(tiny_qwen2, server
         # ... and after a restart, through X-Session-Id
         ts.stop()
         ts.start()
-        r = httpx.post(ts.url + "/v1/chat/completions", timeout=60,
-                       headers={**AUTH, "x-session-id": "reused"},
-                       json=_body([{"role": "user", "content": "x"}], 1))
+        r = httpx.post(
+            ts.url + "/v1/chat/completions",
+            timeout=60,
+            headers={**AUTH, "x-session-id": "reused"},
+            json=_body([{"role": "user", "content": "x"}], 1),
+        )
         assert _error(r, 409)["code"] == "session_closed"
 
 
@@ -596,11 +703,11 @@ def test_passthrough_store_faults(servers, tmp_path):
     are not parents, and the retried turn links to the last acknowledged call."""
     with VLLMFake("0.33.0") as fake:
         data = tmp_path / "pt"
-        ts = servers(fake.url, Path(MODEL), data, "--mode", "passthrough",
-                     preexec=_ignore_sigxfsz)
+        ts = servers(fake.url, Path(MODEL), data, "--mode", "passthrough", preexec=_ignore_sigxfsz)
         sid = ts.session()["id"]
         url = f"{ts.url}/s/{sid}/v1/chat/completions"
         msgs = [{"role": "user", "content": "one"}]
+
         def body(seed: int, stream: bool = False) -> dict:
             return {**_body(msgs, seed, stream), "model": MODEL}
 
@@ -612,11 +719,14 @@ def test_passthrough_store_faults(servers, tmp_path):
         holder = _hold_write_lock(data / "turnstile.sqlite3", 12)
         try:
             out: dict = {}
-            t = threading.Thread(target=lambda: out.update(r=httpx.post(
-                url, json=body(2), headers=AUTH, timeout=60)))
+            t = threading.Thread(
+                target=lambda: out.update(r=httpx.post(url, json=body(2), headers=AUTH, timeout=60))
+            )
             t.start()
-            _until(lambda: sum(q.path == "/v1/chat/completions" for q in fake.rec.requests) >= 2,
-                   what="the engine call")
+            _until(
+                lambda: sum(q.path == "/v1/chat/completions" for q in fake.rec.requests) >= 2,
+                what="the engine call",
+            )
             t0 = time.monotonic()
             assert httpx.get(ts.url + "/admin/status", headers=AUTH, timeout=5).status_code == 200
             assert time.monotonic() - t0 < 2  # the loop is not blocked by the waiting write
@@ -628,8 +738,9 @@ def test_passthrough_store_faults(servers, tmp_path):
             holder.wait(60)
 
         wal = data / "turnstile.sqlite3-wal"
-        resource.prlimit(ts.proc.pid, resource.RLIMIT_FSIZE,
-                         (wal.stat().st_size, resource.RLIM_INFINITY))
+        resource.prlimit(
+            ts.proc.pid, resource.RLIMIT_FSIZE, (wal.stat().st_size, resource.RLIM_INFINITY)
+        )
         try:
             for seed, stream in ((4, False), (5, True)):
                 r = httpx.post(url, json=body(seed, stream), headers=AUTH, timeout=60)
@@ -640,8 +751,9 @@ def test_passthrough_store_faults(servers, tmp_path):
                     assert _error(r, 507, 503)["code"] in ("store_full", "store_busy")
             assert httpx.get(ts.url + "/health").status_code == 200
         finally:
-            resource.prlimit(ts.proc.pid, resource.RLIMIT_FSIZE,
-                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            resource.prlimit(
+                ts.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            )
         r = httpx.post(url, json=body(6), headers=AUTH, timeout=60)
         assert r.status_code == 200, r.text
         ok = [c for c in ts.calls(sid) if c["status"] == "ok"]

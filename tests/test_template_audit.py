@@ -31,8 +31,9 @@ _CACHE: dict = {}
 
 
 def _renderer(name: str, patches: bool = True) -> tuple[Renderer, list[str]]:
-    r, added = corpus_renderer(str(testbed.templates_dir() / f"{name}.jinja"),
-                               str(testbed.models_dir()), _CACHE)
+    r, added = corpus_renderer(
+        str(testbed.templates_dir() / f"{name}.jinja"), str(testbed.models_dir()), _CACHE
+    )
     source, applied = apply_patches(r.template.source, patches)
     if applied:
         r = Renderer(r.tok, ChatTemplate(source, r.tok.special_tokens))
@@ -46,37 +47,49 @@ def held_out(reasoning: bool) -> list[Conversation]:
     c3 = _call("call00013", "get_weather", '{"city": "Oslo \\"Norway\\""}')
     user3 = {"role": "user", "content": "Compare with Oslo, please."}
     return [
-        Conversation("chain", [
-            SYSTEM, USER1,
-            _assistant("Checking.", [c1], r("Weather first.")),
-            _tool("call00011", '{"temp_c": 11, "sky": "☁"}', "get_weather"),
-            _assistant(None, [c2], r("Now the time.")),
-            _tool("call00012", '{"time": "09:30"}', "get_time"),
-            _assistant("11 C and cloudy at 09:30.", None, r("Both known.")),
-            user3,
-            _assistant("", [c3], r("Oslo now.")),
-            _tool("call00013", '{"temp_c": 4}', "get_weather"),
-            _assistant("Oslo is colder: 4 C.", None, r("Compare.")),
-            USER2,
-            _assistant("Take one in Oslo.", None, r("Rain likely.")),
-        ]),
-        Conversation("parallel-then-user", [
-            USER1,
-            _assistant("", [c1, c2], r("Both at once.")),
-            _tool("call00011", '{"temp_c": 11}', "get_weather"),
-            _tool("call00012", '{"time": "09:30"}', "get_time"),
-            _assistant("Cloudy, 09:30.", None, r("Done.")),
-            user3,
-            _assistant("Colder.", None, None),
-        ]),
-        Conversation("truncated-mid-chain", [
-            SYSTEM, USER1,
-            _assistant("", [c1], r("Weather.")),
-            _tool("call00011", '{"temp_c": 11}', "get_weather"),
-            _assistant("It is eleven degrees and the sky over the lake is", None, r("Long.")),
-            USER2,
-            _assistant("Yes.", None, None),
-        ], truncated={4}),
+        Conversation(
+            "chain",
+            [
+                SYSTEM,
+                USER1,
+                _assistant("Checking.", [c1], r("Weather first.")),
+                _tool("call00011", '{"temp_c": 11, "sky": "☁"}', "get_weather"),
+                _assistant(None, [c2], r("Now the time.")),
+                _tool("call00012", '{"time": "09:30"}', "get_time"),
+                _assistant("11 C and cloudy at 09:30.", None, r("Both known.")),
+                user3,
+                _assistant("", [c3], r("Oslo now.")),
+                _tool("call00013", '{"temp_c": 4}', "get_weather"),
+                _assistant("Oslo is colder: 4 C.", None, r("Compare.")),
+                USER2,
+                _assistant("Take one in Oslo.", None, r("Rain likely.")),
+            ],
+        ),
+        Conversation(
+            "parallel-then-user",
+            [
+                USER1,
+                _assistant("", [c1, c2], r("Both at once.")),
+                _tool("call00011", '{"temp_c": 11}', "get_weather"),
+                _tool("call00012", '{"time": "09:30"}', "get_time"),
+                _assistant("Cloudy, 09:30.", None, r("Done.")),
+                user3,
+                _assistant("Colder.", None, None),
+            ],
+        ),
+        Conversation(
+            "truncated-mid-chain",
+            [
+                SYSTEM,
+                USER1,
+                _assistant("", [c1], r("Weather.")),
+                _tool("call00011", '{"temp_c": 11}', "get_weather"),
+                _assistant("It is eleven degrees and the sky over the lake is", None, r("Long.")),
+                USER2,
+                _assistant("Yes.", None, None),
+            ],
+            truncated={4},
+        ),
     ]
 
 
@@ -91,8 +104,9 @@ def test_no_silent_mismatch_on_held_out_conversations(name):
                 refused = not policy.allows(step.kind, variant)
                 if step.status == "MISMATCH" and not refused:
                     silent.append(step)
-    assert not silent, "\n".join(f"{s.conversation}/{s.variant}/{s.kind}: {s.detail}"
-                                 for s in silent)
+    assert not silent, "\n".join(
+        f"{s.conversation}/{s.variant}/{s.kind}: {s.detail}" for s in silent
+    )
 
 
 def test_chatml_family_extends_exactly_everywhere():
@@ -102,8 +116,15 @@ def test_chatml_family_extends_exactly_everywhere():
     report = audit(renderer)
     assert {s.status for s in report.steps} == {"exact"}
     assert {s.detail for s in report.steps} == {"stop", "synthesized_close; after length"}
-    assert {s.kind for s in report.steps} == {"tool", "user", "tool+user", "tool+system",
-                                              "system+user", "system", "developer+user"}
+    assert {s.kind for s in report.steps} == {
+        "tool",
+        "user",
+        "tool+user",
+        "tool+system",
+        "system+user",
+        "system",
+        "developer+user",
+    }
 
 
 def test_qwen3_patch_is_why_tool_results_extend():
@@ -125,8 +146,9 @@ def test_policy_refuses_what_the_renderer_cannot_see():
     per-call stand-in cannot see that turn, so the startup audit's policy must refuse it."""
     renderer, _ = _renderer("google-gemma-4-31B-it-interleaved")
     report = audit(renderer)
-    assert any(s.status == "MISMATCH" and s.kind == "user" and s.variant == "think"
-               for s in report.steps)
+    assert any(
+        s.status == "MISMATCH" and s.kind == "user" and s.variant == "think" for s in report.steps
+    )
     policy = report.policy()
     assert not policy.allows("user", "think")
     assert policy.allows("tool", "think")

@@ -17,11 +17,17 @@ TEMPLATES = sorted(testbed.templates_dir().glob("*.jinja"))
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
 
-def _reference(source: str, messages: list[dict], tools: list[dict] | None, gen: bool,
-               kwargs: dict) -> str:
+def _reference(
+    source: str, messages: list[dict], tools: list[dict] | None, gen: bool, kwargs: dict
+) -> str:
     rendered, _ = render_jinja_template(
-        conversations=[normalise(messages, detect_content_format(source))], tools=tools,
-        chat_template=source, add_generation_prompt=gen, **SPECIAL, **kwargs)
+        conversations=[normalise(messages, detect_content_format(source))],
+        tools=tools,
+        chat_template=source,
+        add_generation_prompt=gen,
+        **SPECIAL,
+        **kwargs,
+    )
     return rendered[0]
 
 
@@ -37,8 +43,11 @@ def test_fast_render_is_transformers_render(path) -> None:  # noqa: ANN001
         for conv in battery(reasoning):
             for end in range(1, len(conv.messages) + 1):
                 msgs = conv.messages[:end]
-                for tools, gen, kwargs in ((TOOLS, True, {}), (None, False, {}),
-                                           (TOOLS, True, {"enable_thinking": False})):
+                for tools, gen, kwargs in (
+                    (TOOLS, True, {}),
+                    (None, False, {}),
+                    (TOOLS, True, {"enable_thinking": False}),
+                ):
                     try:
                         want = _reference(source, msgs, tools, gen, kwargs)
                     except Exception:  # noqa: BLE001 - the template refuses: so must we

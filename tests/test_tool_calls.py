@@ -12,22 +12,35 @@ import pytest
 
 pytestmark = pytest.mark.timeout(300)
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather", "description": "Weather for a city.",
-        "parameters": {"type": "object", "required": ["city"],
-                       "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}},
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city.",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            },
+        },
     },
-}, {
-    "type": "function",
-    "function": {
-        "name": "get_time", "description": "Local time.",
-        "parameters": {"type": "object", "required": ["city", "utc"],
-                       "properties": {"city": {"type": "string", "enum": ["Tokyo"]},
-                                      "utc": {"type": "boolean"}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Local time.",
+            "parameters": {
+                "type": "object",
+                "required": ["city", "utc"],
+                "properties": {
+                    "city": {"type": "string", "enum": ["Tokyo"]},
+                    "utc": {"type": "boolean"},
+                },
+            },
+        },
     },
-}]
+]
 
 
 def _client(session: dict) -> openai.OpenAI:
@@ -37,11 +50,19 @@ def _client(session: dict) -> openai.OpenAI:
 def test_required_tool_call_then_result_extends_exactly(turnstile, relay):
     session = turnstile.session()
     client = _client(session)
-    msgs = [{"role": "system", "content": "Use tools."},
-            {"role": "user", "content": "Weather in Paris?"}]
-    r = client.chat.completions.create(model="t", messages=msgs, tools=TOOLS,
-                                       tool_choice="required", parallel_tool_calls=False,
-                                       max_tokens=200, seed=3)  # room however finely the
+    msgs = [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    r = client.chat.completions.create(
+        model="t",
+        messages=msgs,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+        seed=3,
+    )  # room however finely the
     # grammar's literal text is tokenized: one call, then only an end token is allowed
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -51,8 +72,10 @@ def test_required_tool_call_then_result_extends_exactly(turnstile, relay):
     assert args.get("city") in ("Paris", "Oslo", "Tokyo")
     assert call.id
 
-    msgs += [choice.message.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'}]
+    msgs += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'},
+    ]
     client.chat.completions.create(model="t", messages=msgs, tools=TOOLS, max_tokens=8, seed=4)
 
     calls = turnstile.get(f"/v1/sessions/{session['id']}/calls")["data"]
@@ -67,16 +90,21 @@ def test_required_tool_call_then_result_extends_exactly(turnstile, relay):
     assert traj[0]["token_ids"] == ex[1].request["prompt"] + ex[1].response["tokens"]
     # The tool result sits in the second prompt as unsampled tokens, after the sampled call.
     first = ex[0].request["prompt"] + ex[0].response["tokens"]
-    assert ex[1].request["prompt"][:len(first)] == first
+    assert ex[1].request["prompt"][: len(first)] == first
 
 
 def test_named_function_and_streaming_deltas(turnstile):
     session = turnstile.session()
     client = _client(session)
     stream = client.chat.completions.create(
-        model="t", messages=[{"role": "user", "content": "Time in Tokyo?"}], tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=200,
-        seed=5, stream=True)  # one call, ended by the grammar well within max_tokens
+        model="t",
+        messages=[{"role": "user", "content": "Time in Tokyo?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=200,
+        seed=5,
+        stream=True,
+    )  # one call, ended by the grammar well within max_tokens
     name, args, finish, ids = "", "", None, set()
     for chunk in stream:
         if not chunk.choices:
@@ -99,8 +127,9 @@ def test_tool_choice_none_hides_tools_and_bad_choices_are_400(turnstile, relay):
     session = turnstile.session()
     client = _client(session)
     msgs = [{"role": "user", "content": "hi"}]
-    client.chat.completions.create(model="t", messages=msgs, tools=TOOLS, tool_choice="none",
-                                   max_tokens=4)
+    client.chat.completions.create(
+        model="t", messages=msgs, tools=TOOLS, tool_choice="none", max_tokens=4
+    )
     client.chat.completions.create(model="t", messages=msgs, tools=TOOLS, max_tokens=4)
     plain, with_tools = (ex.request["prompt"] for ex in relay.completions()[-2:])
     assert len(with_tools) > len(plain)  # the template listed the tools only when allowed

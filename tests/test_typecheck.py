@@ -1,6 +1,7 @@
-"""The package type-checks: mypy (configured in pyproject.toml, ``[tool.mypy]``) over
-``turnstile/`` finds nothing. That is where the engine, gateway and record contracts
-(``engines.base``, ``server.contract``, ``store.records``) are held to."""
+"""The package type-checks and the tree is linted and formatted: mypy (configured in
+pyproject.toml, ``[tool.mypy]``) over ``turnstile/`` finds nothing (that is where the engine,
+gateway and record contracts, ``engines.base``, ``server.contract``, ``store.records``, are held
+to); ruff's linter and formatter find nothing to change."""
 
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_mypy_finds_no_errors():
     pytest.importorskip("mypy")
     # mypy's incremental cache (.mypy_cache, ignored by git) makes a rerun take seconds
-    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True,
-                       text=True)
+    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, f"mypy failed:\n{r.stdout}\n{r.stderr}"
+
+
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
+def test_ruff_lints_and_formats_the_tree(command):
+    """One formatter (ruff format, configured in pyproject.toml) and one linter, over every
+    Python file of the repository: a change that is not formatted does not land."""
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", *command, "turnstile", "tests", "benchmarks", "docs"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, f"ruff {' '.join(command)}:\n{r.stdout}\n{r.stderr}"

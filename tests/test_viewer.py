@@ -36,8 +36,12 @@ def browser() -> Iterator:
 
 def until(browser, cond, timeout: float = 30):
     """Poll ``cond(browser)`` until it is truthy (WebDriverWait: a deadline, no fixed sleep)."""
-    return WebDriverWait(browser, timeout, poll_frequency=0.05, ignored_exceptions=(
-        NoSuchElementException, StaleElementReferenceException)).until(cond)
+    return WebDriverWait(
+        browser,
+        timeout,
+        poll_frequency=0.05,
+        ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+    ).until(cond)
 
 
 def open_page(browser, base: str, fragment: str, token: str | None) -> None:
@@ -47,8 +51,9 @@ def open_page(browser, base: str, fragment: str, token: str | None) -> None:
         return
 
     def ready(b):
-        return (b.find_element(By.ID, "login").is_displayed()
-                or b.find_elements(By.CSS_SELECTOR, "main h1"))
+        return b.find_element(By.ID, "login").is_displayed() or b.find_elements(
+            By.CSS_SELECTOR, "main h1"
+        )
 
     until(browser, ready)
     if browser.find_element(By.ID, "login").is_displayed():
@@ -57,8 +62,11 @@ def open_page(browser, base: str, fragment: str, token: str | None) -> None:
 
 def rows(browser, css: str = "tr.session-row") -> set[str]:
     """The data-id of every row, read in one step (the page re-renders as filters change)."""
-    return set(browser.execute_script(
-        "return [...document.querySelectorAll(arguments[0])].map(e => e.dataset.id)", css))
+    return set(
+        browser.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map(e => e.dataset.id)", css
+        )
+    )
 
 
 def rows_become(browser, want: set[str], css: str = "tr.session-row") -> None:
@@ -67,8 +75,15 @@ def rows_become(browser, want: set[str], css: str = "tr.session-row") -> None:
 
 def ask(session: dict, messages: list[dict], no_end: dict, **kw) -> str:
     client = openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
-    out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6,
-                                         logit_bias=no_end, seed=3, logprobs=True, **kw)
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=6,
+        logit_bias=no_end,
+        seed=3,
+        logprobs=True,
+        **kw,
+    )
     return out.choices[0].message.content or ""
 
 
@@ -81,14 +96,20 @@ def test_list_filters_counts_and_group(turnstile, browser, no_end_bias):
         ask(s, first, no_end_bias)
     # b: an edited history starts a new segment
     reply = turnstile.get(f"/v1/sessions/{b['id']}/calls")["data"][0]["message"]["content"]
-    ask(b, [{"role": "user", "content": "Hello (edited)."},
-            {"role": "assistant", "content": reply}, {"role": "user", "content": "More."}],
-        no_end_bias)
+    ask(
+        b,
+        [
+            {"role": "user", "content": "Hello (edited)."},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "More."},
+        ],
+        no_end_bias,
+    )
     for s, r in ((a, 1.0), (b, 0.0), (c, 0.5)):
-        turnstile.http.post(f"{turnstile.url}/v1/sessions/{s['id']}/rewards",
-                            json={"reward": r}).raise_for_status()
-    turnstile.http.post(f"{turnstile.url}/v1/sessions/{c['id']}/close",
-                        json={}).raise_for_status()
+        turnstile.http.post(
+            f"{turnstile.url}/v1/sessions/{s['id']}/rewards", json={"reward": r}
+        ).raise_for_status()
+    turnstile.http.post(f"{turnstile.url}/v1/sessions/{c['id']}/close", json={}).raise_for_status()
     calls_b = turnstile.get(f"/v1/sessions/{b['id']}/calls")["data"]
     assert [x["segment_reason"] for x in calls_b] == ["first_call", "history_diverged"]
     ids = {a["id"], b["id"], c["id"]}
@@ -153,8 +174,12 @@ def test_session_tokens_hover_and_segment_break(turnstile, relay, browser, no_en
 
     for k, t in enumerate(trajs):
         open_page(browser, turnstile.url, f"/session/{sid}?mode=merged&t={k}", turnstile.token)
-        until(browser, lambda b, t=t: b.find_elements(
-            By.CSS_SELECTOR, f'#trajectory[data-id="{t["id"]}"] #tokens .chunk.rendered'))
+        until(
+            browser,
+            lambda b, t=t: b.find_elements(
+                By.CSS_SELECTOR, f'#trajectory[data-id="{t["id"]}"] #tokens .chunk.rendered'
+            ),
+        )
         # every chunk of a short trajectory is on screen: all its tokens are rendered
         assert len(browser.find_elements(By.CSS_SELECTOR, "#tokens .tok")) == len(t["token_ids"])
         sampled = browser.find_elements(By.CSS_SELECTOR, "#tokens .tok.s")
@@ -183,14 +208,21 @@ def test_session_tokens_hover_and_segment_break(turnstile, relay, browser, no_en
     assert t["token_ids"] == first_path[-1].request["prompt"] + first_path[-1].response["tokens"]
     engine = _engine_logprobs(first_path)
     assert engine, "llama-server reported no logprob"
-    for pos in sorted(engine)[::max(1, len(engine) // 3)]:
-        el = until(browser, lambda b, pos=pos: b.find_element(
-            By.CSS_SELECTOR, f'#tokens .tok[data-i="{pos}"]'))
+    for pos in sorted(engine)[:: max(1, len(engine) // 3)]:
+        el = until(
+            browser,
+            lambda b, pos=pos: b.find_element(By.CSS_SELECTOR, f'#tokens .tok[data-i="{pos}"]'),
+        )
         assert "s" in el.get_attribute("class").split()
         ActionChains(browser).move_to_element(el).perform()
-        until(browser, lambda b, pos=pos: b.find_element(By.ID, "tip").is_displayed()
-              and b.find_element(By.CSS_SELECTOR, "#tip .tip-id").text == str(engine[pos][0])
-              and f"token {pos} of" in b.find_element(By.ID, "tip").text)
+        until(
+            browser,
+            lambda b, pos=pos: (
+                b.find_element(By.ID, "tip").is_displayed()
+                and b.find_element(By.CSS_SELECTOR, "#tip .tip-id").text == str(engine[pos][0])
+                and f"token {pos} of" in b.find_element(By.ID, "tip").text
+            ),
+        )
         shown = float(browser.find_element(By.CSS_SELECTOR, "#tip .tip-logprob").text)
         assert shown == pytest.approx(engine[pos][1], rel=1e-6, abs=1e-6)
         assert shown == t["logprobs"][pos]
@@ -207,35 +239,59 @@ def test_view_serves_a_store_read_only_and_renders_lazily(browser, tmp_path: Pat
     port = testbed.free_port()
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "view.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "turnstile.cli", "view", "--data",
-                             str(tmp_path / "data"), "--port", str(port), "--no-auth",
-                             "--model", str(tiny_qwen2)], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "turnstile.cli",
+            "view",
+            "--data",
+            str(tmp_path / "data"),
+            "--port",
+            str(port),
+            "--no-auth",
+            "--model",
+            str(tiny_qwen2),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         testbed.wait_healthy(base + "/v1/viewer/sessions", proc, timeout=60)
-        for method, path in (("POST", "/v1/chat/completions"), ("POST", "/v1/sessions"),
-                             ("GET", "/v1/models"), ("POST", "/v1/responses"),
-                             ("POST", "/admin/pause")):
+        for method, path in (
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/v1/sessions"),
+            ("GET", "/v1/models"),
+            ("POST", "/v1/responses"),
+            ("POST", "/admin/pause"),
+        ):
             r = httpx.request(method, base + path, json={})
             assert r.status_code == 503, (path, r.text)
             assert "read-only" in r.json()["error"]["message"]
-        traj = httpx.get(base + "/v1/sessions/sess_syn00000000/trajectories",
-                         timeout=60).json()["data"]
+        traj = httpx.get(base + "/v1/sessions/sess_syn00000000/trajectories", timeout=60).json()[
+            "data"
+        ]
         assert len(traj) == 1
         n = len(traj[0]["token_ids"])
         assert n == total
 
         open_page(browser, base, "/session/sess_syn00000000", None)  # --no-auth: no form
         # 2000 calls: the call tree starts folded, the tokens are near the top
-        until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#tokens .chunk.rendered"),
-              timeout=60)
+        until(
+            browser,
+            lambda b: b.find_elements(By.CSS_SELECTOR, "#tokens .chunk.rendered"),
+            timeout=60,
+        )
         assert browser.find_element(By.ID, "call-tree").get_attribute("open") is None
         assert not browser.find_element(By.ID, "login").is_displayed()
         rendered = len(browser.find_elements(By.CSS_SELECTOR, "#tokens .tok"))
         assert 0 < rendered <= n // 10  # only the chunks near the screen
         browser.execute_script(
-            "document.querySelector('#tokens .chunk:last-child').scrollIntoView()")
-        last = until(browser, lambda b: b.find_element(
-            By.CSS_SELECTOR, f'#tokens .tok[data-i="{n - 1}"]'))
+            "document.querySelector('#tokens .chunk:last-child').scrollIntoView()"
+        )
+        last = until(
+            browser, lambda b: b.find_element(By.CSS_SELECTOR, f'#tokens .tok[data-i="{n - 1}"]')
+        )
         assert last.text  # the text piece of the last token
         assert len(browser.find_elements(By.CSS_SELECTOR, "#tokens .tok")) < n // 2
         # the Parquet download holds the same tokens as the trajectories route
@@ -243,12 +299,14 @@ def test_view_serves_a_store_read_only_and_renders_lazily(browser, tmp_path: Pat
 
         import pyarrow.parquet as pq
 
-        blob = httpx.get(base + "/v1/viewer/sessions/sess_syn00000000/trajectories.parquet",
-                         timeout=60).content
+        blob = httpx.get(
+            base + "/v1/viewer/sessions/sess_syn00000000/trajectories.parquet", timeout=60
+        ).content
         table = pq.read_table(io.BytesIO(blob))
         assert table.column("token_ids").to_pylist() == [traj[0]["token_ids"]]
-        assert json.loads(json.dumps(table.column("loss_mask").to_pylist())) == \
-            [traj[0]["loss_mask"]]
+        assert json.loads(json.dumps(table.column("loss_mask").to_pylist())) == [
+            traj[0]["loss_mask"]
+        ]
     finally:
         proc.terminate()
         proc.wait(15)

@@ -64,11 +64,13 @@ def load_or_create_token(data: str | Path) -> tuple[str, Path, bool]:
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise AuthSetupError(
                 f"{path} is readable or writable by other users (mode {stat.filemode(mode)}); "
-                f"run `chmod 600 {path}` or delete it to have a new token generated") from None
+                f"run `chmod 600 {path}` or delete it to have a new token generated"
+            ) from None
         existing = path.read_text().strip()
         if len(existing) < MIN_TOKEN_CHARS:
-            raise AuthSetupError(f"{path} holds no usable token (fewer than "
-                                 f"{MIN_TOKEN_CHARS} characters); delete it") from None
+            raise AuthSetupError(
+                f"{path} holds no usable token (fewer than {MIN_TOKEN_CHARS} characters); delete it"
+            ) from None
         return existing, path, False
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
@@ -80,8 +82,9 @@ def load_or_create_token(data: str | Path) -> tuple[str, Path, bool]:
 def check_given_token(token: str) -> str:
     token = token.strip()
     if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
-        raise AuthSetupError(f"the trainer token must be at least {MIN_TOKEN_CHARS} "
-                             "characters without whitespace")
+        raise AuthSetupError(
+            f"the trainer token must be at least {MIN_TOKEN_CHARS} characters without whitespace"
+        )
     return token
 
 
@@ -99,12 +102,14 @@ def is_loopback(host: str) -> bool:
     except OSError:
         return False
     addrs = {i[4][0] for i in infos}
-    return bool(addrs) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback
-                               for a in addrs)
+    return bool(addrs) and all(
+        ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs
+    )
 
 
-def server_token(data: str | Path, given: str | None, no_auth: bool, host: str
-                 ) -> tuple[str | None, str]:
+def server_token(
+    data: str | Path, given: str | None, no_auth: bool, host: str
+) -> tuple[str | None, str]:
     """The trainer token ``turnstile serve`` runs with, and a line saying where it came from.
 
     The rule: authentication is always on unless ``--no-auth``; ``--no-auth`` (every route
@@ -116,9 +121,12 @@ def server_token(data: str | Path, given: str | None, no_auth: bool, host: str
             raise AuthSetupError(
                 f"--no-auth with --host {host}: without a trainer token every route (rewards, "
                 "delete, admin) would be open to the network. Bind a loopback address "
-                "(127.0.0.1, ::1) or drop --no-auth")
-        return None, ("WARNING: --no-auth: every route is open to anything that can reach "
-                      f"{host} (a sandbox on this machine can post rewards)")
+                "(127.0.0.1, ::1) or drop --no-auth"
+            )
+        return None, (
+            "WARNING: --no-auth: every route is open to anything that can reach "
+            f"{host} (a sandbox on this machine can post rewards)"
+        )
     if given is None:
         given = os.environ.get(TOKEN_ENV) or None
     if given is not None:

@@ -33,8 +33,9 @@ def audit_command(args: argparse.Namespace) -> None:
     if args.model.endswith(".jinja"):
         source = Path(args.model).read_text()
         if args.tokenizer:
-            renderer, applied = build_renderer(args.tokenizer, args.model,
-                                               not args.no_template_patches)
+            renderer, applied = build_renderer(
+                args.tokenizer, args.model, not args.no_template_patches
+            )
             added: list[str] = []
         else:
             from . import testbed
@@ -48,12 +49,17 @@ def audit_command(args: argparse.Namespace) -> None:
         added = []
     report = audit(renderer, args.model, added)
     if args.json:
-        print(orjson.dumps({**report.to_json(), "patches": applied},
-                           option=orjson.OPT_INDENT_2).decode())
+        print(
+            orjson.dumps(
+                {**report.to_json(), "patches": applied}, option=orjson.OPT_INDENT_2
+            ).decode()
+        )
         return
-    print(f"template {args.model}  tokenizer {report.tokenizer}"
-          + (f"  stand-in markers {added}" if added else "")
-          + (f"  patches {applied}" if applied else ""))
+    print(
+        f"template {args.model}  tokenizer {report.tokenizer}"
+        + (f"  stand-in markers {added}" if added else "")
+        + (f"  patches {applied}" if applied else "")
+    )
     print(f"{'conversation':<18} {'variant':<6} {'append':<18} {'result':<9} detail")
     for s in report.steps:
         print(f"{s.conversation:<18} {s.variant:<6} {s.kind:<18} {s.status:<9} {s.detail[:90]}")
@@ -82,8 +88,15 @@ def serve(args: argparse.Namespace) -> None:
     server = server_from_args(args)
     for line in server.banner:
         print(f"turnstile: {line}", file=sys.stderr)
-    uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
-                loop="uvloop", http="httptools", access_log=False)
+    uvicorn.run(
+        server.app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+    )
 
 
 def view(args: argparse.Namespace) -> None:
@@ -95,10 +108,13 @@ def view(args: argparse.Namespace) -> None:
     from .viewer.app import create_viewer_app
 
     path = Path(args.data)
-    if not (path if path.suffix in (".sqlite3", ".sqlite", ".db") else
-            path / Store.FILENAME).is_file():
-        raise SystemExit(f"turnstile view: no record store under {args.data} (give the --data "
-                         "directory turnstile serve wrote to)")
+    if not (
+        path if path.suffix in (".sqlite3", ".sqlite", ".db") else path / Store.FILENAME
+    ).is_file():
+        raise SystemExit(
+            f"turnstile view: no record store under {args.data} (give the --data "
+            "directory turnstile serve wrote to)"
+        )
     try:
         token, where = server_token(args.data, args.token, args.no_auth, args.host)
     except AuthSetupError as exc:
@@ -110,11 +126,12 @@ def view(args: argparse.Namespace) -> None:
         raise SystemExit(f"turnstile view: --model: {exc}") from None
     public = f"http://{args.host}:{args.port}"
     app = create_viewer_app(Store(args.data), public, token=token, tokenizer=tok)
-    print(f"turnstile: viewer (read-only) at {public}/ui over {args.data}"
-          + ("" if tok else "; tokens shown as IDs (give --model for their text)"),
-          file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False)
+    print(
+        f"turnstile: viewer (read-only) at {public}/ui over {args.data}"
+        + ("" if tok else "; tokens shown as IDs (give --model for their text)"),
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
 
 
 def demo_command(args: argparse.Namespace) -> None:
@@ -141,125 +158,228 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway in front of an engine")
-    s.add_argument("--engine", choices=KINDS, default="llama-cpp",
-                   help="the inference engine behind --engine-url (default: llama-cpp)")
-    s.add_argument("--mode", choices=["token-in", "passthrough"], default="token-in",
-                   help="token-in: render prompts here and send token IDs (exact); passthrough: "
-                        "forward messages to the engine's /v1/chat/completions and record the "
-                        "token IDs it reports (vLLM, or SGLang with --engine sglang); drift is "
-                        "detected, not prevented")
-    s.add_argument("--engine-url", required=True, action="append",
-                   help="engine base URL; repeat it (or give @FILE, one URL a line) for "
-                        "replicas: sessions stick to one, dead replicas are avoided")
-    s.add_argument("--model", required=True,
-                   help="GGUF file, Hugging Face model directory, or hub id in the local cache "
-                        "(passthrough: the model name to report, as the engine serves it)")
+    s.add_argument(
+        "--engine",
+        choices=KINDS,
+        default="llama-cpp",
+        help="the inference engine behind --engine-url (default: llama-cpp)",
+    )
+    s.add_argument(
+        "--mode",
+        choices=["token-in", "passthrough"],
+        default="token-in",
+        help="token-in: render prompts here and send token IDs (exact); passthrough: "
+        "forward messages to the engine's /v1/chat/completions and record the "
+        "token IDs it reports (vLLM, or SGLang with --engine sglang); drift is "
+        "detected, not prevented",
+    )
+    s.add_argument(
+        "--engine-url",
+        required=True,
+        action="append",
+        help="engine base URL; repeat it (or give @FILE, one URL a line) for "
+        "replicas: sessions stick to one, dead replicas are avoided",
+    )
+    s.add_argument(
+        "--model",
+        required=True,
+        help="GGUF file, Hugging Face model directory, or hub id in the local cache "
+        "(passthrough: the model name to report, as the engine serves it)",
+    )
     s.add_argument("--chat-template", help="Jinja file overriding the model's template")
-    s.add_argument("--served-model-name",
-                   help="the model name reported to harnesses (default: the --model's name)")
-    s.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    s.add_argument(
+        "--served-model-name",
+        help="the model name reported to harnesses (default: the --model's name)",
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine only)",
+    )
     s.add_argument("--port", type=int, default=8400, help="port to listen on (default: 8400)")
     s.add_argument("--public-url", help="base URL harnesses reach this server at")
-    s.add_argument("--token", help="the trainer's token (default: $TURNSTILE_TOKEN, else the "
-                                   "one in DATA/turnstile.token, generated there with mode "
-                                   "0600 the first time); harnesses get per-session base URLs")
-    s.add_argument("--no-auth", action="store_true",
-                   help="no trainer token: every route open (refused unless --host is a "
-                        "loopback address)")
-    s.add_argument("--data", default="turnstile-data",
-                   help="directory for the record store, created if missing (default: "
-                        "./turnstile-data)")
-    s.add_argument("--max-body-mb", type=int, default=32,
-                   help="largest request body in MiB (larger: 413; default: 32)")
+    s.add_argument(
+        "--token",
+        help="the trainer's token (default: $TURNSTILE_TOKEN, else the "
+        "one in DATA/turnstile.token, generated there with mode "
+        "0600 the first time); harnesses get per-session base URLs",
+    )
+    s.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="no trainer token: every route open (refused unless --host is a loopback address)",
+    )
+    s.add_argument(
+        "--data",
+        default="turnstile-data",
+        help="directory for the record store, created if missing (default: ./turnstile-data)",
+    )
+    s.add_argument(
+        "--max-body-mb",
+        type=int,
+        default=32,
+        help="largest request body in MiB (larger: 413; default: 32)",
+    )
     defaults = Limits()
-    s.add_argument("--max-messages", type=int, default=defaults.max_messages,
-                   help="messages in one request (more: 400)")
-    s.add_argument("--max-tools", type=int, default=defaults.max_tools,
-                   help="tools in one request (more: 400)")
-    s.add_argument("--max-string-kb", type=int, default=defaults.max_string >> 10,
-                   help="KiB of characters in any one JSON string of a request (more: 400)")
-    s.add_argument("--max-depth", type=int, default=defaults.max_depth,
-                   help="nesting of objects/arrays in a request (deeper: 400)")
-    s.add_argument("--synchronous", choices=["full", "normal"], default="full",
-                   help="SQLite durability: full (default) syncs every commit, so an "
-                        "acknowledged call survives an OS crash or power loss; normal survives "
-                        "a killed process only (faster)")
-    s.add_argument("--max-trees", type=int, default=1024,
-                   help="session call trees kept in memory (least recently used beyond it are "
-                        "dropped and rebuilt from the store on demand)")
-    s.add_argument("--log-level", default="warning",
-                   choices=["debug", "info", "warning", "error", "critical"],
-                   help="server log verbosity (default: warning)")
-    s.add_argument("--no-template-patches", action="store_true",
-                   help="use the template exactly as shipped (see turnstile/chat/patches.py)")
-    s.add_argument("--tool-parser", choices=[*tool_formats(), "none"],
-                   help="override the tool-call format detected from the template")
-    s.add_argument("--keep-bodies", action=argparse.BooleanOptionalAction, default=False,
-                   help="also keep each call's raw request/response body (default: tokens only)")
-    s.add_argument("--vllm-api", choices=["auto", "generate", "completions"], default="auto",
-                   help="vLLM: /inference/v1/generate (needs --enable-scale-out from 0.31) or "
-                        "/v1/completions with token IDs")
-    s.add_argument("--engine-logprobs-mode",
-                   help="vLLM: the server's --logprobs-mode, if it cannot be read from it")
-    s.add_argument("--sglang-original-logprobs", action="store_true",
-                   help="SGLang: the server returns logprobs before temperature scaling")
-    s.add_argument("--ray", action="store_true",
-                   help="run gateway replicas as a Ray Serve application behind Serve's HTTP "
-                        "proxy on --host/--port (sessions stick to a replica; see "
-                        "docs/scale.md); needs the ray extra")
-    s.add_argument("--ray-address", help="the Ray cluster to join (default: $RAY_ADDRESS, "
-                                         "else start one on this machine)")
-    s.add_argument("--ray-replicas", type=int, default=2,
-                   help="gateway replicas (default: 2)")
-    s.add_argument("--ray-min-replicas", type=int,
-                   help="autoscale: at least this many replicas")
+    s.add_argument(
+        "--max-messages",
+        type=int,
+        default=defaults.max_messages,
+        help="messages in one request (more: 400)",
+    )
+    s.add_argument(
+        "--max-tools", type=int, default=defaults.max_tools, help="tools in one request (more: 400)"
+    )
+    s.add_argument(
+        "--max-string-kb",
+        type=int,
+        default=defaults.max_string >> 10,
+        help="KiB of characters in any one JSON string of a request (more: 400)",
+    )
+    s.add_argument(
+        "--max-depth",
+        type=int,
+        default=defaults.max_depth,
+        help="nesting of objects/arrays in a request (deeper: 400)",
+    )
+    s.add_argument(
+        "--synchronous",
+        choices=["full", "normal"],
+        default="full",
+        help="SQLite durability: full (default) syncs every commit, so an "
+        "acknowledged call survives an OS crash or power loss; normal survives "
+        "a killed process only (faster)",
+    )
+    s.add_argument(
+        "--max-trees",
+        type=int,
+        default=1024,
+        help="session call trees kept in memory (least recently used beyond it are "
+        "dropped and rebuilt from the store on demand)",
+    )
+    s.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="server log verbosity (default: warning)",
+    )
+    s.add_argument(
+        "--no-template-patches",
+        action="store_true",
+        help="use the template exactly as shipped (see turnstile/chat/patches.py)",
+    )
+    s.add_argument(
+        "--tool-parser",
+        choices=[*tool_formats(), "none"],
+        help="override the tool-call format detected from the template",
+    )
+    s.add_argument(
+        "--keep-bodies",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also keep each call's raw request/response body (default: tokens only)",
+    )
+    s.add_argument(
+        "--vllm-api",
+        choices=["auto", "generate", "completions"],
+        default="auto",
+        help="vLLM: /inference/v1/generate (needs --enable-scale-out from 0.31) or "
+        "/v1/completions with token IDs",
+    )
+    s.add_argument(
+        "--engine-logprobs-mode",
+        help="vLLM: the server's --logprobs-mode, if it cannot be read from it",
+    )
+    s.add_argument(
+        "--sglang-original-logprobs",
+        action="store_true",
+        help="SGLang: the server returns logprobs before temperature scaling",
+    )
+    s.add_argument(
+        "--ray",
+        action="store_true",
+        help="run gateway replicas as a Ray Serve application behind Serve's HTTP "
+        "proxy on --host/--port (sessions stick to a replica; see "
+        "docs/scale.md); needs the ray extra",
+    )
+    s.add_argument(
+        "--ray-address",
+        help="the Ray cluster to join (default: $RAY_ADDRESS, else start one on this machine)",
+    )
+    s.add_argument("--ray-replicas", type=int, default=2, help="gateway replicas (default: 2)")
+    s.add_argument("--ray-min-replicas", type=int, help="autoscale: at least this many replicas")
     s.add_argument("--ray-max-replicas", type=int, help="autoscale: at most this many")
-    s.add_argument("--ray-replica-cpus", type=float, default=1.0,
-                   help="CPUs Ray reserves per replica (default: 1)")
+    s.add_argument(
+        "--ray-replica-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs Ray reserves per replica (default: 1)",
+    )
     s.set_defaults(func=serve)
 
-    a = sub.add_parser("audit-template", help="is this template prefix-preserving, token by "
-                                              "token? (tool and user appends, with/without "
-                                              "reasoning, parallel calls, truncation)")
-    a.add_argument("model", nargs="?",
-                   help="GGUF / HF dir / hub id, or a .jinja file with --tokenizer")
-    a.add_argument("--corpus", action="store_true",
-                   help="audit every template of the test-bed corpus; print a Markdown table")
-    a.add_argument("--tokenizer", help="model to take the tokenizer from when auditing a "
-                                       ".jinja file (default: a Qwen2 stand-in)")
-    a.add_argument("--no-template-patches", action="store_true",
-                   help="audit the template exactly as shipped")
+    a = sub.add_parser(
+        "audit-template",
+        help="is this template prefix-preserving, token by "
+        "token? (tool and user appends, with/without "
+        "reasoning, parallel calls, truncation)",
+    )
+    a.add_argument(
+        "model", nargs="?", help="GGUF / HF dir / hub id, or a .jinja file with --tokenizer"
+    )
+    a.add_argument(
+        "--corpus",
+        action="store_true",
+        help="audit every template of the test-bed corpus; print a Markdown table",
+    )
+    a.add_argument(
+        "--tokenizer",
+        help="model to take the tokenizer from when auditing a "
+        ".jinja file (default: a Qwen2 stand-in)",
+    )
+    a.add_argument(
+        "--no-template-patches", action="store_true", help="audit the template exactly as shipped"
+    )
     a.add_argument("--json", action="store_true", help="print the audit as JSON")
     a.set_defaults(func=audit_command)
 
-    v = sub.add_parser("view", help="the trajectory viewer over a record store, read-only, "
-                                    "without an engine")
-    v.add_argument("--data", default="turnstile-data",
-                   help="the record store directory (default: ./turnstile-data)")
-    v.add_argument("--model", help="GGUF / HF dir / hub id whose tokenizer decodes the tokens "
-                                   "(default: tokens shown as IDs)")
-    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
-                                                       "127.0.0.1)")
+    v = sub.add_parser(
+        "view", help="the trajectory viewer over a record store, read-only, without an engine"
+    )
+    v.add_argument(
+        "--data",
+        default="turnstile-data",
+        help="the record store directory (default: ./turnstile-data)",
+    )
+    v.add_argument(
+        "--model",
+        help="GGUF / HF dir / hub id whose tokenizer decodes the tokens "
+        "(default: tokens shown as IDs)",
+    )
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     v.add_argument("--port", type=int, default=8401, help="port to listen on (default: 8401)")
     v.add_argument("--token", help="the trainer's token (default: as serve finds it)")
-    v.add_argument("--no-auth", action="store_true",
-                   help="no token asked (refused unless --host is a loopback address)")
-    v.add_argument("--log-level", default="warning",
-                   choices=["debug", "info", "warning", "error", "critical"])
+    v.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="no token asked (refused unless --host is a loopback address)",
+    )
+    v.add_argument(
+        "--log-level", default="warning", choices=["debug", "info", "warning", "error", "critical"]
+    )
     v.set_defaults(func=view)
 
     d = sub.add_parser("demo", help="SmolLM2 on llama-server, a few sessions, what was recorded")
     d.add_argument("--data", help="record store directory (default: a temporary one)")
-    d.add_argument("--sessions", type=int, default=4,
-                   help="how many agent sessions to run (default: 4)")
+    d.add_argument(
+        "--sessions", type=int, default=4, help="how many agent sessions to run (default: 4)"
+    )
     d.set_defaults(func=demo_command)
 
     t = sub.add_parser("testbed", help="build/unpack llama-server, tokenizers, templates, models")
     t.set_defaults(func=testbed_command)
 
     e = sub.add_parser("export", help="write sessions to Parquet/JSONL for a trainer")
-    from .store import export as export_mod
+    from .store import export_cli as export_mod
 
     export_mod.add_arguments(e)
     e.set_defaults(func=export_mod.cli)

@@ -37,11 +37,22 @@ __all__ = ["AsyncClient", "AsyncSession", "Client", "Session", "SessionInfo", "T
 class TurnstileError(Exception):
     """An error answer from Turnstile: HTTP status plus OpenAI's error fields."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type_: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str | None = None,
+    ):
         super().__init__(f"{status}: {message}" + (f" (param {param!r})" if param else ""))
         self.status, self.message, self.param, self.code, self.type = (
-            status, message, param, code, type_)
+            status,
+            message,
+            param,
+            code,
+            type_,
+        )
 
 
 @dataclass
@@ -73,8 +84,11 @@ def _auth_headers(token: str | None, data: str | Path | None) -> dict[str, str]:
     if token is None and data is not None:
         token = read_token(data)
         if token is None:
-            raise TurnstileError(0, f"no trainer token under {data} (turnstile.token); pass "
-                                    "token= or start the server with that --data")
+            raise TurnstileError(
+                0,
+                f"no trainer token under {data} (turnstile.token); pass "
+                "token= or start the server with that --data",
+            )
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
     return {"authorization": f"Bearer {token}"} if token else {}
@@ -87,22 +101,33 @@ def _raise_for(r: httpx.Response) -> None:
         err = r.json()["error"]
     except (ValueError, KeyError, TypeError):
         raise TurnstileError(r.status_code, r.text or r.reason_phrase) from None
-    raise TurnstileError(r.status_code, err.get("message", ""), err.get("param"),
-                         err.get("code"), err.get("type"))
+    raise TurnstileError(
+        r.status_code, err.get("message", ""), err.get("param"), err.get("code"), err.get("type")
+    )
 
 
-def _create_body(metadata: dict | None, group_id: str | None, sample_index: int | None,
-                 task_id: str | None, session_id: str | None) -> dict:
+def _create_body(
+    metadata: dict | None,
+    group_id: str | None,
+    sample_index: int | None,
+    task_id: str | None,
+    session_id: str | None,
+) -> dict:
     body: dict[str, Any] = {"metadata": metadata or {}}
-    for k, v in (("group_id", group_id), ("sample_index", sample_index),
-                 ("task_id", task_id), ("id", session_id)):
+    for k, v in (
+        ("group_id", group_id),
+        ("sample_index", sample_index),
+        ("task_id", task_id),
+        ("id", session_id),
+    ):
         if v is not None:
             body[k] = v
     return body
 
 
-def _reward_body(reward: float | None, rewards: dict[str, float] | None,
-                 call_id: str | None) -> dict:
+def _reward_body(
+    reward: float | None, rewards: dict[str, float] | None, call_id: str | None
+) -> dict:
     body: dict[str, Any] = {}
     if reward is not None:
         body["reward"] = reward
@@ -135,9 +160,13 @@ class Session(SessionInfo):
 
     _client: Client
 
-    def set_reward(self, reward: float | None = None, *,
-                   rewards: dict[str, float] | None = None,
-                   call_id: str | None = None) -> Session:
+    def set_reward(
+        self,
+        reward: float | None = None,
+        *,
+        rewards: dict[str, float] | None = None,
+        call_id: str | None = None,
+    ) -> Session:
         return self._client.set_reward(self.id, reward, rewards=rewards, call_id=call_id)
 
     def close(self, termination_reason: str | None = None) -> Session:
@@ -161,9 +190,13 @@ class AsyncSession(SessionInfo):
 
     _client: AsyncClient
 
-    async def set_reward(self, reward: float | None = None, *,
-                         rewards: dict[str, float] | None = None,
-                         call_id: str | None = None) -> AsyncSession:
+    async def set_reward(
+        self,
+        reward: float | None = None,
+        *,
+        rewards: dict[str, float] | None = None,
+        call_id: str | None = None,
+    ) -> AsyncSession:
         return await self._client.set_reward(self.id, reward, rewards=rewards, call_id=call_id)
 
     async def close(self, termination_reason: str | None = None) -> AsyncSession:
@@ -185,9 +218,15 @@ class AsyncSession(SessionInfo):
 class Client:
     """Synchronous client. ``http`` lets a caller share or configure the httpx client."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8400", timeout: float = 60.0,
-                 http: httpx.Client | None = None, *, token: str | None = None,
-                 data: str | Path | None = None):
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8400",
+        timeout: float = 60.0,
+        http: httpx.Client | None = None,
+        *,
+        token: str | None = None,
+        data: str | Path | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.Client(timeout=timeout)
         self._headers = _auth_headers(token, data)
@@ -212,9 +251,15 @@ class Client:
         s._client = self
         return s
 
-    def session(self, metadata: dict | None = None, *, group_id: str | None = None,
-                sample_index: int | None = None, task_id: str | None = None,
-                session_id: str | None = None) -> Session:
+    def session(
+        self,
+        metadata: dict | None = None,
+        *,
+        group_id: str | None = None,
+        sample_index: int | None = None,
+        task_id: str | None = None,
+        session_id: str | None = None,
+    ) -> Session:
         """Open a session (one rollout); give the harness ``.base_url``."""
         body = _create_body(metadata, group_id, sample_index, task_id, session_id)
         return self._session(self._req("POST", "/v1/sessions", json=body))
@@ -222,22 +267,25 @@ class Client:
     def get_session(self, session_id: str) -> Session:
         return self._session(self._req("GET", f"/v1/sessions/{session_id}"))
 
-    def sessions(self, group_id: str | None = None, status: str | None = None
-                 ) -> list[Session]:
+    def sessions(self, group_id: str | None = None, status: str | None = None) -> list[Session]:
         """All sessions (of a group / with a status), following pages."""
         out: list[Session] = []
         after = None
         while True:
-            page = self._req("GET", "/v1/sessions",
-                             params=_list_params(group_id, status, after))
+            page = self._req("GET", "/v1/sessions", params=_list_params(group_id, status, after))
             out += [self._session(d) for d in page["data"]]
             if not page["has_more"]:
                 return out
             after = page["last_id"]
 
-    def set_reward(self, session_id: str, reward: float | None = None, *,
-                   rewards: dict[str, float] | None = None, call_id: str | None = None
-                   ) -> Session:
+    def set_reward(
+        self,
+        session_id: str,
+        reward: float | None = None,
+        *,
+        rewards: dict[str, float] | None = None,
+        call_id: str | None = None,
+    ) -> Session:
         """Attach a scalar and/or named rewards to the session, or to one of its calls."""
         body = _reward_body(reward, rewards, call_id)
         return self._session(self._req("POST", f"/v1/sessions/{session_id}/rewards", json=body))
@@ -251,12 +299,14 @@ class Client:
 
     def trajectories(self, session_id: str, mode: str = "merged") -> list[Trajectory]:
         """Samples as numpy arrays; ``mode`` is ``merged`` or ``per_call``."""
-        data = self._req("GET", f"/v1/sessions/{session_id}/trajectories",
-                         params={"mode": mode})["data"]
+        data = self._req("GET", f"/v1/sessions/{session_id}/trajectories", params={"mode": mode})[
+            "data"
+        ]
         return [Trajectory.from_json(d) for d in data]
 
-    def group_trajectories(self, group_id: str, mode: str = "merged",
-                           status: str | None = None) -> list[Trajectory]:
+    def group_trajectories(
+        self, group_id: str, mode: str = "merged", status: str | None = None
+    ) -> list[Trajectory]:
         """Every sample of a group's sessions, ordered by sample index."""
         out: list[Trajectory] = []
         for s in self.sessions(group_id, status):
@@ -270,12 +320,20 @@ class Client:
 class AsyncClient:
     """Asynchronous client (httpx.AsyncClient); same methods as :class:`Client`."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8400", timeout: float = 60.0,
-                 http: httpx.AsyncClient | None = None, max_connections: int = 256, *,
-                 token: str | None = None, data: str | Path | None = None):
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8400",
+        timeout: float = 60.0,
+        http: httpx.AsyncClient | None = None,
+        max_connections: int = 256,
+        *,
+        token: str | None = None,
+        data: str | Path | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self._http = http or httpx.AsyncClient(
-            timeout=timeout, limits=httpx.Limits(max_connections=max_connections))
+            timeout=timeout, limits=httpx.Limits(max_connections=max_connections)
+        )
         self._headers = _auth_headers(token, data)
 
     async def __aenter__(self) -> AsyncClient:
@@ -298,50 +356,64 @@ class AsyncClient:
         s._client = self
         return s
 
-    async def session(self, metadata: dict | None = None, *, group_id: str | None = None,
-                      sample_index: int | None = None, task_id: str | None = None,
-                      session_id: str | None = None) -> AsyncSession:
+    async def session(
+        self,
+        metadata: dict | None = None,
+        *,
+        group_id: str | None = None,
+        sample_index: int | None = None,
+        task_id: str | None = None,
+        session_id: str | None = None,
+    ) -> AsyncSession:
         body = _create_body(metadata, group_id, sample_index, task_id, session_id)
         return self._session(await self._req("POST", "/v1/sessions", json=body))
 
     async def get_session(self, session_id: str) -> AsyncSession:
         return self._session(await self._req("GET", f"/v1/sessions/{session_id}"))
 
-    async def sessions(self, group_id: str | None = None, status: str | None = None
-                       ) -> list[AsyncSession]:
+    async def sessions(
+        self, group_id: str | None = None, status: str | None = None
+    ) -> list[AsyncSession]:
         out: list[AsyncSession] = []
         after = None
         while True:
-            page = await self._req("GET", "/v1/sessions",
-                                   params=_list_params(group_id, status, after))
+            page = await self._req(
+                "GET", "/v1/sessions", params=_list_params(group_id, status, after)
+            )
             out += [self._session(d) for d in page["data"]]
             if not page["has_more"]:
                 return out
             after = page["last_id"]
 
-    async def set_reward(self, session_id: str, reward: float | None = None, *,
-                         rewards: dict[str, float] | None = None,
-                         call_id: str | None = None) -> AsyncSession:
+    async def set_reward(
+        self,
+        session_id: str,
+        reward: float | None = None,
+        *,
+        rewards: dict[str, float] | None = None,
+        call_id: str | None = None,
+    ) -> AsyncSession:
         body = _reward_body(reward, rewards, call_id)
-        return self._session(await self._req("POST", f"/v1/sessions/{session_id}/rewards",
-                                             json=body))
+        return self._session(
+            await self._req("POST", f"/v1/sessions/{session_id}/rewards", json=body)
+        )
 
-    async def close(self, session_id: str, termination_reason: str | None = None
-                    ) -> AsyncSession:
+    async def close(self, session_id: str, termination_reason: str | None = None) -> AsyncSession:
         body = {"termination_reason": termination_reason} if termination_reason else {}
-        return self._session(await self._req("POST", f"/v1/sessions/{session_id}/close",
-                                             json=body))
+        return self._session(await self._req("POST", f"/v1/sessions/{session_id}/close", json=body))
 
     async def calls(self, session_id: str) -> list[dict]:
         return (await self._req("GET", f"/v1/sessions/{session_id}/calls"))["data"]
 
     async def trajectories(self, session_id: str, mode: str = "merged") -> list[Trajectory]:
-        data = (await self._req("GET", f"/v1/sessions/{session_id}/trajectories",
-                                params={"mode": mode}))["data"]
+        data = (
+            await self._req("GET", f"/v1/sessions/{session_id}/trajectories", params={"mode": mode})
+        )["data"]
         return [Trajectory.from_json(d) for d in data]
 
-    async def group_trajectories(self, group_id: str, mode: str = "merged",
-                                 status: str | None = None) -> list[Trajectory]:
+    async def group_trajectories(
+        self, group_id: str, mode: str = "merged", status: str | None = None
+    ) -> list[Trajectory]:
         sessions = await self.sessions(group_id, status)
         parts = await asyncio.gather(*(self.trajectories(s.id, mode) for s in sessions))
         return _ordered([t for p in parts for t in p])

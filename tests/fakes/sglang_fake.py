@@ -38,11 +38,35 @@ from .common import EOS, FakeServer, Generation, Step, ToyModel, token_text
 
 MODEL = "fake/tiny-model"
 SAMPLING_FIELDS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
-    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens",
-    "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias",
-    "sampling_seed", "custom_params", "beam_width", "watermark", "choice")
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
+)
 
 
 def _json(obj: object, status: int = 200) -> Response:
@@ -54,9 +78,15 @@ class _Invalid(ValueError):
 
 
 class SGLangFake(FakeServer):
-    def __init__(self, *, incremental: bool = False, context_len: int = 4096,
-                 original_logprobs: bool = False, skip_events: int = 0,
-                 tokens_per_event: int = 1):
+    def __init__(
+        self,
+        *,
+        incremental: bool = False,
+        context_len: int = 4096,
+        original_logprobs: bool = False,
+        skip_events: int = 0,
+        tokens_per_event: int = 1,
+    ):
         super().__init__()
         self.incremental = incremental
         self.context_len = context_len
@@ -82,20 +112,40 @@ class SGLangFake(FakeServer):
         return Response(status_code=200)
 
     async def models(self, request: Request) -> Response:
-        card = {"id": MODEL, "object": "model", "created": int(time.time()),
-                "owned_by": "sglang", "root": MODEL, "parent": None,
-                "max_model_len": self.context_len}
+        card = {
+            "id": MODEL,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": MODEL,
+            "parent": None,
+            "max_model_len": self.context_len,
+        }
         return _json({"object": "list", "data": [card]})
 
     async def model_info(self, request: Request) -> Response:
-        return _json({"model_path": MODEL, "served_model_name": MODEL, "tokenizer_path": MODEL,
-                      "is_generation": True, "preferred_sampling_params": None,
-                      "weight_version": self.weight_version})
+        return _json(
+            {
+                "model_path": MODEL,
+                "served_model_name": MODEL,
+                "tokenizer_path": MODEL,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": self.weight_version,
+            }
+        )
 
     async def server_info(self, request: Request) -> Response:
-        return _json({"model_path": MODEL, "context_length": None,
-                      "incremental_streaming_output": self.incremental,
-                      "skip_tokenizer_init": False, "version": "0.5.23", "frontend": "python"})
+        return _json(
+            {
+                "model_path": MODEL,
+                "context_length": None,
+                "incremental_streaming_output": self.incremental,
+                "skip_tokenizer_init": False,
+                "version": "0.5.23",
+                "frontend": "python",
+            }
+        )
 
     async def abort_request(self, request: Request) -> Response:
         body = await self.record(request) or {}
@@ -125,15 +175,18 @@ class SGLangFake(FakeServer):
         if mnt is not None and mnt < 0:
             raise _Invalid(f"max_new_tokens must be at least 0, got {mnt}.")
         if len(ids) >= self.context_len:
-            raise _Invalid(f"The input ({len(ids)} tokens) is longer than the model's context "
-                           f"length ({self.context_len} tokens).")
+            raise _Invalid(
+                f"The input ({len(ids)} tokens) is longer than the model's context "
+                f"length ({self.context_len} tokens)."
+            )
         if mnt is not None and mnt + len(ids) > self.context_len:
             raise _Invalid(
                 f"Requested token count exceeds the model's maximum context length of "
                 f"{self.context_len} tokens. You requested a total of {mnt + len(ids)} tokens: "
                 f"{len(ids)} tokens from the input messages and {mnt} tokens for the "
                 f"completion. Please reduce the number of tokens in the input messages or the "
-                f"completion to fit within the limit.")
+                f"completion to fit within the limit."
+            )
         return ids, sp
 
     def _contract_error(self, body: object) -> str | None:
@@ -156,32 +209,50 @@ class SGLangFake(FakeServer):
             ids, sp = self._validate(body)
         except _Invalid as exc:
             if stream:
-                return StreamingResponse(self._error_stream(str(exc)),
-                                         media_type="text/event-stream")
+                return StreamingResponse(
+                    self._error_stream(str(exc)), media_type="text/event-stream"
+                )
             return _json({"error": {"message": str(exc)}}, 400)
         if self.fail_next is not None:
             status, self.fail_next = self.fail_next, None
-            return _json({"object": "error", "message": "The server is overloaded, retry later.",
-                          "type": str(status), "param": None, "code": status}, status)
+            return _json(
+                {
+                    "object": "error",
+                    "message": "The server is overloaded, retry later.",
+                    "type": str(status),
+                    "param": None,
+                    "code": status,
+                },
+                status,
+            )
         rid = body.get("rid") or "sglang-rid"
         k = int(body.get("top_logprobs_num") or 0)
         gen = self.model.generate(
-            ids, max_tokens=sp.get("max_new_tokens", 128),
-            temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
-            seed=sp.get("sampling_seed"), stop=sp.get("stop") or [],
-            stop_token_ids=sp.get("stop_token_ids") or [], logit_bias=sp.get("logit_bias"),
-            ignore_eos=bool(sp.get("ignore_eos")), k=k, version=self.version_of)
+            ids,
+            max_tokens=sp.get("max_new_tokens", 128),
+            temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)),
+            seed=sp.get("sampling_seed"),
+            stop=sp.get("stop") or [],
+            stop_token_ids=sp.get("stop_token_ids") or [],
+            logit_bias=sp.get("logit_bias"),
+            ignore_eos=bool(sp.get("ignore_eos")),
+            k=k,
+            version=self.version_of,
+        )
         self.rec.sent[rid] = gen
         started = time.time()
         if stream:
-            return StreamingResponse(self._stream(rid, gen, len(ids), k, started),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(rid, gen, len(ids), k, started), media_type="text/event-stream"
+            )
         done = await self.until_disconnect_or(request, rid, self._wait(rid, gen))
         if done is None:
             self.rec.sent[rid] = Generation([], "abort")
             return Response(status_code=499)
-        out = self._out(rid, done, done.steps, len(ids), k, finished=True, first=True,
-                        started=started)
+        out = self._out(
+            rid, done, done.steps, len(ids), k, finished=True, first=True, started=started
+        )
         raw = orjson.dumps(out)
         self.rec.raw[rid] = [raw]
         if done.reason != "abort":
@@ -195,8 +266,14 @@ class SGLangFake(FakeServer):
         return gen
 
     async def _error_stream(self, message: str):
-        err = {"error": {"message": message, "type": "invalid_request_error", "code": 400,
-                         "retryable": False}}
+        err = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "code": 400,
+                "retryable": False,
+            }
+        }
         yield b"data: " + orjson.dumps(err) + b"\n\n"
         yield b"data: [DONE]\n\n"
 
@@ -204,16 +281,32 @@ class SGLangFake(FakeServer):
         if not finished:
             return None
         if gen.reason == "abort":
-            return {"type": "abort", "message": "Abort before decode.", "status_code": None,
-                    "err_type": None}
+            return {
+                "type": "abort",
+                "message": "Abort before decode.",
+                "status_code": None,
+                "err_type": None,
+            }
         if gen.reason == "length":
             return {"type": "length", "length": len(gen.steps)}
-        return {"type": "stop",
-                "matched": gen.stop_token if gen.stop_token is not None else gen.stop_string}
+        return {
+            "type": "stop",
+            "matched": gen.stop_token if gen.stop_token is not None else gen.stop_string,
+        }
 
-    def _out(self, rid: str, gen: Generation, steps: list[Step], prompt_len: int, k: int,
-             finished: bool, first: bool, started: float, total: int | None = None,
-             text: str | None = None) -> dict:
+    def _out(
+        self,
+        rid: str,
+        gen: Generation,
+        steps: list[Step],
+        prompt_len: int,
+        k: int,
+        finished: bool,
+        first: bool,
+        started: float,
+        total: int | None = None,
+        text: str | None = None,
+    ) -> dict:
         """One response dict; ``steps`` are what this event carries (all so far when
         cumulative, the delta when incremental); ``total`` counts every output token so far."""
         total = len(steps) if total is None else total
@@ -242,8 +335,7 @@ class SGLangFake(FakeServer):
             meta["response_sent_to_client_ts"] = time.time()
         if text is None:
             stop = gen.stop_token is not None and finished
-            shown = steps[:-1] if stop and steps and steps[-1].token_id == gen.stop_token \
-                else steps
+            shown = steps[:-1] if stop and steps and steps[-1].token_id == gen.stop_token else steps
             text = "".join(token_text(s.token_id) for s in shown if s.token_id != EOS)
         return {"text": text, "output_ids": [s.token_id for s in steps], "meta_info": meta}
 
@@ -262,10 +354,10 @@ class SGLangFake(FakeServer):
                         cut = Generation(gen.steps[:i], "abort")
                         self.rec.sent[rid] = cut
                         delta = cut.steps[sent:] if self.incremental else cut.steps
-                        out = self._out(rid, cut, delta, prompt_len, k, True, first, started,
-                                        total=i)
-                        for data in (b"data: " + orjson.dumps(out) + b"\n\n",
-                                     b"data: [DONE]\n\n"):
+                        out = self._out(
+                            rid, cut, delta, prompt_len, k, True, first, started, total=i
+                        )
+                        for data in (b"data: " + orjson.dumps(out) + b"\n\n", b"data: [DONE]\n\n"):
                             raw.append(data)
                             yield data
                         ok = True
@@ -273,9 +365,14 @@ class SGLangFake(FakeServer):
                     i += 1
                 if self.fail_mid_stream is not None:
                     status, self.fail_mid_stream = self.fail_mid_stream, None
-                    err = {"error": {"message": "Internal server error",
-                                     "type": "invalid_request_error", "code": status,
-                                     "retryable": False}}
+                    err = {
+                        "error": {
+                            "message": "Internal server error",
+                            "type": "invalid_request_error",
+                            "code": status,
+                            "retryable": False,
+                        }
+                    }
                     for data in (b"data: " + orjson.dumps(err) + b"\n\n", b"data: [DONE]\n\n"):
                         raw.append(data)
                         yield data
@@ -291,8 +388,9 @@ class SGLangFake(FakeServer):
                 if not last:
                     shown = steps
                     text = "".join(token_text(s.token_id) for s in shown)
-                out = self._out(rid, gen, steps, prompt_len, k, last, first, started, total=i,
-                                text=text)
+                out = self._out(
+                    rid, gen, steps, prompt_len, k, last, first, started, total=i, text=text
+                )
                 first = False
                 sent = i
                 data = b"data: " + orjson.dumps(out) + b"\n\n"
@@ -316,34 +414,63 @@ class SGLangFake(FakeServer):
 
     async def detokenize(self, request: Request) -> Response:
         body = await self.record(request) or {}
-        return _json({"text": toychat.decode(list(body.get("tokens") or []),
-                                             skip_special=False)})
+        return _json({"text": toychat.decode(list(body.get("tokens") or []), skip_special=False)})
 
     @staticmethod
     def _chat_lp(tid: int, pos: int, k: int) -> dict:
         tok = toychat.piece(tid)
         lp = toychat.logprob(tid, pos)
         top = [(tok, lp)] + [(f"alt{j}", lp - 1 - j) for j in range(max(k - 1, 0))]
-        return {"token": tok, "bytes": list(tok.encode()), "logprob": lp,
-                "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": v}
-                                 for t, v in top[:k]]}
+        return {
+            "token": tok,
+            "bytes": list(tok.encode()),
+            "logprob": lp,
+            "top_logprobs": [
+                {"token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top[:k]
+            ],
+        }
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self.record(request)
         msgs = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(msgs, list) or not msgs:
-            return _json({"object": "error", "message": "messages must be a non-empty list",
-                          "type": "BadRequest", "param": None, "code": 400}, 400)
+            return _json(
+                {
+                    "object": "error",
+                    "message": "messages must be a non-empty list",
+                    "type": "BadRequest",
+                    "param": None,
+                    "code": 400,
+                },
+                400,
+            )
         stream = bool(body.get("stream"))
         if stream and body.get("return_token_ids"):
-            return _json({"object": "error", "message": (
-                "return_token_ids is not supported with streaming on /v1/chat/completions. "
-                "Please set stream=false when using return_token_ids=true."),
-                "type": "BadRequest", "param": None, "code": 400}, 400)
+            return _json(
+                {
+                    "object": "error",
+                    "message": (
+                        "return_token_ids is not supported with streaming on /v1/chat/completions. "
+                        "Please set stream=false when using return_token_ids=true."
+                    ),
+                    "type": "BadRequest",
+                    "param": None,
+                    "code": 400,
+                },
+                400,
+            )
         if self.fail_next is not None:
             status, self.fail_next = self.fail_next, None
-            return _json({"object": "error", "message": "The server is overloaded, retry later.",
-                          "type": str(status), "param": None, "code": status}, status)
+            return _json(
+                {
+                    "object": "error",
+                    "message": "The server is overloaded, retry later.",
+                    "type": str(status),
+                    "param": None,
+                    "code": status,
+                },
+                status,
+            )
         prompt = toychat.render(msgs)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 128
         replies = [self.chat.reply(msgs, max_tokens, i) for i in range(body.get("n") or 1)]
@@ -353,50 +480,116 @@ class SGLangFake(FakeServer):
         k = body.get("top_logprobs") or 0
         in_ids = bool(body.get("return_input_ids_in_sglext"))
         out_ids = bool(body.get("return_output_ids_in_sglext"))
-        self.chat_log.append({"id": rid, "stream": stream, "body": body,
-                              "prompt_token_ids": prompt,
-                              "choices": [{"token_ids": r.ids, "finish_reason": r.finish_reason,
-                                           "logprobs": [toychat.logprob(t, i)
-                                                        for i, t in enumerate(r.ids)]}
-                                          for r in replies]})
+        self.chat_log.append(
+            {
+                "id": rid,
+                "stream": stream,
+                "body": body,
+                "prompt_token_ids": prompt,
+                "choices": [
+                    {
+                        "token_ids": r.ids,
+                        "finish_reason": r.finish_reason,
+                        "logprobs": [toychat.logprob(t, i) for i, t in enumerate(r.ids)],
+                    }
+                    for r in replies
+                ],
+            }
+        )
         ext = None
         if in_ids or out_ids:
-            ext = {"routed_experts": None, "cached_tokens_details": None,
-                   "spec_tokens_details": None, "input_ids": prompt if in_ids else None,
-                   "output_ids": [r.ids for r in replies] if out_ids else None}
+            ext = {
+                "routed_experts": None,
+                "cached_tokens_details": None,
+                "spec_tokens_details": None,
+                "input_ids": prompt if in_ids else None,
+                "output_ids": [r.ids for r in replies] if out_ids else None,
+            }
         n_out = sum(len(r.ids) for r in replies)
-        usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + n_out,
-                 "completion_tokens": n_out, "prompt_tokens_details": None,
-                 "reasoning_tokens": 0}
+        usage = {
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + n_out,
+            "completion_tokens": n_out,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+        }
         matched = {"stop": toychat.IM_END}
         if stream:
-            return StreamingResponse(self._chat_stream(
-                rid, created, replies, want_lp, k, ext,
-                usage if (body.get("stream_options") or {}).get("include_usage") else None),
-                media_type="text/event-stream")
-        choices = [{"index": i,
-                    "message": {"role": "assistant", "content": r.text, "tool_calls": None,
-                                "reasoning_content": None},
-                    "logprobs": {"content": [self._chat_lp(t, p, k)
-                                             for p, t in enumerate(r.ids)]} if want_lp else None,
-                    "finish_reason": r.finish_reason,
-                    "matched_stop": matched.get(r.finish_reason),
-                    "hidden_states": None}
-                   for i, r in enumerate(replies)]
-        return _json({"id": rid, "object": "chat.completion", "created": created,
-                      "model": MODEL, "choices": choices, "usage": usage,
-                      "metadata": {"weight_version": self.weight_version}, "sglext": ext})
+            return StreamingResponse(
+                self._chat_stream(
+                    rid,
+                    created,
+                    replies,
+                    want_lp,
+                    k,
+                    ext,
+                    usage if (body.get("stream_options") or {}).get("include_usage") else None,
+                ),
+                media_type="text/event-stream",
+            )
+        choices = [
+            {
+                "index": i,
+                "message": {
+                    "role": "assistant",
+                    "content": r.text,
+                    "tool_calls": None,
+                    "reasoning_content": None,
+                },
+                "logprobs": {"content": [self._chat_lp(t, p, k) for p, t in enumerate(r.ids)]}
+                if want_lp
+                else None,
+                "finish_reason": r.finish_reason,
+                "matched_stop": matched.get(r.finish_reason),
+                "hidden_states": None,
+            }
+            for i, r in enumerate(replies)
+        ]
+        return _json(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": MODEL,
+                "choices": choices,
+                "usage": usage,
+                "metadata": {"weight_version": self.weight_version},
+                "sglext": ext,
+            }
+        )
 
-    async def _chat_stream(self, rid: str, created: int, replies: list[toychat.Reply],
-                           want_lp: bool, k: int, ext: dict | None, usage: dict | None):
+    async def _chat_stream(
+        self,
+        rid: str,
+        created: int,
+        replies: list[toychat.Reply],
+        want_lp: bool,
+        k: int,
+        ext: dict | None,
+        usage: dict | None,
+    ):
         def chunk(choices: list[dict], **extra: object) -> bytes:
-            obj = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                   "model": MODEL, "choices": choices, **extra}
+            obj = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": MODEL,
+                "choices": choices,
+                **extra,
+            }
             return b"data: " + orjson.dumps(obj) + b"\n\n"
 
         for i, r in enumerate(replies):
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                          "logprobs": None, "finish_reason": None}])
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
             for pos, tid in enumerate(r.ids):
                 await self.pace(rid)
                 text = "" if tid in toychat.SPECIAL else toychat.piece(tid)
@@ -404,19 +597,40 @@ class SGLangFake(FakeServer):
                     continue  # no content chunk: this step's logprob goes nowhere
                 if self.fail_mid_stream is not None and pos > 0:
                     status, self.fail_mid_stream = self.fail_mid_stream, None
-                    err = {"error": {"message": "Internal server error",
-                                     "type": "InternalServerError", "code": status}}
+                    err = {
+                        "error": {
+                            "message": "Internal server error",
+                            "type": "InternalServerError",
+                            "code": status,
+                        }
+                    }
                     yield b"data: " + orjson.dumps(err) + b"\n\n"
                     yield b"data: [DONE]\n\n"
                     return
-                yield chunk([{"index": i, "delta": {"content": text},
-                              "logprobs": {"content": [self._chat_lp(tid, pos, k)]}
-                              if want_lp else None, "finish_reason": None}])
+                yield chunk(
+                    [
+                        {
+                            "index": i,
+                            "delta": {"content": text},
+                            "logprobs": {"content": [self._chat_lp(tid, pos, k)]}
+                            if want_lp
+                            else None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
         for i, r in enumerate(replies):
-            yield chunk([{"index": i, "delta": {}, "logprobs": None,
-                          "finish_reason": r.finish_reason,
-                          "matched_stop": toychat.IM_END if r.finish_reason == "stop"
-                          else None}])
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {},
+                        "logprobs": None,
+                        "finish_reason": r.finish_reason,
+                        "matched_stop": toychat.IM_END if r.finish_reason == "stop" else None,
+                    }
+                ]
+            )
         if ext is not None:
             yield chunk([], sglext=ext)
         if usage is not None:

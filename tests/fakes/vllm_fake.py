@@ -40,8 +40,9 @@ MAX_LOGPROBS = 20
 
 def _dumps_python(obj: object) -> bytes:
     """Starlette ``JSONResponse.render``."""
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, indent=None,
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        obj, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode()
 
 
 def _dumps_pydantic(obj: object) -> bytes:
@@ -61,24 +62,35 @@ class _Invalid(Exception):
 
 def _validation(loc: str, msg: str, err_type: str, input_repr: str, ctx: str) -> _Invalid:
     """``validation_exception_handler``: ``"N validation error:\\n  {...}"``, 400."""
-    text = (f"1 validation error:\n  {{'type': '{err_type}', 'loc': '{loc}', 'msg': '{msg}', "
-            f"'input': '{input_repr}', 'ctx': {ctx}}}")
+    text = (
+        f"1 validation error:\n  {{'type': '{err_type}', 'loc': '{loc}', 'msg': '{msg}', "
+        f"'input': '{input_repr}', 'ctx': {ctx}}}"
+    )
     param = loc
     return _Invalid(_error(text, "Bad Request", 400, param))
 
 
 def _sampling_error(message: str, parameter: str | None, sp: dict) -> _Invalid:
-    text = (f"1 validation error:\n  {{'type': 'value_error', 'loc': 'body.sampling_params', "
-            f"'msg': 'Value error, {message}', 'input': '<dict of {len(sp)} items>', "
-            f"'ctx': {{'error': VLLMValidationError('{message}')}}}}")
+    text = (
+        f"1 validation error:\n  {{'type': 'value_error', 'loc': 'body.sampling_params', "
+        f"'msg': 'Value error, {message}', 'input': '<dict of {len(sp)} items>', "
+        f"'ctx': {{'error': VLLMValidationError('{message}')}}}}"
+    )
     return _Invalid(_error(text, "Bad Request", 400, parameter or "body.sampling_params"))
 
 
 class VLLMFake(FakeServer):
-    def __init__(self, version: str = "0.33.0", *, scale_out: bool = True,
-                 logprobs_mode: str = "raw_logprobs", dev_mode: bool = False,
-                 max_model_len: int = 4096, tokens_per_chunk: int = 1,
-                 keep_alive: bool = False):
+    def __init__(
+        self,
+        version: str = "0.33.0",
+        *,
+        scale_out: bool = True,
+        logprobs_mode: str = "raw_logprobs",
+        dev_mode: bool = False,
+        max_model_len: int = 4096,
+        tokens_per_chunk: int = 1,
+        keep_alive: bool = False,
+    ):
         super().__init__()
         self.version = version
         self.v = tuple(int(x) for x in version.split(".")[:2])
@@ -107,11 +119,13 @@ class VLLMFake(FakeServer):
         if has_generate:
             routes.append(Route("/inference/v1/generate", self.generate, methods=["POST"]))
             if self.v >= (0, 33):
-                routes.append(Route("/inference/v1/abort_requests", self.abort_requests,
-                                    methods=["POST"]))
+                routes.append(
+                    Route("/inference/v1/abort_requests", self.abort_requests, methods=["POST"])
+                )
         elif self.v >= (0, 32):
             paths = ["/inference/v1/generate"] + (
-                ["/inference/v1/abort_requests"] if self.v >= (0, 33) else [])
+                ["/inference/v1/abort_requests"] if self.v >= (0, 33) else []
+            )
             routes += [Route(p, self.disabled, methods=["POST"]) for p in paths]
         if self.dev_mode:
             routes.append(Route("/abort_requests", self.dev_abort_requests, methods=["POST"]))
@@ -125,32 +139,52 @@ class VLLMFake(FakeServer):
         return Response(status_code=200)
 
     async def models(self, request: Request) -> Response:
-        card = {"id": MODEL, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                "root": MODEL, "parent": None, "max_model_len": self.max_model_len,
-                "permission": []}
-        return Response(_dumps_python({"object": "list", "data": [card]}),
-                        media_type="application/json")
+        card = {
+            "id": MODEL,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": MODEL,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+            "permission": [],
+        }
+        return Response(
+            _dumps_python({"object": "list", "data": [card]}), media_type="application/json"
+        )
 
     async def server_info(self, request: Request) -> Response:
-        config = {"model_config": {"model": MODEL, "max_model_len": self.max_model_len,
-                                   "logprobs_mode": self.logprobs_mode}}
+        config = {
+            "model_config": {
+                "model": MODEL,
+                "max_model_len": self.max_model_len,
+                "logprobs_mode": self.logprobs_mode,
+            }
+        }
         if request.query_params.get("config_format") != "json":
             config = str(config)  # type: ignore[assignment]
         return JSONResponse({"vllm_config": config, "vllm_env": {}, "system_env": {}})
 
     async def disabled(self, request: Request) -> Response:
         await self.record(request)
-        msg = ("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out "
-               "to enable them.")
-        return Response(_dumps_python(_error(msg, "PermissionDeniedError", 403)),
-                        status_code=403, media_type="application/json")
+        msg = (
+            "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out "
+            "to enable them."
+        )
+        return Response(
+            _dumps_python(_error(msg, "PermissionDeniedError", 403)),
+            status_code=403,
+            media_type="application/json",
+        )
 
     async def abort_requests(self, request: Request) -> Response:
         body = await self.record(request)
         if not isinstance(body, dict) or body.get("request_ids") is None:
-            return Response(_dumps_python(_error("Missing 'request_ids' in request body",
-                                                 "Bad Request", 400)),
-                            status_code=400, media_type="application/json")
+            return Response(
+                _dumps_python(_error("Missing 'request_ids' in request body", "Bad Request", 400)),
+                status_code=400,
+                media_type="application/json",
+            )
         self.abort(list(body["request_ids"]))
         return Response(status_code=200)
 
@@ -165,8 +199,9 @@ class VLLMFake(FakeServer):
     def _check_sampling(self, sp: dict, prompt_len: int) -> None:
         t = sp.get("temperature", 1.0)
         if not isinstance(t, (int, float)) or t < 0:
-            raise _sampling_error(f"temperature must be non-negative, got {float(t)}.",
-                                  "temperature", sp)
+            raise _sampling_error(
+                f"temperature must be non-negative, got {float(t)}.", "temperature", sp
+            )
         top_p = sp.get("top_p", 1.0)
         if not 0.0 < top_p <= 1.0:
             raise _sampling_error(f"top_p must be in (0, 1], got {float(top_p)}.", "top_p", sp)
@@ -175,28 +210,44 @@ class VLLMFake(FakeServer):
             raise _sampling_error(f"max_tokens must be at least 1, got {mt}.", "max_tokens", sp)
         lp = sp.get("logprobs")
         if lp is not None and lp < -1:
-            raise _sampling_error(f"logprobs must be non-negative or -1, got {lp}.",
-                                  "logprobs", sp)
+            raise _sampling_error(f"logprobs must be non-negative or -1, got {lp}.", "logprobs", sp)
         if lp is not None and lp > MAX_LOGPROBS:
-            raise _Invalid(_error(f"Requested sample logprobs of {lp}, which is greater than "
-                                  f"max allowed: {MAX_LOGPROBS}", "BadRequestError", 400,
-                                  "logprobs"))
+            raise _Invalid(
+                _error(
+                    f"Requested sample logprobs of {lp}, which is greater than "
+                    f"max allowed: {MAX_LOGPROBS}",
+                    "BadRequestError",
+                    400,
+                    "logprobs",
+                )
+            )
         if mt is not None and prompt_len + mt > self.max_model_len:
-            raise _Invalid(_error(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {mt}. This model's "
-                f"maximum context length is {self.max_model_len} tokens and your request has "
-                f"{prompt_len} input tokens ({mt} > {self.max_model_len} - {prompt_len}).",
-                "BadRequestError", 400, "max_tokens"))
+            raise _Invalid(
+                _error(
+                    f"'max_tokens' or 'max_completion_tokens' is too large: {mt}. This model's "
+                    f"maximum context length is {self.max_model_len} tokens and your request has "
+                    f"{prompt_len} input tokens ({mt} > {self.max_model_len} - {prompt_len}).",
+                    "BadRequestError",
+                    400,
+                    "max_tokens",
+                )
+            )
 
     def _run(self, rid: str, prompt: list[int], sp: dict) -> Generation:
         k = sp.get("logprobs")
         gen = self.model.generate(
-            prompt, max_tokens=sp.get("max_tokens") or 16,
-            temperature=float(sp.get("temperature", 1.0)), top_p=float(sp.get("top_p", 1.0)),
-            seed=sp.get("seed"), stop=sp.get("stop") or [],
+            prompt,
+            max_tokens=sp.get("max_tokens") or 16,
+            temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)),
+            seed=sp.get("seed"),
+            stop=sp.get("stop") or [],
             stop_token_ids=sp.get("stop_token_ids") or [],
-            logit_bias=sp.get("logit_bias") or {}, ignore_eos=bool(sp.get("ignore_eos")),
-            k=max(k or 0, 0), version=self.version_of)
+            logit_bias=sp.get("logit_bias") or {},
+            ignore_eos=bool(sp.get("ignore_eos")),
+            k=max(k or 0, 0),
+            version=self.version_of,
+        )
         self.rec.sent[rid] = gen
         return gen
 
@@ -209,18 +260,32 @@ class VLLMFake(FakeServer):
             cands = [(s.token_id, s.logprob, s.rank)]
             cands += [(t, v, r + 1) for r, (t, v) in enumerate(s.top) if t != s.token_id]
             if self.v < (0, 33):
-                cands = cands[:max(k, 1)] if k != -1 else cands
+                cands = cands[: max(k, 1)] if k != -1 else cands
             lp = max(s.logprob, -9999.0)
             if self.v >= (0, 32):
-                content.append({"token_id": s.token_id, "logprob": lp, "rank": s.rank or None,
-                                "top_logprobs": [{"token_id": t, "logprob": max(v, -9999.0),
-                                                  "rank": r or None} for t, v, r in cands]})
+                content.append(
+                    {
+                        "token_id": s.token_id,
+                        "logprob": lp,
+                        "rank": s.rank or None,
+                        "top_logprobs": [
+                            {"token_id": t, "logprob": max(v, -9999.0), "rank": r or None}
+                            for t, v, r in cands
+                        ],
+                    }
+                )
             else:
-                content.append({"token": f"token_id:{s.token_id}", "logprob": lp,
-                                "bytes": None,
-                                "top_logprobs": [{"token": f"token_id:{t}",
-                                                  "logprob": max(v, -9999.0), "bytes": None}
-                                                 for t, v, _ in cands]})
+                content.append(
+                    {
+                        "token": f"token_id:{s.token_id}",
+                        "logprob": lp,
+                        "bytes": None,
+                        "top_logprobs": [
+                            {"token": f"token_id:{t}", "logprob": max(v, -9999.0), "bytes": None}
+                            for t, v, _ in cands
+                        ],
+                    }
+                )
         return {"content": content}
 
     def _stop_reason(self, gen: Generation) -> int | str | None:
@@ -234,18 +299,37 @@ class VLLMFake(FakeServer):
             u.update(prompt_tokens_details=None, completion_tokens_details=None)
         return u
 
-    def _choice(self, gen: Generation, steps: list[Step], k: int | None, finish: str | None,
-                stream: bool, final: bool) -> dict:
+    def _choice(
+        self,
+        gen: Generation,
+        steps: list[Step],
+        k: int | None,
+        finish: str | None,
+        stream: bool,
+        final: bool,
+    ) -> dict:
         """A (stream) choice of the tokens output mode, fields in declaration order."""
         lp = self._logprobs(steps, k)
         ids = [s.token_id for s in steps]
         if self.v >= (0, 32):
-            return {"index": 0, "finish_reason": finish,
-                    "stop_reason": self._stop_reason(gen) if finish else None,
-                    "token_ids": ids, "routed_experts": None, "sampling_mask": None,
-                    "weight_versions": self.spans(gen) if final else None, "logprobs": lp}
-        return {"index": 0, "logprobs": lp, "finish_reason": finish, "token_ids": ids,
-                "routed_experts": None, "sampling_mask": None}
+            return {
+                "index": 0,
+                "finish_reason": finish,
+                "stop_reason": self._stop_reason(gen) if finish else None,
+                "token_ids": ids,
+                "routed_experts": None,
+                "sampling_mask": None,
+                "weight_versions": self.spans(gen) if final else None,
+                "logprobs": lp,
+            }
+        return {
+            "index": 0,
+            "logprobs": lp,
+            "finish_reason": finish,
+            "token_ids": ids,
+            "routed_experts": None,
+            "sampling_mask": None,
+        }
 
     async def generate(self, request: Request) -> Response:
         body = await self.record(request)
@@ -256,27 +340,42 @@ class VLLMFake(FakeServer):
             if not isinstance(ids, list) or not ids:
                 n = len(ids) if isinstance(ids, list) else 0
                 if ids is None:
-                    raise _validation("body.token_ids", "Field required", "missing",
-                                      f"<dict of {len(body)} items>", "{}")
-                raise _validation("body.token_ids",
-                                  f"List should have at least 1 item after validation, not {n}",
-                                  "too_short", f"<list of {n} items>",
-                                  "{'field_type': 'List', 'min_length': 1, "
-                                  f"'actual_length': {n}}}")
+                    raise _validation(
+                        "body.token_ids",
+                        "Field required",
+                        "missing",
+                        f"<dict of {len(body)} items>",
+                        "{}",
+                    )
+                raise _validation(
+                    "body.token_ids",
+                    f"List should have at least 1 item after validation, not {n}",
+                    "too_short",
+                    f"<list of {n} items>",
+                    f"{{'field_type': 'List', 'min_length': 1, 'actual_length': {n}}}",
+                )
             if any(not isinstance(t, int) or t < 0 for t in ids):
-                raise _validation("body.token_ids",
-                                  "Value error, token_ids must not contain negative values",
-                                  "value_error", f"<list of {len(ids)} items>",
-                                  "{'error': ValueError('token_ids must not contain negative "
-                                  "values')}")
+                raise _validation(
+                    "body.token_ids",
+                    "Value error, token_ids must not contain negative values",
+                    "value_error",
+                    f"<list of {len(ids)} items>",
+                    "{'error': ValueError('token_ids must not contain negative values')}",
+                )
             sp = body.get("sampling_params")
             if not isinstance(sp, dict):
-                raise _validation("body.sampling_params", "Field required", "missing",
-                                  f"<dict of {len(body)} items>", "{}")
+                raise _validation(
+                    "body.sampling_params",
+                    "Field required",
+                    "missing",
+                    f"<dict of {len(body)} items>",
+                    "{}",
+                )
             self._check_sampling(sp, len(ids))
         except _Invalid as exc:
-            return Response(_dumps_python(exc.body), status_code=exc.status,
-                            media_type="application/json")
+            return Response(
+                _dumps_python(exc.body), status_code=exc.status, media_type="application/json"
+            )
         if self.fail_next is not None:
             status, self.fail_next = self.fail_next, None
             return self._failure(status)
@@ -285,8 +384,9 @@ class VLLMFake(FakeServer):
         k = sp.get("logprobs")
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._stream(rid, gen, k, len(ids), include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(rid, gen, k, len(ids), include_usage), media_type="text/event-stream"
+            )
         done = await self.until_disconnect_or(request, rid, self._wait(rid, gen))
         if done is None:
             self.rec.sent[rid] = Generation([], "abort")
@@ -297,18 +397,33 @@ class VLLMFake(FakeServer):
         usage = self._usage(len(ids), len(sent.steps), True)
         choice = self._choice(sent, sent.steps, k, finish, False, True)
         if self.v >= (0, 31):
-            resp = {"request_id": rid, "model": MODEL, "created": created, "usage": usage,
-                    "prompt_logprobs": None, "prompt_token_id_logprobs": None,
-                    "prompt_token_ids": ids if body.get("return_token_ids") else None,
-                    "mm_placeholders": None, "metrics": None, "kv_transfer_params": None,
-                    "ec_transfer_params": None}
+            resp = {
+                "request_id": rid,
+                "model": MODEL,
+                "created": created,
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_id_logprobs": None,
+                "prompt_token_ids": ids if body.get("return_token_ids") else None,
+                "mm_placeholders": None,
+                "metrics": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+            }
             if self.v >= (0, 32):
                 resp["output_mode"] = "tokens"
             resp["choices"] = [choice]
         else:
-            resp = {"request_id": rid, "model": MODEL, "created": created, "choices": [choice],
-                    "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None,
-                    "ec_transfer_params": None}
+            resp = {
+                "request_id": rid,
+                "model": MODEL,
+                "created": created,
+                "choices": [choice],
+                "usage": usage,
+                "prompt_logprobs": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+            }
         raw = _dumps_python(resp)
         self.rec.raw[rid] = [raw]
         if finish != "abort":
@@ -317,8 +432,11 @@ class VLLMFake(FakeServer):
 
     def _failure(self, status: int) -> Response:
         if status == 503:
-            body = _error("Generation is paused. Please retry after it resumes.",
-                          "ServiceUnavailableError", 503)
+            body = _error(
+                "Generation is paused. Please retry after it resumes.",
+                "ServiceUnavailableError",
+                503,
+            )
         elif status == 500:
             body = _error("Internal server error", "InternalServerError", 500)
         else:
@@ -331,8 +449,9 @@ class VLLMFake(FakeServer):
                 return Generation(gen.steps[:i], "abort")
         return gen
 
-    async def _stream(self, rid: str, gen: Generation, k: int | None, prompt_len: int,
-                      include_usage: bool):
+    async def _stream(
+        self, rid: str, gen: Generation, k: int | None, prompt_len: int, include_usage: bool
+    ):
         raw: list[bytes] = []
         self.rec.raw[rid] = raw
         sent = 0
@@ -341,7 +460,7 @@ class VLLMFake(FakeServer):
             i = 0
             while i < len(gen.steps):
                 n = self.tokens_per_chunk if i else 1
-                chunk_steps = gen.steps[i:i + n]
+                chunk_steps = gen.steps[i : i + n]
                 for _ in chunk_steps:
                     if not await self.pace(rid):
                         # Aborted by request id: 0.32+ send a terminal chunk without tokens.
@@ -349,8 +468,9 @@ class VLLMFake(FakeServer):
                         tail = [b"data: [DONE]\n\n"]
                         if self.v >= (0, 32):
                             cut = Generation(gen.steps[:i], "abort")
-                            tail.insert(0, self._chunk(rid, self._choice(cut, [], k, "abort",
-                                                                         True, True)))
+                            tail.insert(
+                                0, self._chunk(rid, self._choice(cut, [], k, "abort", True, True))
+                            )
                         for data in tail:
                             raw.append(data)
                             yield data
@@ -358,10 +478,15 @@ class VLLMFake(FakeServer):
                         return
                 if self.fail_mid_stream is not None and i > 0:
                     status, self.fail_mid_stream = self.fail_mid_stream, None
-                    err = _error("Internal server error", "InternalServerError", status) \
-                        if status == 500 else _error(
+                    err = (
+                        _error("Internal server error", "InternalServerError", status)
+                        if status == 500
+                        else _error(
                             "Generation is paused. Please retry after it resumes.",
-                            "ServiceUnavailableError", status)
+                            "ServiceUnavailableError",
+                            status,
+                        )
+                    )
                     for line in (f"data: {json.dumps(err)}\n\n", "data: [DONE]\n\n"):
                         raw.append(line.encode())
                         yield line.encode()
@@ -369,8 +494,7 @@ class VLLMFake(FakeServer):
                     return
                 i += len(chunk_steps)
                 last = i == len(gen.steps)
-                choice = self._choice(gen, chunk_steps, k, gen.reason if last else None, True,
-                                      last)
+                choice = self._choice(gen, chunk_steps, k, gen.reason if last else None, True, last)
                 data = self._chunk(rid, choice)
                 sent = i
                 raw.append(data)
@@ -380,8 +504,12 @@ class VLLMFake(FakeServer):
             if include_usage:
                 usage = self._usage(prompt_len, len(gen.steps), False)
                 if self.v >= (0, 32):
-                    final = {"request_id": rid, "usage": usage, "output_mode": "tokens",
-                             "choices": []}
+                    final = {
+                        "request_id": rid,
+                        "usage": usage,
+                        "output_mode": "tokens",
+                        "choices": [],
+                    }
                 else:
                     final = {"request_id": rid, "choices": [], "usage": usage}
                 data = b"data: " + _dumps_pydantic(final) + b"\n\n"
@@ -418,26 +546,43 @@ class VLLMFake(FakeServer):
             out["text_offset"].append(offset)
             out["token_logprobs"].append(max(s.logprob, -9999.0))
             out["tokens"].append(name(s.token_id))
-            out["top_logprobs"].append({name(t): max(v, -9999.0) for t, v in cands[:k + 1]})
+            out["top_logprobs"].append({name(t): max(v, -9999.0) for t, v in cands[: k + 1]})
             offset += len(name(s.token_id))
         return out
 
     async def completions(self, request: Request) -> Response:
         body = await self.record(request)
         if not isinstance(body, dict) or not isinstance(body.get("prompt"), list):
-            return Response(_dumps_python(_error("prompt must be a list of token ids",
-                                                 "BadRequestError", 400, "prompt")),
-                            status_code=400, media_type="application/json")
+            return Response(
+                _dumps_python(
+                    _error("prompt must be a list of token ids", "BadRequestError", 400, "prompt")
+                ),
+                status_code=400,
+                media_type="application/json",
+            )
         ids = body["prompt"]
-        sp = {key: body.get(key) for key in ("temperature", "top_p", "seed", "stop",
-                                             "stop_token_ids", "logit_bias", "ignore_eos",
-                                             "logprobs", "max_tokens") if key in body}
+        sp = {
+            key: body.get(key)
+            for key in (
+                "temperature",
+                "top_p",
+                "seed",
+                "stop",
+                "stop_token_ids",
+                "logit_bias",
+                "ignore_eos",
+                "logprobs",
+                "max_tokens",
+            )
+            if key in body
+        }
         sp.setdefault("max_tokens", 16)
         try:
             self._check_sampling(sp, len(ids))
         except _Invalid as exc:
-            return Response(_dumps_python(exc.body), status_code=exc.status,
-                            media_type="application/json")
+            return Response(
+                _dumps_python(exc.body), status_code=exc.status, media_type="application/json"
+            )
         rid = f"cmpl-{body.get('request_id') or 'x'}"
         gen = self._run(rid, ids, sp)
         k = body.get("logprobs")
@@ -448,10 +593,13 @@ class VLLMFake(FakeServer):
         text = "".join(f"<{s.token_id}>" for s in gen.steps if s.token_id != EOS)
 
         def choice(steps: list[Step], finish: str | None, first: bool, last: bool) -> dict:
-            c = {"index": 0, "text": "".join(f"<{s.token_id}>" for s in steps),
-                 "logprobs": self._completion_logprobs(steps, k, as_ids),
-                 "finish_reason": finish,
-                 "stop_reason": self._stop_reason(gen) if finish else None}
+            c = {
+                "index": 0,
+                "text": "".join(f"<{s.token_id}>" for s in steps),
+                "logprobs": self._completion_logprobs(steps, k, as_ids),
+                "finish_reason": finish,
+                "stop_reason": self._stop_reason(gen) if finish else None,
+            }
             if body.get("stream"):
                 c["prompt_token_ids"] = ids if (first and with_ids) else None
                 c["token_ids"] = [s.token_id for s in steps] if with_ids else None
@@ -459,6 +607,7 @@ class VLLMFake(FakeServer):
             return c
 
         if body.get("stream"):
+
             async def events():
                 ok = False
                 try:
@@ -466,31 +615,62 @@ class VLLMFake(FakeServer):
                         await self.pace(rid)
                         last = i == len(gen.steps) - 1
                         c = choice([s], gen.reason if last else None, i == 0, last)
-                        obj = {"id": rid, "object": "text_completion", "created": created,
-                               "model": MODEL, "choices": [c], "kv_transfer_params": None}
+                        obj = {
+                            "id": rid,
+                            "object": "text_completion",
+                            "created": created,
+                            "model": MODEL,
+                            "choices": [c],
+                            "kv_transfer_params": None,
+                        }
                         yield b"data: " + _dumps_pydantic(obj) + b"\n\n"
                     usage = self._usage(len(ids), len(gen.steps), False)
-                    yield b"data: " + _dumps_pydantic({"id": rid, "object": "text_completion",
-                                                       "created": created, "model": MODEL,
-                                                       "choices": [], "usage": usage}) + b"\n\n"
+                    yield (
+                        b"data: "
+                        + _dumps_pydantic(
+                            {
+                                "id": rid,
+                                "object": "text_completion",
+                                "created": created,
+                                "model": MODEL,
+                                "choices": [],
+                                "usage": usage,
+                            }
+                        )
+                        + b"\n\n"
+                    )
                     yield b"data: [DONE]\n\n"
                     ok = True
                     self.rec.finished.append(rid)
                 finally:
                     if not ok:
                         self.rec.disconnects.append(rid)
+
             return StreamingResponse(events(), media_type="text/event-stream")
         if await self.until_disconnect_or(request, rid, self._wait(rid, gen)) is None:
             return Response(status_code=499)
         c = choice(gen.steps, gen.reason, True, True)
         c["text"] = text
-        c.update(token_ids=gen.ids if with_ids else None, prompt_logprobs=None,
-                 prompt_token_ids=ids if with_ids else None, routed_experts=None,
-                 weight_versions=self.spans(gen) if wv else None)
-        resp = {"id": rid, "object": "text_completion", "created": created, "model": MODEL,
-                "choices": [c], "service_tier": None, "system_fingerprint": None,
-                "usage": self._usage(len(ids), len(gen.steps), True),
-                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+        c.update(
+            token_ids=gen.ids if with_ids else None,
+            prompt_logprobs=None,
+            prompt_token_ids=ids if with_ids else None,
+            routed_experts=None,
+            weight_versions=self.spans(gen) if wv else None,
+        )
+        resp = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": MODEL,
+            "choices": [c],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": self._usage(len(ids), len(gen.steps), True),
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
         self.rec.finished.append(rid)
         return Response(_dumps_python(resp), media_type="application/json")
 
@@ -513,9 +693,16 @@ class VLLMFake(FakeServer):
             lp = toychat.logprob(tid, i)
             tok = toychat.piece(tid)
             top = [(tok, lp)] + [(f"alt{j}", lp - 1 - j) for j in range(max(k - 1, 0))]
-            out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()),
-                        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
-                                         for t, v in top[:k]]})
+            out.append(
+                {
+                    "token": tok,
+                    "logprob": lp,
+                    "bytes": list(tok.encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in top[:k]
+                    ],
+                }
+            )
         return out
 
     def _chat_spans(self, n: int) -> list[dict]:
@@ -532,13 +719,26 @@ class VLLMFake(FakeServer):
         body = await self.record(request)
         msgs = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(msgs, list) or not msgs:
-            return Response(_dumps_python(_error("messages must be a non-empty list",
-                                                 "BadRequestError", 400, "messages")),
-                            status_code=400, media_type="application/json")
+            return Response(
+                _dumps_python(
+                    _error("messages must be a non-empty list", "BadRequestError", 400, "messages")
+                ),
+                status_code=400,
+                media_type="application/json",
+            )
         if body.get("model") not in (None, MODEL):
-            return Response(_dumps_python(_error(f"The model `{body['model']}` does not exist.",
-                                                 "NotFoundError", 404, "model")),
-                            status_code=404, media_type="application/json")
+            return Response(
+                _dumps_python(
+                    _error(
+                        f"The model `{body['model']}` does not exist.",
+                        "NotFoundError",
+                        404,
+                        "model",
+                    )
+                ),
+                status_code=404,
+                media_type="application/json",
+            )
         if self.fail_next is not None:
             status, self.fail_next = self.fail_next, None
             return self._failure(status)
@@ -546,12 +746,21 @@ class VLLMFake(FakeServer):
         room = self.max_model_len - len(prompt)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or room
         if max_tokens > room:
-            return Response(_dumps_python(_error(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
-                f"model's maximum context length is {self.max_model_len} tokens and your "
-                f"request has {len(prompt)} input tokens ({max_tokens} > {self.max_model_len} "
-                f"- {len(prompt)}).", "BadRequestError", 400, "max_tokens")),
-                status_code=400, media_type="application/json")
+            return Response(
+                _dumps_python(
+                    _error(
+                        f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                        f"model's maximum context length is {self.max_model_len} tokens and your "
+                        f"request has {len(prompt)} input tokens ({max_tokens} > "
+                        f"{self.max_model_len} - {len(prompt)}).",
+                        "BadRequestError",
+                        400,
+                        "max_tokens",
+                    )
+                ),
+                status_code=400,
+                media_type="application/json",
+            )
         replies = [self.chat.reply(msgs, max_tokens, i) for i in range(body.get("n") or 1)]
         rid = "chatcmpl-" + (request.headers.get("x-request-id") or uuid.uuid4().hex)
         created = int(time.time())
@@ -559,56 +768,118 @@ class VLLMFake(FakeServer):
         k = body.get("top_logprobs") or 0
         want_lp = bool(body.get("logprobs"))
         wv = bool(body.get("return_weight_versions")) and self.v >= (0, 33)
-        self.chat_log.append({"id": rid, "stream": bool(body.get("stream")), "body": body,
-                              "prompt_token_ids": prompt,
-                              "choices": [{"token_ids": r.ids, "finish_reason": r.finish_reason,
-                                           "logprobs": [toychat.logprob(t, i)
-                                                        for i, t in enumerate(r.ids)]}
-                                          for r in replies]})
-        usage = {"prompt_tokens": len(prompt),
-                 "total_tokens": len(prompt) + sum(len(r.ids) for r in replies),
-                 "completion_tokens": sum(len(r.ids) for r in replies),
-                 "prompt_tokens_details": None}
+        self.chat_log.append(
+            {
+                "id": rid,
+                "stream": bool(body.get("stream")),
+                "body": body,
+                "prompt_token_ids": prompt,
+                "choices": [
+                    {
+                        "token_ids": r.ids,
+                        "finish_reason": r.finish_reason,
+                        "logprobs": [toychat.logprob(t, i) for i, t in enumerate(r.ids)],
+                    }
+                    for r in replies
+                ],
+            }
+        )
+        usage = {
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + sum(len(r.ids) for r in replies),
+            "completion_tokens": sum(len(r.ids) for r in replies),
+            "prompt_tokens_details": None,
+        }
         if body.get("stream"):
             opts = body.get("stream_options") or {}
             return StreamingResponse(
-                self._chat_stream(rid, created, prompt, replies, with_ids, want_lp, k, wv,
-                                  usage if opts.get("include_usage") else None),
-                media_type="text/event-stream")
+                self._chat_stream(
+                    rid,
+                    created,
+                    prompt,
+                    replies,
+                    with_ids,
+                    want_lp,
+                    k,
+                    wv,
+                    usage if opts.get("include_usage") else None,
+                ),
+                media_type="text/event-stream",
+            )
         for r in replies:  # generation takes token_delay per token
             for _ in r.ids:
                 await self.pace(rid)
         choices = []
         for i, r in enumerate(replies):
-            c = {"index": i,
-                 "message": {"role": "assistant", "content": r.text, "refusal": None,
-                             "annotations": None, "audio": None, "function_call": None,
-                             "tool_calls": [], "reasoning": None},
-                 "logprobs": {"content": self._chat_logprobs(r.ids, 0, k)} if want_lp else None,
-                 "finish_reason": r.finish_reason, "stop_reason": None,
-                 "token_ids": r.ids if with_ids else None}
+            c = {
+                "index": i,
+                "message": {
+                    "role": "assistant",
+                    "content": r.text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": [],
+                    "reasoning": None,
+                },
+                "logprobs": {"content": self._chat_logprobs(r.ids, 0, k)} if want_lp else None,
+                "finish_reason": r.finish_reason,
+                "stop_reason": None,
+                "token_ids": r.ids if with_ids else None,
+            }
             if self.v >= (0, 33):
                 c["weight_versions"] = self._chat_spans(len(r.ids)) if wv else None
             choices.append(c)
-        resp = {"id": rid, "object": "chat.completion", "created": created, "model": MODEL,
-                "choices": choices, "service_tier": None, "system_fingerprint": None,
-                "usage": usage, "prompt_logprobs": None,
-                "prompt_token_ids": prompt if with_ids else None, "kv_transfer_params": None}
+        resp = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": MODEL,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if with_ids else None,
+            "kv_transfer_params": None,
+        }
         return Response(_dumps_python(resp), media_type="application/json")
 
-    async def _chat_stream(self, rid: str, created: int, prompt: list[int],
-                           replies: list[toychat.Reply], with_ids: bool, want_lp: bool, k: int,
-                           wv: bool, usage: dict | None):
+    async def _chat_stream(
+        self,
+        rid: str,
+        created: int,
+        prompt: list[int],
+        replies: list[toychat.Reply],
+        with_ids: bool,
+        want_lp: bool,
+        k: int,
+        wv: bool,
+        usage: dict | None,
+    ):
         def chunk(choice: dict, first: bool = False) -> bytes:
-            obj: dict = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                         "model": MODEL, "choices": [choice]}
+            obj: dict = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": MODEL,
+                "choices": [choice],
+            }
             if first and with_ids:
                 obj["prompt_token_ids"] = prompt
             return b"data: " + _dumps_pydantic(obj) + b"\n\n"
 
         for i in range(len(replies)):
-            yield chunk({"index": i, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None}, first=i == 0)
+            yield chunk(
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                },
+                first=i == 0,
+            )
         sent = False
         for i, r in enumerate(replies):
             for pos, tid in enumerate(r.ids):
@@ -623,11 +894,15 @@ class VLLMFake(FakeServer):
                 text = "" if tid in toychat.SPECIAL else toychat.piece(tid)
                 if not (text or last or with_ids or want_lp):
                     continue
-                c = {"index": i, "delta": {"content": text},
-                     "logprobs": {"content": self._chat_logprobs([tid], pos, k)}
-                     if want_lp else None,
-                     "finish_reason": r.finish_reason if last else None,
-                     "token_ids": [tid] if with_ids else None}
+                c = {
+                    "index": i,
+                    "delta": {"content": text},
+                    "logprobs": {"content": self._chat_logprobs([tid], pos, k)}
+                    if want_lp
+                    else None,
+                    "finish_reason": r.finish_reason if last else None,
+                    "token_ids": [tid] if with_ids else None,
+                }
                 if last:
                     c["stop_reason"] = None
                     if wv:
@@ -635,7 +910,18 @@ class VLLMFake(FakeServer):
                 yield chunk(c)
                 sent = True
         if usage is not None:
-            yield b"data: " + _dumps_pydantic({"id": rid, "object": "chat.completion.chunk",
-                                               "created": created, "model": MODEL,
-                                               "choices": [], "usage": usage}) + b"\n\n"
+            yield (
+                b"data: "
+                + _dumps_pydantic(
+                    {
+                        "id": rid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": MODEL,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+                + b"\n\n"
+            )
         yield b"data: [DONE]\n\n"

@@ -43,8 +43,9 @@ class Step:
     detail: str = ""
 
 
-def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict],
-         **kwargs: object) -> list[Step]:
+def play(
+    renderer: Renderer, conv: Conversation, variant: str, tools: list[dict], **kwargs: object
+) -> list[Step]:
     """Run one conversation through the incremental path, comparing with full renders.
 
     The prompts are chained as the gateway builds them: a call's prompt is the previous
@@ -65,17 +66,17 @@ def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict]
         steps.append(Step(conv.name, variant, kind, status, detail))
 
     for a, b in zip(asst, asst[1:], strict=False):
-        kind = append_kind(msgs[a + 1:b])
+        kind = append_kind(msgs[a + 1 : b])
         try:
             truth = renderer.render_full(msgs[:b], tools, **kwargs)
             gen = renderer.render_full(msgs[:a], tools, **kwargs)
-            hist = tok.encode(render(msgs[:a + 1], tools, add_generation_prompt=False, **kwargs))
+            hist = tok.encode(render(msgs[: a + 1], tools, add_generation_prompt=False, **kwargs))
         except TemplateError as exc:
             step(kind, "error", str(exc)[:160])
             break
         sent = prompt if prompt is not None else gen
         truncated = a in conv.truncated
-        gen_ok = hist[:len(gen)] == gen
+        gen_ok = hist[: len(gen)] == gen
         if gen_ok:
             turn = hist
             # The engine stops at the first end-of-turn token the model samples: the turn's
@@ -84,14 +85,17 @@ def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict]
             stop_at = next((i for i in range(len(gen), len(hist)) if hist[i] in eog), None)
             if stop_at is None:
                 # No close inside the turn (GLM): the model's stop token opens the next message.
-                if truth[:len(hist)] == hist and len(truth) > len(hist) and \
-                        truth[len(hist)] in eog:
+                if (
+                    truth[: len(hist)] == hist
+                    and len(truth) > len(hist)
+                    and truth[len(hist)] in eog
+                ):
                     stop_at, turn = len(hist), truth
                 else:
                     step(kind, "n/a", "the template writes no end-of-turn token after the turn")
                     prompt = None
                     continue
-            sampled = turn[len(gen):stop_at if truncated else stop_at + 1]
+            sampled = turn[len(gen) : stop_at if truncated else stop_at + 1]
             stop = None if truncated else turn[stop_at]
         else:
             # The template renders the earlier turns, or the turn's opening, differently once
@@ -108,7 +112,9 @@ def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict]
         recorded = sent + sampled
         try:
             system = msgs[0] if msgs[0]["role"] in ("system", "developer") else None
-            delta, seam = renderer.extension(msgs[a], msgs[a + 1:b], tools, stop, system, **kwargs)
+            delta, seam = renderer.extension(
+                msgs[a], msgs[a + 1 : b], tools, stop, system, **kwargs
+            )
         except NotPrefixPreserving as exc:
             step(kind, "fallback", str(exc)[:160])
             prompt = None
@@ -127,24 +133,32 @@ def play(renderer: Renderer, conv: Conversation, variant: str, tools: list[dict]
             # "<think>\n" before "\n</think>"): the model's tokens are kept as sampled, so the
             # prompt matches the full render in text, and in tokens after the sampled turn.
             full = render(msgs[:b], tools, add_generation_prompt=True, **kwargs)
-            said = render(msgs[:a], tools, add_generation_prompt=True, **kwargs) + text + (
-                "" if truncated else renderer.eog_text[stop_id]) + seam.text
-            ok = said == full and (not delta or truth[len(truth) - len(delta):] == delta)
+            said = (
+                render(msgs[:a], tools, add_generation_prompt=True, **kwargs)
+                + text
+                + ("" if truncated else renderer.eog_text[stop_id])
+                + seam.text
+            )
+            ok = said == full and (not delta or truth[len(truth) - len(delta) :] == delta)
             note += "; tokens kept as sampled where the turn meets the prompt"
         if ok:
             step(kind, "exact", note)
             prompt = incremental
         else:
             at = _common(incremental, truth)
-            step(kind, "MISMATCH",
-                 f"token {at}: incremental {tok.decode(incremental[at:at + 8])!r} vs full "
-                 f"{tok.decode(truth[at:at + 8])!r}")
+            step(
+                kind,
+                "MISMATCH",
+                f"token {at}: incremental {tok.decode(incremental[at : at + 8])!r} vs full "
+                f"{tok.decode(truth[at : at + 8])!r}",
+            )
             prompt = None
     return steps
 
 
-def _sampled_text(renderer: Renderer, history: list[dict], reply: dict, tools: list[dict],
-                  kwargs: dict) -> tuple[str, int] | str:
+def _sampled_text(
+    renderer: Renderer, history: list[dict], reply: dict, tools: list[dict], kwargs: dict
+) -> tuple[str, int] | str:
     """The reply's text as the template writes it after its generation prompt, and the
     end-of-turn token that closes it; or why there is none. Used when the prompt's tokens are
     not a prefix of the rendered history (token boundaries then differ too)."""
@@ -157,14 +171,17 @@ def _sampled_text(renderer: Renderer, history: list[dict], reply: dict, tools: l
     opening = gen_text[cut:]
     at = hist.rfind(opening) if opening else -1
     if at < 0:
-        return (f"the generation prompt {opening[-40:]!r} is not how the template renders the "
-                "turn in history (the prompt the model saw cannot be the full render's prefix)")
-    body = hist[at + len(opening):]
-    close = min(((body.find(t), i) for i, t in renderer.eog_text.items() if t in body),
-                default=None)
+        return (
+            f"the generation prompt {opening[-40:]!r} is not how the template renders the "
+            "turn in history (the prompt the model saw cannot be the full render's prefix)"
+        )
+    body = hist[at + len(opening) :]
+    close = min(
+        ((body.find(t), i) for i, t in renderer.eog_text.items() if t in body), default=None
+    )
     if close is None:
         return "the template writes no end-of-turn token after the turn"
-    return body[:close[0]], close[1]
+    return body[: close[0]], close[1]
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -210,8 +227,7 @@ def audit(renderer: Renderer, name: str = "", markers: list[str] | None = None) 
             # a harness that sends reasoning back runs the model with thinking on
             kwargs = VARIANT_KWARGS[variant]
             steps.extend(play(renderer, conv, variant, TOOLS, **kwargs))
-    return AuditReport(name, renderer.tok.source, markers or [], steps,
-                       _tool_incremental(renderer))
+    return AuditReport(name, renderer.tok.source, markers or [], steps, _tool_incremental(renderer))
 
 
 def _tool_incremental(renderer: Renderer) -> str:
@@ -226,11 +242,17 @@ def _tool_incremental(renderer: Renderer) -> str:
 
 def behaviour(report: AuditReport) -> dict[str, str]:
     """What the gateway will do per kind of appended message, in words."""
-    words = {"exact": "extends recorded tokens", "fallback": "new segment (re-render)",
-             "n/a": "not applicable", "error": "template error", "MISMATCH": "MISMATCH"}
+    words = {
+        "exact": "extends recorded tokens",
+        "fallback": "new segment (re-render)",
+        "n/a": "not applicable",
+        "error": "template error",
+        "MISMATCH": "MISMATCH",
+    }
     out = {}
     for kind, pair in report.summary().items():
         plain, think = pair.split("/")
-        out[kind] = words[plain] if plain == think else \
-            f"{words[plain]} (with reasoning: {words[think]})"
+        out[kind] = (
+            words[plain] if plain == think else f"{words[plain]} (with reasoning: {words[think]})"
+        )
     return out

@@ -49,9 +49,15 @@ def stand_in(base: LoadedTokenizer, source: str) -> tuple[LoadedTokenizer, list[
     for t in special.values():
         if len(base.encode(t)) != 1:
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False)])
-    loaded = replace(base, tokenizer=tok, chat_template=source, special_tokens=special,
-                     bos_token="<s>", eos_token="</s>",
-                     source=f"stand-in({base.source.rsplit('/', 1)[-1]})")
+    loaded = replace(
+        base,
+        tokenizer=tok,
+        chat_template=source,
+        special_tokens=special,
+        bos_token="<s>",
+        eos_token="</s>",
+        source=f"stand-in({base.source.rsplit('/', 1)[-1]})",
+    )
     eog = set(base.eog_token_ids) | {tok.token_to_id("</s>")}
     for close in _derive_turn_close(ChatTemplate(source, special), markers):
         if tok.token_to_id(close) is None:
@@ -82,7 +88,7 @@ def _derive_turn_close(template: ChatTemplate, markers: list[str]) -> list[str]:
         at = full.rfind(probe)
         if at < 0:
             continue
-        tail = full[at + len(probe):]
+        tail = full[at + len(probe) :]
         hits = sorted((tail.find(m), m) for m in markers if m in tail)
         if not hits and bare and tail.strip() and len(tail.strip()) <= 24:
             hits = [(0, tail.strip())]  # a close in no marker syntax we know: "[e~[", ...
@@ -96,21 +102,25 @@ def _derive_turn_close(template: ChatTemplate, markers: list[str]) -> list[str]:
 # Which corpus vocabulary matches which corpus template (by model family); others get a
 # stand-in built on the Qwen2 vocabulary.
 MATCHING_VOCAB = {
-    "Qwen-Qwen2.5-7B-Instruct": "qwen2", "Qwen-QwQ-32B": "qwen2", "Qwen-Qwen3-0.6B": "qwen2",
-    "Qwen3-Coder": "qwen2", "Qwen3.5-4B": "qwen35",
+    "Qwen-Qwen2.5-7B-Instruct": "qwen2",
+    "Qwen-QwQ-32B": "qwen2",
+    "Qwen-Qwen3-0.6B": "qwen2",
+    "Qwen3-Coder": "qwen2",
+    "Qwen3.5-4B": "qwen35",
     "meta-llama-Llama-3.1-8B-Instruct": "llama-bpe",
     "meta-llama-Llama-3.2-3B-Instruct": "llama-bpe",
     "meta-llama-Llama-3.3-70B-Instruct": "llama-bpe",
     "CohereForAI-c4ai-command-r-plus-tool_use": "command-r",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "command-r",
-    "google-gemma-4-31B-it": "gemma-4", "google-gemma-4-31B-it-interleaved": "gemma-4",
+    "google-gemma-4-31B-it": "gemma-4",
+    "google-gemma-4-31B-it-interleaved": "gemma-4",
     "microsoft-Phi-3.5-mini-instruct": "phi-3",
 }
 
 
-def corpus_renderer(template_path: str, models_dir: str,
-                    cache: dict[str, LoadedTokenizer] | None = None
-                    ) -> tuple[Renderer, list[str]]:
+def corpus_renderer(
+    template_path: str, models_dir: str, cache: dict[str, LoadedTokenizer] | None = None
+) -> tuple[Renderer, list[str]]:
     """A renderer for a corpus template: its matching tokenizer, or a stand-in."""
     path = Path(template_path)
     source = path.read_text()
@@ -136,9 +146,12 @@ def corpus_table(templates_dir: str, models_dir: str) -> str:
 
     cache: dict[str, LoadedTokenizer] = {}
     kinds = battery_kinds()
-    rows = ["| template | tokenizer | patches | " + " | ".join(kinds)
-            + " | one-by-one tool results | gateway policy |",
-            "|" + "---|" * (len(kinds) + 5)]
+    rows = [
+        "| template | tokenizer | patches | "
+        + " | ".join(kinds)
+        + " | one-by-one tool results | gateway policy |",
+        "|" + "---|" * (len(kinds) + 5),
+    ]
     for path in sorted(Path(templates_dir).glob("*.jinja")):
         renderer, added = corpus_renderer(str(path), models_dir, cache)
         source, applied = apply_patches(renderer.template.source)
@@ -147,14 +160,17 @@ def corpus_table(templates_dir: str, models_dir: str) -> str:
         report = audit(renderer, path.stem, added)
         summary = report.summary()
         policy = report.policy()
-        segs = [f"{k}/{v}" for k in kinds for v in ("plain", "think")
-                if not policy.allows(k, v)]
+        segs = [f"{k}/{v}" for k in kinds for v in ("plain", "think") if not policy.allows(k, v)]
         # the tokenizer's file name, not the machine path it was loaded from
         tok = Path(report.tokenizer.removeprefix("stand-in(").rstrip(")")).name
         tok = (f"stand-in({tok})" if report.tokenizer.startswith("stand-in(") else tok) + (
-            f" + {', '.join(added)}" if added else "")
-        rows.append(f"| {path.stem} | {tok.replace('|', '&#124;')} | {', '.join(applied)} | "
-                    + " | ".join(summary.get(k, "-") for k in kinds)
-                    + f" | {report.tool_incremental} | "
-                    + ("new segment on " + ", ".join(segs) if segs else "extend") + " |")
+            f" + {', '.join(added)}" if added else ""
+        )
+        rows.append(
+            f"| {path.stem} | {tok.replace('|', '&#124;')} | {', '.join(applied)} | "
+            + " | ".join(summary.get(k, "-") for k in kinds)
+            + f" | {report.tool_incremental} | "
+            + ("new segment on " + ", ".join(segs) if segs else "extend")
+            + " |"
+        )
     return "\n".join(rows)

@@ -46,8 +46,12 @@ def detect_content_format(source: str) -> ContentFormat:
     except jinja2.TemplateError:
         return "string"
     lists = _aliases(tree, "messages")
-    items = {name for loop in tree.find_all(nodes.For) if _refers_to(loop.iter, lists)
-             for name in _targets(loop.target)}
+    items = {
+        name
+        for loop in tree.find_all(nodes.For)
+        if _refers_to(loop.iter, lists)
+        for name in _targets(loop.target)
+    }
     for loop in tree.find_all(nodes.For):
         if _refers_to(loop.iter, items, key="content"):
             return "openai"
@@ -75,8 +79,11 @@ def _refers_to(node: nodes.Node, names: set[str], key: str | None = None) -> boo
     if key is not None:
         if isinstance(node, nodes.Getattr) and node.attr == key:
             node = node.node
-        elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) \
-                and node.arg.value == key:
+        elif (
+            isinstance(node, nodes.Getitem)
+            and isinstance(node.arg, nodes.Const)
+            and node.arg.value == key
+        ):
             node = node.node
         else:
             return False
@@ -116,9 +123,11 @@ def text_parts(content: str | list | None) -> list[str]:
     return [p["text"] for p in content if isinstance(p, dict) and p.get("text") is not None]
 
 
-def normalise(messages: list[dict], content_format: ContentFormat,
-              id_length: int | None = None) -> list[dict]:
+def normalise(
+    messages: list[dict], content_format: ContentFormat, id_length: int | None = None
+) -> list[dict]:
     """The messages the template sees, as vLLM builds them (see the module docstring)."""
+
     def cut(i: object) -> object:
         return i[-id_length:] if id_length and isinstance(i, str) and len(i) > id_length else i
 

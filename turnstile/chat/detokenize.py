@@ -20,16 +20,16 @@ class IncrementalDetokenizer:
         """Add a token; return the text that is now complete."""
         self._ids.append(token_id)
         decode = self._tok.decode
-        done = decode(self._ids[self._prefix:self._read])
-        text = decode(self._ids[self._prefix:])
+        done = decode(self._ids[self._prefix : self._read])
+        text = decode(self._ids[self._prefix :])
         if text.endswith("\ufffd") or len(text) <= len(done):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return text[len(done):]
+        return text[len(done) :]
 
     def flush(self) -> str:
         """Whatever is left at the end (an incomplete character decodes to U+FFFD)."""
-        done = self._tok.decode(self._ids[self._prefix:self._read])
-        text = self._tok.decode(self._ids[self._prefix:])
+        done = self._tok.decode(self._ids[self._prefix : self._read])
+        text = self._tok.decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
-        return text[len(done):]
+        return text[len(done) :]

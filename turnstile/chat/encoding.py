@@ -20,8 +20,17 @@ from array import array
 
 from .tokenizer import LoadedTokenizer
 
-_PROBE_TEXTS = ("Hello world", " leading space", "\n\nnewlines\n", "  two spaces ", "1234567",
-                "ünïcödé 日本語 🙂", "▁metaspace", "\t tab", "")
+_PROBE_TEXTS = (
+    "Hello world",
+    " leading space",
+    "\n\nnewlines\n",
+    "  two spaces ",
+    "1234567",
+    "ünïcödé 日本語 🙂",
+    "▁metaspace",
+    "\t tab",
+    "",
+)
 
 
 class PromptEncoder:
@@ -48,8 +57,9 @@ class PromptEncoder:
         parts = self._split.split(text)  # text, token, text, token, ..., text
         pieces = parts[0::2]
         cache = self._cache
-        found: list[array | list[int] | None] = [cache.get((p, i == 0)) if p else None
-                                                 for i, p in enumerate(pieces)]
+        found: list[array | list[int] | None] = [
+            cache.get((p, i == 0)) if p else None for i, p in enumerate(pieces)
+        ]
         missing = [i for i, ids in enumerate(found) if ids is None and pieces[i]]
         if missing:
             self.misses += len(missing)

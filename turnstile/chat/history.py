@@ -10,69 +10,12 @@ remaining messages are the ones to render as a delta.
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from dataclasses import dataclass, field
 
 import orjson
 
-from .content import text_parts
-
-
-def _content_key(content: object, content_format: str) -> object:
-    """Content as the template will see it (``chat.content``): text parts joined with
-    ``"\n"`` for a string template, the list of texts for one that reads parts. Two messages
-    with the same key render the same."""
-    if isinstance(content, list) and not all(
-            isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
-    if content is not None and not isinstance(content, (str, list)):
-        return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = text_parts(content)
-    return "\n".join(texts) if content_format == "string" else texts
-
-
-def _arguments(args: object) -> object:
-    if isinstance(args, str):
-        try:
-            return orjson.loads(args)
-        except orjson.JSONDecodeError:
-            return args
-    return args
-
-
-def message_key(m: dict, content_format: str = "string") -> bytes:
-    """The parts of a message that must match for it to be 'the same message'."""
-    role = m.get("role")
-    key: list = [role, _content_key(m.get("content"), content_format), m.get("name")]
-    if role == "assistant":
-        key.append([
-            [(c.get("function") or {}).get("name"), _arguments((c.get("function") or {})
-                                                               .get("arguments"))]
-            for c in m.get("tool_calls") or ()
-        ])
-    return orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
-
-
-def _chain(prev: bytes, data: bytes) -> bytes:
-    return hashlib.blake2b(prev + data, digest_size=8).digest()
-
-
-def root_hash(tools: list[dict] | None, template_kwargs: dict | None) -> bytes:
-    seed = orjson.dumps([tools or [], template_kwargs or {}], option=orjson.OPT_SORT_KEYS)
-    return _chain(b"", seed)
-
-
-def prefix_hashes(root: bytes, messages: list[dict], content_format: str = "string"
-                  ) -> list[bytes]:
-    """``out[k]`` identifies ``messages[:k]`` (``out[0]`` is the root)."""
-    out = [root]
-    for m in messages:
-        out.append(_chain(out[-1], message_key(m, content_format)))
-    return out
-
+from .history_hash import chain, message_key
 
 _EMPTY = array("i")
 
@@ -83,19 +26,38 @@ class Node:
     token log, and ``base`` is where its whole context starts there when that context is one
     contiguous run of the log (a session that goes on call after call)."""
 
-    __slots__ = ("id", "parent", "message", "stop_token_id", "reasoning", "_delta",
-                 "_completion", "_log", "start", "mid", "end", "base")
+    __slots__ = (
+        "id",
+        "parent",
+        "message",
+        "stop_token_id",
+        "reasoning",
+        "_delta",
+        "_completion",
+        "_log",
+        "start",
+        "mid",
+        "end",
+        "base",
+    )
 
-    def __init__(self, id: str, parent: Node | None, prompt_delta: array,
-                 completion_ids: array, message: dict | None, stop_token_id: int | None
-                 ) -> None:
+    def __init__(
+        self,
+        id: str,
+        parent: Node | None,
+        prompt_delta: array,
+        completion_ids: array,
+        message: dict | None,
+        stop_token_id: int | None,
+    ) -> None:
         self.id = id
         self.parent = parent
         self.message = message
         self.stop_token_id = stop_token_id
         # whether any reply on this path carried reasoning (templates treat it specially)
         self.reasoning: bool = bool(message and message.get("reasoning_content")) or (
-            parent is not None and parent.reasoning)
+            parent is not None and parent.reasoning
+        )
         self._delta, self._completion = prompt_delta, completion_ids
         self._log: array | None = None
         self.start = self.mid = self.end = 0
@@ -106,11 +68,11 @@ class Node:
 
     @property
     def prompt_delta(self) -> array:
-        return self._delta if self._log is None else self._log[self.start:self.mid]
+        return self._delta if self._log is None else self._log[self.start : self.mid]
 
     @property
     def completion_ids(self) -> array:
-        return self._completion if self._log is None else self._log[self.mid:self.end]
+        return self._completion if self._log is None else self._log[self.mid : self.end]
 
     def has_reasoning(self) -> bool:
         return self.reasoning
@@ -175,8 +137,7 @@ def _key_plain(m: object) -> bool:
     calls = m.get("tool_calls")
     if calls is None:
         return True
-    return type(calls) is list and all(
-        type(c) is dict and _plain(c.get("function")) for c in calls)
+    return type(calls) is list and all(type(c) is dict and _plain(c.get("function")) for c in calls)
 
 
 def _copy(v: object) -> object:
@@ -243,7 +204,7 @@ class SessionTree:
             n = min(len(messages), len(last.messages))
             if messages[:n] != last.messages[:n]:
                 n = next(i for i in range(n) if messages[i] != last.messages[i])
-            out = last.hashes[:n + 1]
+            out = last.hashes[: n + 1]
             reasoning_at = last.reasoning_at if last.reasoning_at < n else None
         else:
             out = [root]
@@ -265,7 +226,7 @@ class SessionTree:
                 key = (prev, len(raw), hash(raw))
                 nxt = seen.get(key)
             if nxt is None:
-                nxt = _chain(prev, message_key(m, self.content_format))
+                nxt = chain(prev, message_key(m, self.content_format))
                 if key is not None:
                     if len(seen) >= SEEN_MAX:  # a cache: bounded, whatever requests arrive
                         seen.clear()
@@ -280,9 +241,12 @@ class SessionTree:
             else:
                 plain = False
         n_keep = len(keep)
-        self._last = _Last(root, keep, out[:n_keep + 1],
-                           reasoning_at if reasoning_at is not None and reasoning_at < n_keep
-                           else n_keep)
+        self._last = _Last(
+            root,
+            keep,
+            out[: n_keep + 1],
+            reasoning_at if reasoning_at is not None and reasoning_at < n_keep else n_keep,
+        )
         return out, reasoning_at is not None
 
     def match(self, messages: list[dict], root: bytes) -> Match:
@@ -293,8 +257,14 @@ class SessionTree:
                 parent, note = self._choose(ids, messages[k - 1])
                 return Match(parent, messages[k:], hashes, k, note, echoed_reasoning=reasoning)
         matched = max((k for k, h in enumerate(hashes) if h in self.known), default=0)
-        stale = next((self.stale[hashes[k]] for k in range(len(messages) - 1, 0, -1)
-                      if hashes[k] in self.stale), None)
+        stale = next(
+            (
+                self.stale[hashes[k]]
+                for k in range(len(messages) - 1, 0, -1)
+                if hashes[k] in self.stale
+            ),
+            None,
+        )
         return Match(None, messages, hashes, matched, stale=stale, echoed_reasoning=reasoning)
 
     def _choose(self, ids: list[str], echoed: dict) -> tuple[Node, str | None]:
@@ -311,10 +281,14 @@ class SessionTree:
         if _reasoning(echoed):
             picked = [n for n in picked or nodes if _reasoning(n.message) == _reasoning(echoed)]
         chosen = (picked or nodes)[-1]
-        how = ("its tool-call IDs or reasoning" if 0 < len(picked) < len(nodes) and
-               len(picked) == 1 else "the most recent of those that fit the echo")
-        return chosen, (f"{len(nodes)} recorded calls returned this reply; chose {chosen.id} "
-                        f"by {how}")
+        how = (
+            "its tool-call IDs or reasoning"
+            if 0 < len(picked) < len(nodes) and len(picked) == 1
+            else "the most recent of those that fit the echo"
+        )
+        return chosen, (
+            f"{len(nodes)} recorded calls returned this reply; chose {chosen.id} by {how}"
+        )
 
     def place(self, node: Node) -> None:
         """Hold ``node``: its tokens move to the end of the session's log. Its context is one
@@ -347,7 +321,7 @@ class SessionTree:
         if node._log is not self.log:
             return node.context_ids()
         if node.base is not None:
-            return self.log[node.base:node.end]
+            return self.log[node.base : node.end]
         ctx = node.context_ids()
         if self.copied + len(ctx) <= len(self.log) - self.copied:
             n_delta, n_done = node.mid - node.start, node.end - node.mid
@@ -359,8 +333,13 @@ class SessionTree:
             node.start = node.mid - n_delta
         return ctx
 
-    def add(self, node: Node, request_hashes: list[bytes], reply_hash: bytes | None,
-            echo_hash: bytes | None = None) -> list[bytes]:
+    def add(
+        self,
+        node: Node,
+        request_hashes: list[bytes],
+        reply_hash: bytes | None,
+        echo_hash: bytes | None = None,
+    ) -> list[bytes]:
         """Register a finished call; returns the hashes that were new (to persist).
         ``echo_hash``: another echo of the reply that continues it (the stop string put back)."""
         if echo_hash is not None:
@@ -377,54 +356,3 @@ class SessionTree:
                 self.known.add(reply_hash)
                 new.append(reply_hash)
         return new
-
-
-def _excerpt(a: str, b: str, width: int = 40) -> tuple[str, str]:
-    """Both texts around their first difference."""
-    n = min(len(a), len(b))
-    at = next((i for i in range(n) if a[i] != b[i]), n)
-    lo = max(0, at - width // 2)
-
-    def cut(t: str) -> str:
-        return ("…" if lo else "") + t[lo:lo + width] + ("…" if len(t) > lo + width else "")
-
-    return cut(a), cut(b)
-
-
-def describe_divergence(tree: SessionTree, messages: list[dict], hashes: list[bytes],
-                        matched: int) -> str:
-    """Which message stopped the request from continuing a recorded call, and how: the field
-    that differs with a short excerpt of both sides, where the recorded side is known."""
-    if matched >= len(messages):  # every message matches: nothing new after a recorded turn
-        return (f"all {len(messages)} messages match a recorded conversation, which continues "
-                "past them; the request adds no new message")
-    m = messages[matched]
-    role = m.get("role")
-    head = f"messages[{matched}] ({role})"
-    prev = tree.requests.get(hashes[matched])
-    if prev is None:
-        return (f"{head} differs from the recorded conversation at that position (the first "
-                f"{matched} messages match a recorded conversation)")
-    reply = tree.nodes[prev].message or {}
-    if role != "assistant":
-        return (f"{head}: the recorded conversation continues here with the assistant reply "
-                f"of {prev}, which this request leaves out")
-    diffs = []
-    fmt = tree.content_format
-    got, want = _content_key(m.get("content"), fmt), _content_key(reply.get("content"), fmt)
-    if got != want:
-        a, b = _excerpt(str(want), str(got))
-        diffs.append(f"content: recorded {a!r}, sent {b!r}")
-    sent = [[(c.get("function") or {}).get("name"),
-             _arguments((c.get("function") or {}).get("arguments"))]
-            for c in m.get("tool_calls") or ()]
-    rec = [[(c.get("function") or {}).get("name"),
-            _arguments((c.get("function") or {}).get("arguments"))]
-           for c in reply.get("tool_calls") or ()]
-    if sent != rec:
-        a, b = _excerpt(orjson.dumps(rec).decode(), orjson.dumps(sent).decode())
-        diffs.append(f"tool_calls: recorded {a}, sent {b}")
-    if m.get("name") != reply.get("name"):
-        diffs.append(f"name: recorded {reply.get('name')!r}, sent {m.get('name')!r}")
-    what = "; ".join(diffs) or "a field the history key compares"
-    return f"{head} is not the reply {prev} returned: {what}"

@@ -30,9 +30,10 @@ def append_kind(messages: list[dict]) -> str:
 def has_reasoning(messages: list[dict]) -> bool:
     """Whether an assistant turn in ``messages`` carries reasoning (templates often drop or
     keep it depending on where the turn is)."""
-    return any(m.get("role") == "assistant" and (m.get("reasoning_content") or
-                                                  m.get("reasoning"))
-               for m in messages)
+    return any(
+        m.get("role") == "assistant" and (m.get("reasoning_content") or m.get("reasoning"))
+        for m in messages
+    )
 
 
 class AuditStep(Protocol):
@@ -82,16 +83,25 @@ class Policy:
 
     def reason(self, kind: str, variant: str) -> str:
         if (kind, variant) not in self.extend:
-            return (f"the startup audit never played a {kind!r} append ({variant}), so it is "
-                    "not known to extend exactly")
-        return (f"the startup audit found this template does not extend exactly when "
-                f"{kind!r} messages are appended ({variant}): "
-                f"{self.reasons.get((kind, variant), '')[:200]}")
+            return (
+                f"the startup audit never played a {kind!r} append ({variant}), so it is "
+                "not known to extend exactly"
+            )
+        return (
+            f"the startup audit found this template does not extend exactly when "
+            f"{kind!r} messages are appended ({variant}): "
+            f"{self.reasons.get((kind, variant), '')[:200]}"
+        )
 
     def describe(self) -> list[str]:
         if self.everything:
             return ["every append extends recorded tokens (no audit)"]
-        return [f"{kind} messages ({variant}): "
-                + ("extend recorded tokens" if ok else
-                   f"new segment (audit: {self.reasons[(kind, variant)][:100]})")
-                for (kind, variant), ok in sorted(self.extend.items())]
+        return [
+            f"{kind} messages ({variant}): "
+            + (
+                "extend recorded tokens"
+                if ok
+                else f"new segment (audit: {self.reasons[(kind, variant)][:100]})"
+            )
+            for (kind, variant), ok in sorted(self.extend.items())
+        ]

@@ -42,8 +42,9 @@ class Renderer:
     def __init__(self, tokenizer: LoadedTokenizer, template: ChatTemplate):
         self.tok = tokenizer
         self.template = template
-        self.eog_text = {i: t for i in tokenizer.eog_token_ids
-                         if (t := tokenizer.token_text(i)) is not None}
+        self.eog_text = {
+            i: t for i in tokenizer.eog_token_ids if (t := tokenizer.token_text(i)) is not None
+        }
         # Encoding a fragment after a special token reproduces how the full render tokenizes
         # text that follows a special token (no sentencepiece prefix space, no merge).
         anchor = tokenizer.eos_token or next(iter(self.eog_text.values()), None)
@@ -59,18 +60,25 @@ class Renderer:
         (SmolLM2's, for one): a request's tools then never reach the model."""
         if self._ignores_tools is None:
             msgs = [{"role": "user", "content": "hi"}]
-            probe = [{"type": "function", "function": {
-                "name": "turnstile_probe", "description": "probe",
-                "parameters": {"type": "object", "properties": {}}}}]
+            probe = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "turnstile_probe",
+                        "description": "probe",
+                        "parameters": {"type": "object", "properties": {}},
+                    },
+                }
+            ]
             try:
-                self._ignores_tools = self.render_full(msgs, probe) == \
-                    self.render_full(msgs, None)
+                self._ignores_tools = self.render_full(msgs, probe) == self.render_full(msgs, None)
             except TemplateError:
                 self._ignores_tools = False  # it reads tools (and refuses this probe)
         return self._ignores_tools
 
-    def render_full(self, messages: list[dict], tools: list[dict] | None,
-                    **kwargs: object) -> list[int]:
+    def render_full(
+        self, messages: list[dict], tools: list[dict] | None, **kwargs: object
+    ) -> list[int]:
         text = self.template.render(messages, tools, add_generation_prompt=True, **kwargs)
         return self.encoder.encode(text)
 
@@ -79,9 +87,15 @@ class Renderer:
             return self.tok.encode(text)
         return self.tok.encode(self._anchor + text)[1:]
 
-    def extension(self, assistant: dict, new_messages: list[dict], tools: list[dict] | None,
-                  stop_token_id: int | None, system: dict | None = None,
-                  **kwargs: object) -> tuple[list[int], Seam]:
+    def extension(
+        self,
+        assistant: dict,
+        new_messages: list[dict],
+        tools: list[dict] | None,
+        stop_token_id: int | None,
+        system: dict | None = None,
+        **kwargs: object,
+    ) -> tuple[list[int], Seam]:
         """Token IDs that follow the recorded completion of ``assistant`` when ``new_messages``
         are appended, ending with the generation prompt.
 
@@ -96,36 +110,37 @@ class Renderer:
         probe = _without(assistant, list(self.eog_text.values()))
         before = render([*head, probe], tools, add_generation_prompt=False, **kwargs)
         before_turn = self._head(head, tools, kwargs, before)
-        after = render([*head, probe, *new_messages], tools, add_generation_prompt=True,
-                       **kwargs)
+        after = render([*head, probe, *new_messages], tools, add_generation_prompt=True, **kwargs)
         if not after.startswith(before):
             at = _first_difference(before, after)
             raise NotPrefixPreserving(
                 f"appending {_roles(new_messages)} changes the rendered history at character "
-                f"{at}: {before[at:at + 40]!r} became {after[at:at + 40]!r}")
+                f"{at}: {before[at : at + 40]!r} became {after[at : at + 40]!r}"
+            )
         turn_start = len(before_turn) if before.startswith(before_turn) else None
         close_at, close_text = self._turn_close(before, turn_start)
         tail = after[close_at:]
         if probe is not assistant:
-            real = render([*head, assistant, *new_messages], tools, add_generation_prompt=True,
-                          **kwargs)
+            real = render(
+                [*head, assistant, *new_messages], tools, add_generation_prompt=True, **kwargs
+            )
             if not real.endswith(tail):
                 raise NotPrefixPreserving(
                     "the reply contains end-of-turn marker text and the template renders the "
-                    "appended messages differently because of it")
+                    "appended messages differently because of it"
+                )
         sampled = self.eog_text.get(stop_token_id) if stop_token_id is not None else None
         if sampled is None:
             seam = Seam("synthesized_close", tail)
         elif tail.startswith(sampled):
-            seam = Seam("stop", tail[len(sampled):])
+            seam = Seam("stop", tail[len(sampled) :])
         else:
             # The model ended with a different end marker than the template writes; its token
             # stands in for the template's close.
-            seam = Seam("substituted_close", tail[len(close_text):])
+            seam = Seam("substituted_close", tail[len(close_text) :])
         return self.encode_fragment(seam.text), seam
 
-    def _head(self, head: list[dict], tools: list[dict] | None, kwargs: dict, before: str
-              ) -> str:
+    def _head(self, head: list[dict], tools: list[dict] | None, kwargs: dict, before: str) -> str:
         """The stand-in head rendered alone. It is the same for every call of a rollout batch
         (same system message, tools, kwargs), so it is kept; a kept render that no longer
         prefixes ``before`` (a template that writes today's date) is rendered again."""
@@ -161,6 +176,7 @@ class Renderer:
 def _without(message: dict, markers: list[str]) -> dict:
     """``message`` with every marker text in its strings replaced (the same object when none
     occurs, which is the common case)."""
+
     def clean(value: object) -> object:
         if isinstance(value, str):
             out = value

@@ -39,9 +39,13 @@ class TemplateError(ValueError):
 
 
 class ChatTemplate:
-    def __init__(self, source: str, special_tokens: dict[str, str] | None = None,
-                 extra_kwargs: dict[str, Any] | None = None,
-                 content_format: ContentFormat | None = None):
+    def __init__(
+        self,
+        source: str,
+        special_tokens: dict[str, str] | None = None,
+        extra_kwargs: dict[str, Any] | None = None,
+        content_format: ContentFormat | None = None,
+    ):
         self.source = source
         # whether the template reads content as a string or as parts (see chat.content)
         self.content_format = content_format or detect_content_format(source)
@@ -51,14 +55,20 @@ class ChatTemplate:
         self._compiled: Any = None  # compiled on first use (a bad template fails per call)
 
     @classmethod
-    def for_tokenizer(cls, tok: LoadedTokenizer, extra_kwargs: dict[str, Any] | None = None
-                      ) -> ChatTemplate:
+    def for_tokenizer(
+        cls, tok: LoadedTokenizer, extra_kwargs: dict[str, Any] | None = None
+    ) -> ChatTemplate:
         if not tok.chat_template:
             raise ValueError(f"{tok.source} has no chat template; pass --chat-template FILE")
         return cls(tok.chat_template, tok.special_tokens, extra_kwargs)
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None,
-               add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         variables = {**self.variables, **kwargs}
         try:
             if _PIECES:
@@ -79,12 +89,20 @@ class ChatTemplate:
         """The messages as this template receives them in vLLM (``chat.content``)."""
         return normalise(messages, self.content_format, self.id_length)
 
-    def _render_plain(self, messages: list[dict], tools: list[dict] | None,
-                      add_generation_prompt: bool, variables: dict[str, Any]) -> str:
+    def _render_plain(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        add_generation_prompt: bool,
+        variables: dict[str, Any],
+    ) -> str:
         """``render_jinja_template`` for inputs that are plain JSON already."""
         if self._compiled is None:
             self._compiled = _compile_jinja_template(self.source)
         return self._compiled.render(
             messages=_alias_reasoning_fields(self.messages(messages)),
-            tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt,
-            **variables)
+            tools=tools or None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )

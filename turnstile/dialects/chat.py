@@ -24,8 +24,7 @@ class ChatDialect:
     def reply(self, req: ChatRequest, completion: dict) -> dict:
         return completion
 
-    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]
-                     ) -> AsyncIterator[bytes]:
+    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         """``data:`` events ending in ``[DONE]``; an error is sent in-band, as OpenAI does."""
         try:
             async for c in chunks:

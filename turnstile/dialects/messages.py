@@ -20,15 +20,23 @@ from .messages_request import chat_body, check_fields
 NAME = "messages"
 
 # Anthropic's error types by status
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-                429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def parse(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", None,
-                       code="invalid_request_error")
+        raise APIError(
+            400, "The request body must be a JSON object.", None, code="invalid_request_error"
+        )
     inert = check_fields(body)
     try:
         req = parse_chat_request(chat_body(body))
@@ -36,8 +44,9 @@ def parse(body: Any) -> ChatRequest:
         names = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
         param = exc.param or ""
         if param in names:
-            raise APIError(400, exc.message.replace(param, names[param]), names[param],
-                           exc.code) from None
+            raise APIError(
+                400, exc.message.replace(param, names[param]), names[param], exc.code
+            ) from None
         raise
     req.raw, req.dialect, req.inert = body, NAME, inert
     req.call_id = new_id("call_")
@@ -57,13 +66,24 @@ def blocks(message: dict, call_id: str) -> list[dict]:
     """A recorded assistant message as content blocks: thinking, text, tool_use."""
     out: list[dict] = []
     if message.get("reasoning_content") is not None:
-        out.append({"type": "thinking", "thinking": message["reasoning_content"],
-                    "signature": _signature(call_id)})
+        out.append(
+            {
+                "type": "thinking",
+                "thinking": message["reasoning_content"],
+                "signature": _signature(call_id),
+            }
+        )
     if message.get("content"):
         out.append({"type": "text", "text": message["content"]})
     for c in message.get("tool_calls") or []:
-        out.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                    "input": _input(c["function"]["arguments"])})
+        out.append(
+            {
+                "type": "tool_use",
+                "id": c["id"],
+                "name": c["function"]["name"],
+                "input": _input(c["function"]["arguments"]),
+            }
+        )
     return out
 
 
@@ -89,29 +109,39 @@ def stop_reason(rec: CallRecord) -> tuple[str, str | None]:
 def usage(rec: CallRecord) -> dict:
     u = rec.info["usage"]
     cached = u.get("cached_tokens", 0) or 0
-    return {"input_tokens": u["prompt_tokens"] - cached, "output_tokens":
-            u["completion_tokens"], "cache_read_input_tokens": cached,
-            "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": u["prompt_tokens"] - cached,
+        "output_tokens": u["completion_tokens"],
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def message(req: ChatRequest, model: str) -> dict:
     rec = req.record
     assert rec is not None  # set by the gateway when recorded
     reason, seq = stop_reason(rec)
-    return {"id": message_id(rec.id), "type": "message", "role": "assistant", "model": model,
-            "content": blocks(rec.message or {}, rec.id), "stop_reason": reason,
-            "stop_sequence": seq, "usage": usage(rec)}
+    return {
+        "id": message_id(rec.id),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": blocks(rec.message or {}, rec.id),
+        "stop_reason": reason,
+        "stop_sequence": seq,
+        "usage": usage(rec),
+    }
 
 
 def error_body(exc: APIError) -> dict:
-    kind = _ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500
-                            else "invalid_request_error")
+    kind = _ERROR_TYPES.get(
+        exc.status, "api_error" if exc.status >= 500 else "invalid_request_error"
+    )
     return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
 def _sse(kind: str, data: dict) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + \
-        b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
 class MessagesDialect:
@@ -129,14 +159,19 @@ class MessagesDialect:
     def error(self, exc: APIError) -> dict:
         return error_body(exc)
 
-    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]
-                     ) -> AsyncIterator[bytes]:
+    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         model = req.model or self.gateway.model_name
         assert req.call_id is not None
         start: dict = {
-            "id": message_id(req.call_id), "type": "message", "role": "assistant",
-            "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0}}
+            "id": message_id(req.call_id),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
         yield _sse("message_start", {"message": start})
         blocks = _Blocks(req.call_id)
         try:
@@ -153,8 +188,10 @@ class MessagesDialect:
         if rec is None:  # the stream was ended without a record (cannot happen when ok)
             return
         reason, seq = stop_reason(rec)
-        yield _sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
-                                     "usage": usage(rec)})
+        yield _sse(
+            "message_delta",
+            {"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage(rec)},
+        )
         yield _sse("message_stop", {})
 
 
@@ -177,8 +214,15 @@ class _Blocks:
             return []
         out = []
         if self.kind == "thinking":
-            out.append(("content_block_delta", {"index": self.index, "delta": {
-                "type": "signature_delta", "signature": _signature(self.call_id)}}))
+            out.append(
+                (
+                    "content_block_delta",
+                    {
+                        "index": self.index,
+                        "delta": {"type": "signature_delta", "signature": _signature(self.call_id)},
+                    },
+                )
+            )
         self.kind = None
         return [*out, ("content_block_stop", {"index": self.index})]
 
@@ -187,19 +231,38 @@ class _Blocks:
         if d.get("reasoning_content"):
             if self.kind != "thinking":
                 out += self._open({"type": "thinking", "thinking": "", "signature": ""})
-            out.append(("content_block_delta", {"index": self.index, "delta": {
-                "type": "thinking_delta", "thinking": d["reasoning_content"]}}))
+            out.append(
+                (
+                    "content_block_delta",
+                    {
+                        "index": self.index,
+                        "delta": {"type": "thinking_delta", "thinking": d["reasoning_content"]},
+                    },
+                )
+            )
         if d.get("content"):
             if self.kind != "text":
                 out += self._open({"type": "text", "text": ""})
-            out.append(("content_block_delta", {"index": self.index, "delta": {
-                "type": "text_delta", "text": d["content"]}}))
+            out.append(
+                (
+                    "content_block_delta",
+                    {"index": self.index, "delta": {"type": "text_delta", "text": d["content"]}},
+                )
+            )
         for call in d.get("tool_calls") or []:
             fn = call.get("function") or {}
             if call.get("id"):
-                out += self._open({"type": "tool_use", "id": call["id"],
-                                   "name": fn.get("name", ""), "input": {}})
+                out += self._open(
+                    {"type": "tool_use", "id": call["id"], "name": fn.get("name", ""), "input": {}}
+                )
             if fn.get("arguments") and self.kind == "tool_use":
-                out.append(("content_block_delta", {"index": self.index, "delta": {
-                    "type": "input_json_delta", "partial_json": fn["arguments"]}}))
+                out.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "index": self.index,
+                            "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]},
+                        },
+                    )
+                )
         return out

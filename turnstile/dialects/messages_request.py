@@ -17,17 +17,32 @@ from ..server.errors import APIError
 from ..server.request_fields import Fields
 from ..server.requests import function_tool
 
-_USED = frozenset({
-    "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p",
-    "top_k", "stream", "tools", "tool_choice", "thinking",
-    # beyond Anthropic's API, as Turnstile's Chat dialect takes them (reproducible rollouts)
-    "seed", "logit_bias", "chat_template_kwargs"})
+_USED = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "max_tokens",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stream",
+        "tools",
+        "tool_choice",
+        "thinking",
+        # beyond Anthropic's API, as Turnstile's Chat dialect takes them (reproducible rollouts)
+        "seed",
+        "logit_bias",
+        "chat_template_kwargs",
+    }
+)
 _INERT = frozenset({"metadata", "service_tier"})
 _UNSUPPORTED = {
     "container": "code-execution containers are not supported.",
     "mcp_servers": "MCP servers are not supported; give the tools as 'tools'.",
     "context_management": "server-side context management is not supported: Turnstile never "
-                          "edits the context (the recorded tokens would no longer match).",
+    "edits the context (the recorded tokens would no longer match).",
 }
 
 FIELDS = Fields(_USED, _INERT, _UNSUPPORTED)
@@ -45,8 +60,7 @@ def _text(blocks: Any, where: str) -> str:
         raise bad(where, "expected a string or a list of text blocks.")
     out = []
     for j, b in enumerate(blocks):
-        if not isinstance(b, dict) or b.get("type") != "text" or \
-                not isinstance(b.get("text"), str):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             raise bad(f"{where}.{j}", "only text blocks are supported here.")
         out.append(b["text"])
     return "\n".join(out) if where == "system" else "".join(out)
@@ -68,15 +82,25 @@ def _assistant(content: Any, where: str) -> dict:
         elif kind == "thinking" and isinstance(b.get("thinking"), str):
             msg["reasoning_content"] = b["thinking"]
         elif kind == "tool_use":
-            if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) or \
-                    not isinstance(b.get("input"), dict):
+            if (
+                not isinstance(b.get("id"), str)
+                or not isinstance(b.get("name"), str)
+                or not isinstance(b.get("input"), dict)
+            ):
                 raise bad(w, "a tool_use block needs 'id', 'name' and an 'input' object.")
-            msg.setdefault("tool_calls", []).append({
-                "id": b["id"], "type": "function", "function": {
-                    "name": b["name"], "arguments": orjson.dumps(b["input"]).decode()}})
+            msg.setdefault("tool_calls", []).append(
+                {
+                    "id": b["id"],
+                    "type": "function",
+                    "function": {"name": b["name"], "arguments": orjson.dumps(b["input"]).decode()},
+                }
+            )
         else:
-            raise bad(f"{w}.type", f"{kind!r} blocks are not supported in an assistant turn "
-                                   "(text, thinking, tool_use are).")
+            raise bad(
+                f"{w}.type",
+                f"{kind!r} blocks are not supported in an assistant turn "
+                "(text, thinking, tool_use are).",
+            )
     if texts:
         msg["content"] = "".join(texts)
     return msg
@@ -98,15 +122,20 @@ def _user(content: Any, where: str) -> list[dict]:
             if not isinstance(b.get("tool_use_id"), str):
                 raise bad(f"{w}.tool_use_id", "expected the id of the tool_use it answers.")
             result = b.get("content", "")
-            msg = {"role": "tool", "tool_call_id": b["tool_use_id"],
-                   "content": _text(result, f"{w}.content")}
+            msg = {
+                "role": "tool",
+                "tool_call_id": b["tool_use_id"],
+                "content": _text(result, f"{w}.content"),
+            }
             if b.get("is_error"):
                 # the template is given the flag; the text is the tool's own
                 msg["is_error"] = True
             out.append(msg)
         else:
-            raise bad(f"{w}.type", f"{kind!r} blocks are not supported in a user turn "
-                                   "(text, tool_result are).")
+            raise bad(
+                f"{w}.type",
+                f"{kind!r} blocks are not supported in a user turn (text, tool_result are).",
+            )
     if texts:
         out.append({"role": "user", "content": "".join(texts)})
     return out
@@ -139,10 +168,15 @@ def _tools(value: Any) -> list[dict] | None:
         raise bad("tools", "expected a list.")
     out = []
     for i, t in enumerate(value):
-        if not isinstance(t, dict) or t.get("type") not in (None, "custom") or \
-                not isinstance(t.get("name"), str):
-            raise bad(f"tools.{i}", "only client tools ({'name', 'input_schema'}) are "
-                                    "supported, not server tools.")
+        if (
+            not isinstance(t, dict)
+            or t.get("type") not in (None, "custom")
+            or not isinstance(t.get("name"), str)
+        ):
+            raise bad(
+                f"tools.{i}",
+                "only client tools ({'name', 'input_schema'}) are supported, not server tools.",
+            )
         schema = t.get("input_schema")
         if not isinstance(schema, dict):
             raise bad(f"tools.{i}.input_schema", "expected a JSON Schema object.")
@@ -155,16 +189,21 @@ def _tool_choice(value: Any) -> tuple[Any, bool | None]:
     if value is None:
         return None, None
     kind = value.get("type") if isinstance(value, dict) else None
-    parallel = None if not isinstance(value, dict) or "disable_parallel_tool_use" not in value \
+    parallel = (
+        None
+        if not isinstance(value, dict) or "disable_parallel_tool_use" not in value
         else not value["disable_parallel_tool_use"]
+    )
     if kind in ("auto", "none"):
         return kind, parallel
     if kind == "any":
         return "required", parallel
     if kind == "tool" and isinstance(value.get("name"), str):
         return {"type": "function", "function": {"name": value["name"]}}, parallel
-    raise bad("tool_choice", "expected {'type': 'auto' | 'any' | 'none'} or "
-                             "{'type': 'tool', 'name': ...}.")
+    raise bad(
+        "tool_choice",
+        "expected {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}.",
+    )
 
 
 def check_fields(body: dict) -> dict:
@@ -188,8 +227,10 @@ def chat_body(body: dict) -> dict:
     thinking = body.get("thinking")
     if thinking is not None:
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
-            raise bad("thinking", "expected {'type': 'enabled', 'budget_tokens': N} or "
-                                  "{'type': 'disabled'}.")
+            raise bad(
+                "thinking",
+                "expected {'type': 'enabled', 'budget_tokens': N} or {'type': 'disabled'}.",
+            )
         # the variable reasoning templates read (Qwen3 and others); a template without it
         # renders the same either way
         kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")

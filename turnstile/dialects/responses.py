@@ -44,10 +44,18 @@ class Chains:
         calls = {c.id: c for c in self.store.calls(session_id)}
         rec = calls.get(call_id(resp_id)) if isinstance(resp_id, str) else None
         # a response sent with store=false keeps no chain (as OpenAI: it cannot be named)
-        if rec is None or rec.status != "ok" or rec.info.get("dialect") != NAME or \
-                "dialect_state" not in rec.info:
-            raise APIError(400, f"Previous response with id {resp_id!r} not found.",
-                           "previous_response_id", code="previous_response_not_found")
+        if (
+            rec is None
+            or rec.status != "ok"
+            or rec.info.get("dialect") != NAME
+            or "dialect_state" not in rec.info
+        ):
+            raise APIError(
+                400,
+                f"Previous response with id {resp_id!r} not found.",
+                "previous_response_id",
+                code="previous_response_not_found",
+            )
         chain: list[CallRecord] = []
         while rec is not None:
             chain.append(rec)
@@ -64,8 +72,9 @@ class Chains:
 def parse(body: Any, session_id: str, chains: Chains) -> ChatRequest:
     """The internal request of a Responses body (400 naming the Responses field otherwise)."""
     if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", None,
-                       code="invalid_request_body")
+        raise APIError(
+            400, "The request body must be a JSON object.", None, code="invalid_request_body"
+        )
     inert = check_fields(body)
     prev = body.get("previous_response_id")
     if prev is not None and not isinstance(prev, str):
@@ -79,19 +88,21 @@ def parse(body: Any, session_id: str, chains: Chains) -> ChatRequest:
     req.call_id = new_id("call_")
     if body.get("store", True) is not False:
         # what a later previous_response_id needs; store=false keeps no chain (as OpenAI)
-        req.dialect_state = {"previous_response_id": prev,
-                             "input": input_messages(body["input"])}
+        req.dialect_state = {"previous_response_id": prev, "input": input_messages(body["input"])}
     return req
 
 
 def _renamed(exc: APIError) -> APIError:
     """A Chat field named in an error, as the Responses field the harness sent."""
-    names = {"max_completion_tokens": "max_output_tokens", "messages": "input",
-             "response_format": "text.format"}
+    names = {
+        "max_completion_tokens": "max_output_tokens",
+        "messages": "input",
+        "response_format": "text.format",
+    }
     param = exc.param or ""
     head = param.split("[")[0].split(".")[0]
     if head in names:
-        new = names[head] + param[len(head):]
+        new = names[head] + param[len(head) :]
         return APIError(exc.status, exc.message.replace(param, new), new, exc.code, exc.type)
     return exc
 
@@ -101,12 +112,16 @@ def _renamed(exc: APIError) -> APIError:
 
 def _usage(rec: CallRecord) -> dict:
     u = rec.info["usage"]
-    return {"input_tokens": u["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": u.get("cached_tokens", 0),
-                                     "cache_write_tokens": 0},
-            "output_tokens": u["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
+    return {
+        "input_tokens": u["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": u.get("cached_tokens", 0),
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": u["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+    }
 
 
 def output_items(message: dict, rid: str, logprobs: list | None = None) -> list[dict]:
@@ -119,14 +134,22 @@ def output_items(message: dict, rid: str, logprobs: list | None = None) -> list[
     if message.get("content"):
         items.append(message_item(f"{suffix}_{len(items)}", message["content"], logprobs or []))
     for c in message.get("tool_calls") or []:
-        items.append(call_item(f"{suffix}_{len(items)}", c["id"], c["function"]["name"],
-                               c["function"]["arguments"]))
+        items.append(
+            call_item(
+                f"{suffix}_{len(items)}", c["id"], c["function"]["name"], c["function"]["arguments"]
+            )
+        )
     return items
 
 
 def reasoning_item(suffix: str, text: str, status: str = "completed") -> dict:
-    return {"type": "reasoning", "id": f"rs_{suffix}", "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}] if text else []}
+    return {
+        "type": "reasoning",
+        "id": f"rs_{suffix}",
+        "summary": [],
+        "status": status,
+        "content": [{"type": "reasoning_text", "text": text}] if text else [],
+    }
 
 
 def text_part(text: str, logprobs: list) -> dict:
@@ -134,40 +157,73 @@ def text_part(text: str, logprobs: list) -> dict:
 
 
 def message_item(suffix: str, text: str, logprobs: list, status: str = "completed") -> dict:
-    return {"type": "message", "id": f"msg_{suffix}", "role": "assistant", "status": status,
-            "content": [text_part(text, logprobs)] if status == "completed" else []}
+    return {
+        "type": "message",
+        "id": f"msg_{suffix}",
+        "role": "assistant",
+        "status": status,
+        "content": [text_part(text, logprobs)] if status == "completed" else [],
+    }
 
 
-def call_item(suffix: str, cid: str, name: str, arguments: str,
-              status: str = "completed") -> dict:
-    return {"type": "function_call", "id": f"fc_{suffix}", "call_id": cid, "name": name,
-            "arguments": arguments, "status": status}
+def call_item(suffix: str, cid: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {
+        "type": "function_call",
+        "id": f"fc_{suffix}",
+        "call_id": cid,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
-def response_object(body: dict, rec: CallRecord | None, model: str, created: float,
-                    output: list[dict], status: str = "completed", rid: str = "") -> dict:
+def response_object(
+    body: dict,
+    rec: CallRecord | None,
+    model: str,
+    created: float,
+    output: list[dict],
+    status: str = "completed",
+    rid: str = "",
+) -> dict:
     """A ``response`` as the Responses API gives it; ``body`` is the request's."""
     rid = response_id(rec.id) if rec else rid
     incomplete = rec is not None and rec.finish_reason == "length"
-    tools = [{"type": "function", "name": t.get("name"), "description": t.get("description"),
-              "parameters": t.get("parameters"), "strict": t.get("strict", False)}
-             for t in body.get("tools") or []]
+    tools = [
+        {
+            "type": "function",
+            "name": t.get("name"),
+            "description": t.get("description"),
+            "parameters": t.get("parameters"),
+            "strict": t.get("strict", False),
+        }
+        for t in body.get("tools") or []
+    ]
     return {
-        "id": rid, "object": "response", "created_at": int(created),
+        "id": rid,
+        "object": "response",
+        "created_at": int(created),
         "status": "incomplete" if incomplete and status == "completed" else status,
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": body.get("instructions"), "max_output_tokens":
-        body.get("max_output_tokens"), "model": model, "output": output,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": model,
+        "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": body.get("previous_response_id"),
         "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
-        "store": body.get("store", True), "temperature": body.get("temperature", 1.0),
+        "store": body.get("store", True),
+        "temperature": body.get("temperature", 1.0),
         "text": body.get("text") or {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"), "tools": tools,
-        "top_p": body.get("top_p", 1.0), "truncation": "disabled",
-        "usage": _usage(rec) if rec else None, "user": body.get("user"),
-        "metadata": body.get("metadata") or {}}
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": tools,
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": _usage(rec) if rec else None,
+        "user": body.get("user"),
+        "metadata": body.get("metadata") or {},
+    }
 
 
 def reply(req: ChatRequest, completion: dict) -> dict:
@@ -176,8 +232,13 @@ def reply(req: ChatRequest, completion: dict) -> dict:
     assert rec is not None and rec.message is not None  # set by the gateway when recorded
     choice = completion["choices"][0]
     lps = (choice.get("logprobs") or {}).get("content")
-    return response_object(req.raw, rec, completion["model"], completion["created"],
-                           output_items(rec.message, response_id(rec.id), lps))
+    return response_object(
+        req.raw,
+        rec,
+        completion["model"],
+        completion["created"],
+        output_items(rec.message, response_id(rec.id), lps),
+    )
 
 
 def stored(rec: CallRecord, model: str) -> dict:
@@ -200,8 +261,7 @@ class ResponsesDialect:
     def reply(self, req: ChatRequest, completion: dict) -> dict:
         return reply(req, completion)
 
-    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]
-                     ) -> AsyncIterator[bytes]:
+    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         from .responses_stream import ResponseEvents
 
         async for kind, ev in ResponseEvents(req, req.model or self.gateway.model_name).run(chunks):

@@ -17,23 +17,67 @@ from ..server.request_fields import Fields
 from ..server.requests import function_tool
 
 # Fields that shape the prompt or the sampling, and become the internal request's.
-_USED = frozenset({
-    "input", "instructions", "model", "tools", "tool_choice", "parallel_tool_calls",
-    "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
-    "previous_response_id", "reasoning", "text", "top_logprobs", "include", "truncation",
-    *("seed", "logit_bias", "stop", "top_k", "min_p", "repetition_penalty",
-      "frequency_penalty", "presence_penalty", "chat_template_kwargs")})
+_USED = frozenset(
+    {
+        "input",
+        "instructions",
+        "model",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+        "stream_options",
+        "previous_response_id",
+        "reasoning",
+        "text",
+        "top_logprobs",
+        "include",
+        "truncation",
+        *(
+            "seed",
+            "logit_bias",
+            "stop",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "chat_template_kwargs",
+        ),
+    }
+)
 # Sampling fields beyond the Responses API that vLLM accepts there too: what an RL harness needs
 # to make a rollout reproducible or bounded (a seed, a logit bias); passed on as Chat's.
-_EXTENSIONS = ("seed", "logit_bias", "stop", "top_k", "min_p", "repetition_penalty",
-               "frequency_penalty", "presence_penalty", "chat_template_kwargs")
+_EXTENSIONS = (
+    "seed",
+    "logit_bias",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "chat_template_kwargs",
+)
 # Accepted, kept in the call record's info; they change no token.
-_INERT = frozenset({"store", "metadata", "user", "service_tier", "prompt_cache_key",
-                    "prompt_cache_retention", "safety_identifier"})
+_INERT = frozenset(
+    {
+        "store",
+        "metadata",
+        "user",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+    }
+)
 _UNSUPPORTED = {
     "background": "background responses are not supported; send the request and wait.",
     "conversation": "server-side conversations are not supported; send "
-                    "'previous_response_id' or the whole input.",
+    "'previous_response_id' or the whole input.",
     "prompt": "stored prompt templates are not supported; send 'input'.",
     "max_tool_calls": "'max_tool_calls' is not supported.",
 }
@@ -53,8 +97,11 @@ def _text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
         raise bad(where, "expected a string or a list of content parts.")
     out = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in kinds or \
-                not isinstance(part.get("text"), str):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") not in kinds
+            or not isinstance(part.get("text"), str)
+        ):
             raise bad(f"{where}[{j}]", f"only text parts ({' / '.join(kinds)}) are supported.")
         out.append(part["text"])
     return "".join(out)
@@ -85,28 +132,38 @@ class _Turns:
                 if not isinstance(item.get(key), str):
                     raise bad(f"{where}.{key}", "expected a string.")
             turn = self._assistant(False)
-            turn.setdefault("tool_calls", []).append({
-                "id": item["call_id"], "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]}})
+            turn.setdefault("tool_calls", []).append(
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]},
+                }
+            )
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise bad(f"{where}.call_id", "expected the call_id of the function call.")
             output = _text(item.get("output"), f"{where}.output", ("input_text", "output_text"))
             self.open = None
-            self.messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                                  "content": output})
+            self.messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": output}
+            )
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             kinds = ("reasoning_text", "summary_text")
             text = _text(parts, f"{where}.content", kinds) if parts else ""
             o = self.open
-            turn = self._assistant(o is None or bool(o.get("content") or o.get("tool_calls")
-                                                     or "reasoning_content" in o))
+            turn = self._assistant(
+                o is None
+                or bool(o.get("content") or o.get("tool_calls") or "reasoning_content" in o)
+            )
             turn["reasoning_content"] = text
         else:
-            raise bad(f"{where}.type", f"{kind!r} items are not supported (message, "
-                      "function_call, function_call_output, reasoning are).",
-                      code="unsupported_value")
+            raise bad(
+                f"{where}.type",
+                f"{kind!r} items are not supported (message, "
+                "function_call, function_call_output, reasoning are).",
+                code="unsupported_value",
+            )
 
     def _message(self, item: dict, where: str) -> None:
         role = item.get("role")
@@ -117,11 +174,17 @@ class _Turns:
             turn["content"] = text
             return
         if role not in ("user", "system", "developer"):
-            raise bad(f"{where}.role", f"{role!r} is not one of 'user', 'assistant', "
-                                       "'system', 'developer'.")
+            raise bad(
+                f"{where}.role",
+                f"{role!r} is not one of 'user', 'assistant', 'system', 'developer'.",
+            )
         self.open = None
-        self.messages.append({"role": role, "content": _text(
-            item.get("content"), f"{where}.content", ("input_text",))})
+        self.messages.append(
+            {
+                "role": role,
+                "content": _text(item.get("content"), f"{where}.content", ("input_text",)),
+            }
+        )
 
 
 def input_messages(value: Any) -> list[dict]:
@@ -145,23 +208,35 @@ def _tools(value: Any) -> list[dict] | None:
     for i, t in enumerate(value):
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
-            raise bad(f"tools[{i}].type", f"only function tools are supported, not {kind!r}.",
-                      code="unsupported_value")
+            raise bad(
+                f"tools[{i}].type",
+                f"only function tools are supported, not {kind!r}.",
+                code="unsupported_value",
+            )
         if not isinstance(t.get("name"), str):
             raise bad(f"tools[{i}].name", "expected a string.")
-        out.append(function_tool(t["name"], t.get("description"), t.get("parameters") or
-                                 {"type": "object", "properties": {}}))
+        out.append(
+            function_tool(
+                t["name"],
+                t.get("description"),
+                t.get("parameters") or {"type": "object", "properties": {}},
+            )
+        )
     return out or None
 
 
 def _tool_choice(value: Any) -> Any:
     if value is None or value in ("auto", "none", "required"):
         return value
-    if isinstance(value, dict) and value.get("type") == "function" and \
-            isinstance(value.get("name"), str):
+    if (
+        isinstance(value, dict)
+        and value.get("type") == "function"
+        and isinstance(value.get("name"), str)
+    ):
         return {"type": "function", "function": {"name": value["name"]}}
-    raise bad("tool_choice", "expected 'auto', 'none', 'required' or "
-                             "{'type': 'function', 'name': ...}.")
+    raise bad(
+        "tool_choice", "expected 'auto', 'none', 'required' or {'type': 'function', 'name': ...}."
+    )
 
 
 def _format(text: Any) -> dict | None:
@@ -176,8 +251,10 @@ def _format(text: Any) -> dict | None:
     if isinstance(fmt, dict) and fmt.get("type") == "json_object":
         return {"type": "json_object"}
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "reply"),
-                                                       "schema": fmt.get("schema")}}
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": fmt.get("name", "reply"), "schema": fmt.get("schema")},
+        }
     raise bad("text.format", "expected {'type': 'text' | 'json_object' | 'json_schema'}.")
 
 
@@ -188,8 +265,11 @@ def check_fields(body: dict) -> dict:
     if not isinstance(include, list) or any(x not in _INCLUDE for x in include):
         raise bad("include", f"supported values are {sorted(_INCLUDE)}.")
     if body.get("truncation") not in (None, "disabled"):
-        raise bad("truncation", "only 'disabled' is supported: Turnstile never drops "
-                                "context silently (the tokens would not be what was recorded).")
+        raise bad(
+            "truncation",
+            "only 'disabled' is supported: Turnstile never drops "
+            "context silently (the tokens would not be what was recorded).",
+        )
     return inert
 
 
@@ -204,14 +284,20 @@ def chat_body(body: dict, history: list[dict]) -> dict:
         # As the Responses API: instructions are this request's only, never carried over.
         messages.insert(0, {"role": "system", "content": instructions})
     if "input" not in body:
-        raise APIError(400, "Missing required parameter: 'input'.", "input",
-                       code="missing_required_parameter")
+        raise APIError(
+            400, "Missing required parameter: 'input'.", "input", code="missing_required_parameter"
+        )
     messages += input_messages(body["input"])
     chat: dict = {"messages": messages}
-    for src, dst in (("model", "model"), ("temperature", "temperature"), ("top_p", "top_p"),
-                     ("parallel_tool_calls", "parallel_tool_calls"),
-                     ("max_output_tokens", "max_completion_tokens"), ("stream", "stream"),
-                     *((k, k) for k in _EXTENSIONS)):
+    for src, dst in (
+        ("model", "model"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("parallel_tool_calls", "parallel_tool_calls"),
+        ("max_output_tokens", "max_completion_tokens"),
+        ("stream", "stream"),
+        *((k, k) for k in _EXTENSIONS),
+    ):
         if body.get(src) is not None:
             chat[dst] = body[src]
     chat["tools"] = _tools(body.get("tools"))
@@ -222,8 +308,7 @@ def chat_body(body: dict, history: list[dict]) -> dict:
         if not isinstance(reasoning, dict):
             raise bad("reasoning", "expected an object such as {'effort': 'low'}.")
         chat["reasoning_effort"] = reasoning.get("effort")
-    if "message.output_text.logprobs" in (body.get("include") or []) or \
-            body.get("top_logprobs"):
+    if "message.output_text.logprobs" in (body.get("include") or []) or body.get("top_logprobs"):
         chat["logprobs"] = True
         chat["top_logprobs"] = body.get("top_logprobs") or 0
     if body.get("stream"):

@@ -33,8 +33,9 @@ class ResponseEvents:
         return kind, ev
 
     def _response(self, status: str) -> dict:
-        return r.response_object(self.req.raw, self.req.record, self.model, self.created,
-                                 self.output, status, self.rid)
+        return r.response_object(
+            self.req.raw, self.req.record, self.model, self.created, self.output, status, self.rid
+        )
 
     @property
     def _id(self) -> str:
@@ -49,9 +50,15 @@ class ResponseEvents:
         self.item, self.text, self.logprobs = item, "", []
         out = [self._event("response.output_item.added", output_index=self._index, item=item)]
         if item["type"] == "message":
-            out.append(self._event("response.content_part.added", item_id=item["id"],
-                                   output_index=self._index, content_index=0,
-                                   part=r.text_part("", [])))
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    content_index=0,
+                    part=r.text_part("", []),
+                )
+            )
         return out
 
     def _close(self) -> list[tuple[str, dict]]:
@@ -62,18 +69,45 @@ class ResponseEvents:
         kind = item["type"]
         if kind == "message":
             part = r.text_part(self.text, self.logprobs)
-            out += [self._event("response.output_text.done", item_id=item["id"], output_index=i,
-                                content_index=0, text=self.text, logprobs=self.logprobs),
-                    self._event("response.content_part.done", item_id=item["id"],
-                                output_index=i, content_index=0, part=part)]
+            out += [
+                self._event(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    content_index=0,
+                    text=self.text,
+                    logprobs=self.logprobs,
+                ),
+                self._event(
+                    "response.content_part.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    content_index=0,
+                    part=part,
+                ),
+            ]
             done = {**item, "status": "completed", "content": [part]}
         elif kind == "reasoning":
-            out.append(self._event("response.reasoning_text.done", item_id=item["id"],
-                                   output_index=i, content_index=0, text=self.text))
+            out.append(
+                self._event(
+                    "response.reasoning_text.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    content_index=0,
+                    text=self.text,
+                )
+            )
             done = r.reasoning_item(item["id"].removeprefix("rs_"), self.text)
         else:
-            out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                   output_index=i, name=item["name"], arguments=self.text))
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    name=item["name"],
+                    arguments=self.text,
+                )
+            )
             done = {**item, "arguments": self.text, "status": "completed"}
         out.append(self._event("response.output_item.done", output_index=i, item=done))
         self.output.append(done)
@@ -88,29 +122,54 @@ class ResponseEvents:
                 out += self._close()
                 out += self._open(r.reasoning_item(f"{self.suffix}_{n}", "", "in_progress"))
             self.text += delta["reasoning_content"]
-            out.append(self._event("response.reasoning_text.delta", item_id=self._id,
-                                   output_index=self._index, content_index=0,
-                                   delta=delta["reasoning_content"]))
+            out.append(
+                self._event(
+                    "response.reasoning_text.delta",
+                    item_id=self._id,
+                    output_index=self._index,
+                    content_index=0,
+                    delta=delta["reasoning_content"],
+                )
+            )
         if delta.get("content"):
             if self.item is None or self.item["type"] != "message":
                 out += self._close()
                 out += self._open(r.message_item(f"{self.suffix}_{n}", "", [], "in_progress"))
             self.text += delta["content"]
             self.logprobs += logprobs or []
-            out.append(self._event("response.output_text.delta", item_id=self._id,
-                                   output_index=self._index, content_index=0,
-                                   delta=delta["content"], logprobs=logprobs or []))
+            out.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=self._id,
+                    output_index=self._index,
+                    content_index=0,
+                    delta=delta["content"],
+                    logprobs=logprobs or [],
+                )
+            )
         for call in delta.get("tool_calls") or []:
             fn = call.get("function") or {}
             if call.get("id"):  # a new call
                 out += self._close()
-                out += self._open(r.call_item(f"{self.suffix}_{self._index}", call["id"],
-                                              fn.get("name", ""), "", "in_progress"))
+                out += self._open(
+                    r.call_item(
+                        f"{self.suffix}_{self._index}",
+                        call["id"],
+                        fn.get("name", ""),
+                        "",
+                        "in_progress",
+                    )
+                )
             if fn.get("arguments") and self.item is not None:
                 self.text += fn["arguments"]
-                out.append(self._event("response.function_call_arguments.delta",
-                                       item_id=self.item["id"], output_index=self._index,
-                                       delta=fn["arguments"]))
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        item_id=self.item["id"],
+                        output_index=self._index,
+                        delta=fn["arguments"],
+                    )
+                )
         return out
 
     async def run(self, chunks: AsyncIterator[dict]) -> AsyncIterator[tuple[str, dict]]:
@@ -124,9 +183,13 @@ class ResponseEvents:
                         yield ev
         except APIError as exc:
             yield self._event("error", code=exc.code, message=exc.message, param=exc.param)
-            yield self._event("response.failed", response={
-                **self._response("failed"),
-                "error": {"code": exc.code or "server_error", "message": exc.message}})
+            yield self._event(
+                "response.failed",
+                response={
+                    **self._response("failed"),
+                    "error": {"code": exc.code or "server_error", "message": exc.message},
+                },
+            )
             return
         for ev in self._close():
             yield ev

@@ -19,9 +19,20 @@ from .vllm import VLLMEngine
 
 KINDS = ("llama-cpp", "vllm", "sglang")
 
-__all__ = ["KINDS", "Engine", "EngineAdapter", "EngineControl", "EngineError", "Finish",
-           "LlamaCppEngine", "SGLangEngine", "SamplingParams", "TokenEvent", "VLLMEngine",
-           "make_engine"]
+__all__ = [
+    "KINDS",
+    "Engine",
+    "EngineAdapter",
+    "EngineControl",
+    "EngineError",
+    "Finish",
+    "LlamaCppEngine",
+    "SGLangEngine",
+    "SamplingParams",
+    "TokenEvent",
+    "VLLMEngine",
+    "make_engine",
+]
 
 
 def make_engine(kind: str, url: str, **options: object) -> EngineAdapter:
@@ -32,8 +43,12 @@ def make_engine(kind: str, url: str, **options: object) -> EngineAdapter:
     ``timeout`` (seconds)."""
     # mypy checks here that each adapter meets the token-in contract
     kinds: dict[str, Callable[..., EngineAdapter]] = {
-        "llama-cpp": LlamaCppEngine, "llamacpp": LlamaCppEngine, "llama.cpp": LlamaCppEngine,
-        "vllm": VLLMEngine, "sglang": SGLangEngine}
+        "llama-cpp": LlamaCppEngine,
+        "llamacpp": LlamaCppEngine,
+        "llama.cpp": LlamaCppEngine,
+        "vllm": VLLMEngine,
+        "sglang": SGLangEngine,
+    }
     try:
         cls = kinds[kind.lower()]
     except KeyError:

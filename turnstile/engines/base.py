@@ -126,16 +126,20 @@ def logprob_unfitness(kind: str, params: SamplingParams | None) -> str | None:
 
     Without ``params`` only what is wrong whatever the request is reported."""
     if kind in (RAW_LOGITS, PROCESSED_LOGITS):
-        return (f"the engine returns {kind} (unnormalised logits), not logprobs: they cannot "
-                f"be used as behaviour-policy logprobs (start vLLM with "
-                f"--logprobs-mode processed_logprobs)")
+        return (
+            f"the engine returns {kind} (unnormalised logits), not logprobs: they cannot "
+            f"be used as behaviour-policy logprobs (start vLLM with "
+            f"--logprobs-mode processed_logprobs)"
+        )
     if kind not in (RAW_LOGPROBS, SCALED_LOGPROBS, PROCESSED_LOGPROBS):
         return f"the engine's logprob kind is unknown ({kind or 'not reported'})"
     if params is None or kind == PROCESSED_LOGPROBS:
         return None
     if params.temperature == 0:
-        return ("greedy decoding (temperature 0): the behaviour policy is deterministic; the "
-                f"recorded {kind} are the model's distribution, not the sampling one")
+        return (
+            "greedy decoding (temperature 0): the behaviour policy is deterministic; the "
+            f"recorded {kind} are the model's distribution, not the sampling one"
+        )
     changes = []
     if kind == RAW_LOGPROBS and not math.isclose(params.temperature, 1.0):
         changes.append(f"temperature {params.temperature:g}")
@@ -147,15 +151,20 @@ def logprob_unfitness(kind: str, params: SamplingParams | None) -> str | None:
         changes.append(f"top_k {params.top_k}")
     if params.min_p:
         changes.append(f"min_p {params.min_p:g}")
-    if kind == RAW_LOGPROBS and (params.frequency_penalty or params.presence_penalty or
-                                 params.repetition_penalty not in (None, 1.0)):
+    if kind == RAW_LOGPROBS and (
+        params.frequency_penalty
+        or params.presence_penalty
+        or params.repetition_penalty not in (None, 1.0)
+    ):
         changes.append("penalties")
     if params.grammar or params.json_schema:
         changes.append("a grammar")
     if not changes:
         return None
-    return (f"recorded logprobs are {kind}, taken before {', '.join(changes)} changed the "
-            f"sampling distribution: they are not behaviour-policy logprobs")
+    return (
+        f"recorded logprobs are {kind}, taken before {', '.join(changes)} changed the "
+        f"sampling distribution: they are not behaviour-policy logprobs"
+    )
 
 
 # The contracts. An engine is what the server drives (:class:`EngineControl`); a token-in engine
@@ -173,8 +182,9 @@ class Generator(Protocol):
         engine."""
         ...
 
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-                 ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
+    ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """``prompt_ids``: a list, or an int32 ``array`` (see :func:`wire_ids`).
 
         ``stream`` is a hint: an adapter whose engine cannot stream exact token IDs

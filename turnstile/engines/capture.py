@@ -75,8 +75,10 @@ class Choice:
             if isinstance(delta.get(key), str):
                 self.text.setdefault(key, []).append(delta[key])
         for tc in delta.get("tool_calls") or ():
-            cur = self.tool_calls.setdefault(int(tc.get("index", 0)), {
-                "id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+            cur = self.tool_calls.setdefault(
+                int(tc.get("index", 0)),
+                {"id": None, "type": "function", "function": {"name": None, "arguments": ""}},
+            )
             if tc.get("id"):
                 cur["id"] = tc["id"]
             if tc.get("type"):
@@ -107,13 +109,18 @@ class Choice:
         entries = self.logprobs
         if not entries:
             return [math.nan] * len(ids), None
-        if len(entries) == len(ids) - 1 and stop_unscored and self.finish_reason in (
-                "stop", "tool_calls") and self.stop == ids[-1]:
+        if (
+            len(entries) == len(ids) - 1
+            and stop_unscored
+            and self.finish_reason in ("stop", "tool_calls")
+            and self.stop == ids[-1]
+        ):
             entries = [*entries, {}]
         if len(entries) != len(ids):
             return [math.nan] * len(ids), (
                 f"the engine returned {len(entries)} logprob entries for {len(ids)} tokens: "
-                "not aligned, recorded as unknown")
+                "not aligned, recorded as unknown"
+            )
         out = []
         for i, (tid, e) in enumerate(zip(ids, entries, strict=True)):
             named = e.get("token_id")
@@ -121,8 +128,10 @@ class Choice:
             if named is None and isinstance(token, str) and token.startswith("token_id:"):
                 named = token[9:]
             if named is not None and str(named) != str(tid):
-                return [math.nan] * len(ids), (f"logprob entry {i} is for token {named}, not "
-                                               f"the sampled {tid}: recorded as unknown")
+                return [math.nan] * len(ids), (
+                    f"logprob entry {i} is for token {named}, not "
+                    f"the sampled {tid}: recorded as unknown"
+                )
             v = e.get("logprob")
             out.append(math.nan if v is None else float(v))
         return out, None
@@ -181,8 +190,10 @@ class Capture:
             return f"the engine returned no prompt token IDs: passthrough capture needs {how}"
         lost = [c.index for c in self.choices.values() if c.ids is None]
         if lost or not self.choices:
-            return (f"the engine returned no completion token IDs (choice {lost or [0]}): "
-                    f"passthrough capture needs {how}")
+            return (
+                f"the engine returned no completion token IDs (choice {lost or [0]}): "
+                f"passthrough capture needs {how}"
+            )
         return None
 
     def logprob_values(self, c: Choice) -> tuple[list[float], str | None]:
@@ -194,12 +205,16 @@ class Capture:
         usage = self.usage or {}
         n_out = sum(len(c.ids or []) for c in self.choices.values())
         if isinstance(usage.get("prompt_tokens"), int) and usage["prompt_tokens"] != n_prompt:
-            notes.append(f"usage.prompt_tokens is {usage['prompt_tokens']} but the engine "
-                         f"returned {n_prompt} prompt token IDs")
+            notes.append(
+                f"usage.prompt_tokens is {usage['prompt_tokens']} but the engine "
+                f"returned {n_prompt} prompt token IDs"
+            )
         if isinstance(usage.get("completion_tokens"), int) and usage["completion_tokens"] != n_out:
-            notes.append(f"usage.completion_tokens is {usage['completion_tokens']} but the engine "
-                         f"returned {n_out} completion token IDs (vLLM hides the IDs of reasoning "
-                         "it does not stream when include_reasoning is false)")
+            notes.append(
+                f"usage.completion_tokens is {usage['completion_tokens']} but the engine "
+                f"returned {n_out} completion token IDs (vLLM hides the IDs of reasoning "
+                "it does not stream when include_reasoning is false)"
+            )
         return notes
 
 
@@ -218,18 +233,25 @@ def request_logprob_warning(engine: LogprobSource, body: dict) -> str | None:
         return None
     unset = [k for k in ("temperature", "top_p") if body.get(k) is None]
     if unset:
-        return (f"{' and '.join(unset)} not in the request: the engine used its defaults "
-                "(vLLM and SGLang take them from the model's generation_config), unknown to "
-                f"Turnstile; recorded {kind} may not be behaviour-policy logprobs")
+        return (
+            f"{' and '.join(unset)} not in the request: the engine used its defaults "
+            "(vLLM and SGLang take them from the model's generation_config), unknown to "
+            f"Turnstile; recorded {kind} may not be behaviour-policy logprobs"
+        )
     lb = body.get("logit_bias") or {}
     params = SamplingParams(
-        max_tokens=1, temperature=float(body["temperature"]), top_p=float(body["top_p"]),
-        logit_bias={int(k): float(v) for k, v in lb.items()} if isinstance(lb, dict) else {})
+        max_tokens=1,
+        temperature=float(body["temperature"]),
+        top_p=float(body["top_p"]),
+        logit_bias={int(k): float(v) for k, v in lb.items()} if isinstance(lb, dict) else {},
+    )
     warning = engine.logprob_warning(params)
     top_k = body.get("top_k")
     if warning is None and isinstance(top_k, int) and top_k > 0:
-        warning = (f"recorded {kind} are taken before top_k {top_k} changed the sampling "
-                   "distribution: they are not behaviour-policy logprobs")
+        warning = (
+            f"recorded {kind} are taken before top_k {top_k} changed the sampling "
+            "distribution: they are not behaviour-policy logprobs"
+        )
     return warning
 
 
@@ -242,6 +264,7 @@ class CaptureEngine(HTTPEngine):
     version: str | None
 
     if TYPE_CHECKING:  # from the server half (VLLMServer, SGLangServer)
+
         @property
         def logprob_kind(self) -> str: ...
 
@@ -260,8 +283,11 @@ class CaptureEngine(HTTPEngine):
         """POST the chat request; the open response on 200 (the caller closes it), else the
         engine's error as :class:`EngineHTTPError`, or 503 when it cannot be reached."""
         try:
-            resp = await self.session.post(self.url + CHAT, data=orjson.dumps(body),
-                                           headers={"content-type": "application/json"})
+            resp = await self.session.post(
+                self.url + CHAT,
+                data=orjson.dumps(body),
+                headers={"content-type": "application/json"},
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineError(f"{self.label} at {self.url} is unreachable: {exc}", 503) from exc
         if resp.status == 200:
@@ -283,8 +309,12 @@ class CaptureEngine(HTTPEngine):
                 err = e if isinstance(e, dict) else body
         except orjson.JSONDecodeError:
             pass
-        return EngineHTTPError(f"{self.label} {CHAT} answered {status}: {error_message(raw)}",
-                               relay_status(status), status, err)
+        return EngineHTTPError(
+            f"{self.label} {CHAT} answered {status}: {error_message(raw)}",
+            relay_status(status),
+            status,
+            err,
+        )
 
     def chunk(self, payload: bytes) -> dict:
         """One stream chunk; an in-band error chunk raised as the engine's error."""
@@ -293,8 +323,9 @@ class CaptureEngine(HTTPEngine):
             err = obj.get("error", obj)  # {"error": {...}} or an ErrorResponse itself
             err = err if isinstance(err, dict) else {"message": err}
             code = err.get("code")
-            status = code if isinstance(code, int) else int(str(code)) if str(code).isdigit() \
-                else 500
+            status = (
+                code if isinstance(code, int) else int(str(code)) if str(code).isdigit() else 500
+            )
             raise self.http_error(status, orjson.dumps({"error": err}))
         return obj
 
@@ -304,8 +335,7 @@ class CaptureEngine(HTTPEngine):
         if self.model:
             body["model"] = self.model
         try:
-            status, raw = await self._request("POST", self.dialect.detokenize_path, body,
-                                              timeout=5)
+            status, raw = await self._request("POST", self.dialect.detokenize_path, body, timeout=5)
             out = orjson.loads(raw) if status == 200 else None
         except (EngineError, orjson.JSONDecodeError):
             return None
@@ -325,9 +355,14 @@ class SGLangCaptureEngine(CaptureEngine, SGLangServer):
     dialect = SGLangChat()
 
 
-def capture_engine(url: str, dialect: str = "vllm", *, logprobs_mode: str | None = None,
-                   original_logprobs: bool = False, timeout: float = 600.0
-                   ) -> VLLMCaptureEngine | SGLangCaptureEngine:
+def capture_engine(
+    url: str,
+    dialect: str = "vllm",
+    *,
+    logprobs_mode: str | None = None,
+    original_logprobs: bool = False,
+    timeout: float = 600.0,
+) -> VLLMCaptureEngine | SGLangCaptureEngine:
     """The capture engine for ``dialect`` at ``url``. ``logprobs_mode``: vLLM's
     ``--logprobs-mode`` when known; ``original_logprobs``: SGLang returns logprobs before
     temperature scaling (``SGLANG_RETURN_ORIGINAL_LOGPROB``)."""

@@ -33,10 +33,28 @@ class Asked:
 
 
 # The body fields that shape sampling: a capture record keeps them (``info.sampling``).
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
-                 "seed", "stop", "stop_token_ids", "logit_bias", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty", "n", "logprobs", "top_logprobs",
-                 "tool_choice", "response_format", "ignore_eos", "min_tokens")
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "tool_choice",
+    "response_format",
+    "ignore_eos",
+    "min_tokens",
+)
 
 
 class ChatDialect(Protocol):
@@ -75,8 +93,7 @@ class VLLMChat:
 
     def request(self, raw: dict, version: str | None) -> tuple[dict, Asked]:
         ids = bool(raw.get("return_token_ids"))
-        asked = Asked(ids, ids, bool(raw.get("logprobs")),
-                      bool(raw.get("return_weight_versions")))
+        asked = Asked(ids, ids, bool(raw.get("logprobs")), bool(raw.get("return_weight_versions")))
         add = {"return_token_ids": True, "logprobs": True}
         v = version_tuple(version)
         if v is not None and v >= (0, 33):  # older servers ignore it, stricter ones refuse
@@ -108,18 +125,24 @@ class VLLMChat:
 
 class SGLangChat:
     name = "sglang"
-    needs = ("return_input_ids_in_sglext / return_output_ids_in_sglext (a recent SGLang)")
+    needs = "return_input_ids_in_sglext / return_output_ids_in_sglext (a recent SGLang)"
     stop_key = "matched_stop"
     stop_unscored = True  # a token's logprob streams with that step's text; a stop has none
     prompt_ids_first = False  # they come on the last chunk
     detokenize_path = "/v1/detokenize"
 
     def request(self, raw: dict, version: str | None) -> tuple[dict, Asked]:
-        asked = Asked(bool(raw.get("return_input_ids_in_sglext")),
-                      bool(raw.get("return_output_ids_in_sglext")),
-                      bool(raw.get("logprobs")), True)
-        return {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True,
-                "logprobs": True}, asked
+        asked = Asked(
+            bool(raw.get("return_input_ids_in_sglext")),
+            bool(raw.get("return_output_ids_in_sglext")),
+            bool(raw.get("logprobs")),
+            True,
+        )
+        return {
+            "return_input_ids_in_sglext": True,
+            "return_output_ids_in_sglext": True,
+            "logprobs": True,
+        }, asked
 
     def read_ids(self, cap: Capture, obj: dict, stream: bool) -> None:
         ext = obj.get("sglext")
@@ -183,8 +206,12 @@ def strip_chunk(chunk: dict, asked: Asked, dialect: ChatDialect) -> dict | None:
     for ch in choices:
         _strip_choice(ch, asked, dialect, stream=True)
     if not asked.output_ids and not asked.logprobs:
-        kept = [ch for ch in choices if ch.get("finish_reason") is not None or
-                any(v not in _EMPTY for v in (ch.get("delta") or {}).values())]
+        kept = [
+            ch
+            for ch in choices
+            if ch.get("finish_reason") is not None
+            or any(v not in _EMPTY for v in (ch.get("delta") or {}).values())
+        ]
         if not kept and not chunk.get("usage"):
             return None
         chunk["choices"] = kept

@@ -83,8 +83,9 @@ def gateway_status(engine_status: int) -> int:
     return 502
 
 
-async def sse_batches(resp: aiohttp.ClientResponse, until_done: bool = True
-                      ) -> AsyncIterator[list[bytes]]:
+async def sse_batches(
+    resp: aiohttp.ClientResponse, until_done: bool = True
+) -> AsyncIterator[list[bytes]]:
     """The ``data`` payloads of server-sent events, grouped by the network read that completed
     them, so that a burst of tokens is handled (and answered) once, not once per token.
 
@@ -125,9 +126,11 @@ async def sse_batches(resp: aiohttp.ClientResponse, until_done: bool = True
             yield [payload]
 
 
-async def fed_batches(payload_batches: AsyncIterator[list[bytes]],
-                      feed: Callable[[bytes], None], take: Callable[[], list]
-                      ) -> AsyncIterator[list]:
+async def fed_batches(
+    payload_batches: AsyncIterator[list[bytes]],
+    feed: Callable[[bytes], None],
+    take: Callable[[], list],
+) -> AsyncIterator[list]:
     """Feed each batch of stream payloads to an adapter's reader and yield the events it made.
     An engine error in the middle of a batch is raised after the tokens before it are out, so
     the call record keeps them."""
@@ -190,7 +193,8 @@ class HTTPEngine(EngineBase):
             json_serialize=lambda o: orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode(),
             # Engines close idle connections after 5 s (vLLM's and SGLang's uvicorn,
             # llama-server's httplib); reusing one they are closing fails the call.
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+        )
         try:
             await self.refresh()
         except EngineError:
@@ -199,8 +203,9 @@ class HTTPEngine(EngineBase):
     async def refresh(self) -> None:  # pragma: no cover - every adapter overrides it
         raise NotImplementedError
 
-    def logprob_warning(self, params: SamplingParams | None = None
-                        ) -> str | None:  # pragma: no cover - every adapter overrides it
+    def logprob_warning(
+        self, params: SamplingParams | None = None
+    ) -> str | None:  # pragma: no cover - every adapter overrides it
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -218,8 +223,9 @@ class HTTPEngine(EngineBase):
         a fresh connection (nothing reached the harness or the record yet)."""
         for attempt in (1, 2):
             try:
-                resp = await self.session.post(self.url + path, data=body,
-                                               headers={"content-type": "application/json"})
+                resp = await self.session.post(
+                    self.url + path, data=body, headers={"content-type": "application/json"}
+                )
                 break
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                 if attempt == 2:
@@ -229,10 +235,15 @@ class HTTPEngine(EngineBase):
         finally:
             resp.release()
 
-    async def _generation(self, path: str, body: bytes, stream: bool, reader: GenerationReader,
-                          abort: Callable[[], Awaitable[object]] | None,
-                          refused: Callable[[int, bytes], None] | None = None
-                          ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    async def _generation(
+        self,
+        path: str,
+        body: bytes,
+        stream: bool,
+        reader: GenerationReader,
+        abort: Callable[[], Awaitable[object]] | None,
+        refused: Callable[[int, bytes], None] | None = None,
+    ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """The read loop every token-in adapter shares: POST ``body``, feed the whole answer
         (or each stream event) to ``reader``, yield its batches and its Finish. An error status
         goes to ``refused`` first (which may raise something else), then is raised as
@@ -255,8 +266,9 @@ class HTTPEngine(EngineBase):
                     if events := reader.take():
                         yield events
                 else:
-                    async for events in fed_batches(sse_batches(resp), reader.feed_event,
-                                                    reader.take):
+                    async for events in fed_batches(
+                        sse_batches(resp), reader.feed_event, reader.take
+                    ):
                         yield events
                     ended = True
                 yield reader.finish()
@@ -286,8 +298,9 @@ class HTTPEngine(EngineBase):
             raise EngineError(f"{self.label} adapter used before start()", 503)
         return self._session
 
-    async def _request(self, method: str, path: str, body: object = None,
-                       timeout: float | None = None) -> tuple[int, bytes]:
+    async def _request(
+        self, method: str, path: str, body: object = None, timeout: float | None = None
+    ) -> tuple[int, bytes]:
         """One whole request; raises EngineError (503) only when the engine is unreachable."""
         kw: dict = {}
         if body is not None:
@@ -312,11 +325,13 @@ class HTTPEngine(EngineBase):
             return None
 
     def _error(self, path: str, status: int, raw: bytes) -> EngineError:
-        return EngineError(f"{self.label} {path} answered {status}: {error_message(raw)}",
-                           gateway_status(status))
+        return EngineError(
+            f"{self.label} {path} answered {status}: {error_message(raw)}", gateway_status(status)
+        )
 
     def _in_background(self, make: Callable[[], Awaitable[object]]) -> None:
         """Run ``make()`` on the loop without waiting (used from a cancelled generator)."""
+
         async def run() -> None:
             with contextlib.suppress(Exception):
                 await make()
@@ -328,8 +343,9 @@ class HTTPEngine(EngineBase):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _give_up(self, resp: aiohttp.ClientResponse | None,
-                 abort: Callable[[], Awaitable[object]] | None) -> None:
+    def _give_up(
+        self, resp: aiohttp.ClientResponse | None, abort: Callable[[], Awaitable[object]] | None
+    ) -> None:
         """The consumer stopped before the engine finished: drop the connection (engines
         cancel on disconnect) and, where the engine has one, call its abort route too."""
         if resp is not None:

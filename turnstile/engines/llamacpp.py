@@ -95,20 +95,24 @@ class LlamaCppEngine(HTTPEngine):
     def sampling_notes(self, params: SamplingParams) -> list[str]:
         """Where this engine's sampling differs from what the OpenAI request means."""
         if params.frequency_penalty or params.presence_penalty:
-            return ["llama-server applies frequency/presence penalties to the prompt's tokens "
-                    "too (OpenAI and vLLM: to the completion's tokens only)"]
+            return [
+                "llama-server applies frequency/presence penalties to the prompt's tokens "
+                "too (OpenAI and vLLM: to the completion's tokens only)"
+            ]
         return []
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
+    ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """Always one non-streamed request (see the module doc). A consumer that stops waiting
         closes the connection, which makes llama-server stop the task."""
         body = self.request_body(prompt_ids, params)
         resp: aiohttp.ClientResponse | None = None
         ended = False
         try:
-            async with self.post("/completion", orjson.dumps(
-                    body, option=orjson.OPT_SERIALIZE_NUMPY)) as resp:
+            async with self.post(
+                "/completion", orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+            ) as resp:
                 if resp.status != 200:
                     ended = True
                     text = (await resp.read()).decode(errors="replace")[:500]
@@ -126,8 +130,11 @@ class LlamaCppEngine(HTTPEngine):
         except TimeoutError as exc:
             # the whole generation ran past the adapter's timeout (a non-streamed request
             # sends nothing until it is done): a clean 504, the call recorded as an error
-            raise EngineError(f"llama-server at {self.url} did not finish the generation "
-                              f"within {self._timeout.total:.0f} s", 504) from exc
+            raise EngineError(
+                f"llama-server at {self.url} did not finish the generation "
+                f"within {self._timeout.total:.0f} s",
+                504,
+            ) from exc
         finally:
             if not ended:
                 self._give_up(resp, None)

@@ -62,8 +62,7 @@ class ReplicaPool(Generic[R]):
         await asyncio.gather(*(r.close() for r in self.replicas))
 
     async def refresh(self) -> None:
-        errors = await asyncio.gather(*(r.refresh() for r in self.replicas),
-                                      return_exceptions=True)
+        errors = await asyncio.gather(*(r.refresh() for r in self.replicas), return_exceptions=True)
         if all(isinstance(e, Exception) for e in errors):
             raise EngineError(f"no replica is reachable: {errors[0]}", 503)
 
@@ -92,8 +91,12 @@ class ReplicaPool(Generic[R]):
         replica that rendezvous hashing ranks first for it (stable as replicas come and go)."""
         i = self._sticky.get(session_id)
         if i is None or not self.healthy[i]:
-            ranked = sorted(range(len(self.replicas)), key=lambda j: hashlib.blake2b(
-                f"{session_id}|{self.replicas[j].url}".encode(), digest_size=8).digest())
+            ranked = sorted(
+                range(len(self.replicas)),
+                key=lambda j: hashlib.blake2b(
+                    f"{session_id}|{self.replicas[j].url}".encode(), digest_size=8
+                ).digest(),
+            )
             alive = [j for j in ranked if self.healthy[j]]
             if not alive:
                 raise EngineError("no healthy engine replica; retry when one is back", 503)
@@ -104,13 +107,11 @@ class ReplicaPool(Generic[R]):
         self._sticky.pop(session_id, None)
 
     async def pause(self, mode: str) -> str:
-        said = await asyncio.gather(*(r.pause(mode) for r in self.replicas),
-                                    return_exceptions=True)
+        said = await asyncio.gather(*(r.pause(mode) for r in self.replicas), return_exceptions=True)
         return "; ".join(f"{r.url}: {s}" for r, s in zip(self.replicas, said, strict=True))
 
     async def resume(self) -> str:
-        said = await asyncio.gather(*(r.resume() for r in self.replicas),
-                                    return_exceptions=True)
+        said = await asyncio.gather(*(r.resume() for r in self.replicas), return_exceptions=True)
         return "; ".join(f"{r.url}: {s}" for r, s in zip(self.replicas, said, strict=True))
 
 
@@ -123,9 +124,12 @@ class Bound(Generic[R]):
         self.engine: R = pool.replicas[index]
         self.url = self.engine.url
 
-    async def generate(self: Bound[EngineAdapter], prompt_ids: Sequence[int],
-                       params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    async def generate(
+        self: Bound[EngineAdapter],
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stream: bool = True,
+    ) -> AsyncIterator[list[TokenEvent] | Finish]:
         try:
             async for batch in self.engine.generate(prompt_ids, params, stream=stream):
                 yield batch

@@ -92,8 +92,9 @@ class SGLangServer(HTTPEngine):
 class SGLangEngine(SGLangServer):
     name = "sglang"
 
-    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool,
-                     rid: str) -> dict:
+    def request_body(
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool, rid: str
+    ) -> dict:
         sp: dict = {
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -137,13 +138,18 @@ class SGLangEngine(SGLangServer):
     async def _abort(self, rid: str) -> None:
         await self._request("POST", "/abort_request", {"rid": rid}, timeout=5)
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
+    ) -> AsyncIterator[list[TokenEvent] | Finish]:
         rid = new_request_id()
         body = self.request_body(prompt_ids, params, stream, rid)
         async for batch in self._generation(
-                "/generate", orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), stream,
-                _Reader(self, params, len(prompt_ids)), lambda: self._abort(rid)):
+            "/generate",
+            orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+            stream,
+            _Reader(self, params, len(prompt_ids)),
+            lambda: self._abort(rid),
+        ):
             yield batch
 
 
@@ -167,8 +173,7 @@ class _Reader:
             msg = err.get("message") if isinstance(err, dict) else err
             code = err.get("code") if isinstance(err, dict) else None
             status = code if isinstance(code, int) and code >= 400 else 400
-            raise EngineError(f"SGLang /generate answered {status}: {msg}",
-                              gateway_status(status))
+            raise EngineError(f"SGLang /generate answered {status}: {msg}", gateway_status(status))
         meta = obj.get("meta_info") or {}
         out_ids = [int(t) for t in obj.get("output_ids") or []]
         lps = meta.get("output_token_logprobs") or []
@@ -186,8 +191,9 @@ class _Reader:
                 cumulative = have > 0 and out_ids[:have] == self.ids
         if cumulative:
             if out_ids[:have] != self.ids:
-                raise EngineError("SGLang's cumulative stream changed tokens it had already "
-                                  "sent", 502)
+                raise EngineError(
+                    "SGLang's cumulative stream changed tokens it had already sent", 502
+                )
             new = out_ids[have:]
             offset = have  # the logprob lists are cumulative too
         else:
@@ -196,8 +202,7 @@ class _Reader:
         for j, tid in enumerate(new):
             i = offset + j
             entry = lps[i] if i < len(lps) else None
-            if entry is not None and len(entry) >= 2 and entry[1] == tid and \
-                    entry[0] is not None:
+            if entry is not None and len(entry) >= 2 and entry[1] == tid and entry[0] is not None:
                 lp = float(entry[0])
             else:
                 lp = math.nan
@@ -229,8 +234,11 @@ class _Reader:
         if kind == "abort":
             status = fr.get("status_code")
             status = status if isinstance(status, int) and status >= 400 else 503
-            raise EngineError(f"SGLang aborted the request after {len(self.ids)} tokens: "
-                              f"{fr.get('message') or 'aborted'}", gateway_status(status))
+            raise EngineError(
+                f"SGLang aborted the request after {len(self.ids)} tokens: "
+                f"{fr.get('message') or 'aborted'}",
+                gateway_status(status),
+            )
         stop_token = stop_string = None
         reason = "length" if kind == "length" else "stop"
         matched = fr.get("matched")

@@ -53,9 +53,11 @@ from .vllm_reader import COMPLETIONS, GENERATE, Reader, RouteGone
 
 LOGPROBS_MODES = (RAW_LOGPROBS, PROCESSED_LOGPROBS, RAW_LOGITS, PROCESSED_LOGITS)
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-SCALE_OUT_HINT = ("vLLM serves /inference/v1/generate only when started with "
-                  "--enable-scale-out (vLLM 0.31 and later): restart it with "
-                  "`vllm serve ... --enable-scale-out`")
+SCALE_OUT_HINT = (
+    "vLLM serves /inference/v1/generate only when started with "
+    "--enable-scale-out (vLLM 0.31 and later): restart it with "
+    "`vllm serve ... --enable-scale-out`"
+)
 
 
 class VLLMServer(HTTPEngine):
@@ -111,20 +113,28 @@ class VLLMServer(HTTPEngine):
 
     def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
         if params is None and self.logprobs_mode_source == "assumed":
-            return ("vLLM's --logprobs-mode could not be read (GET /server_info needs "
-                    "VLLM_SERVER_DEV_MODE=1); assuming vLLM's default raw_logprobs, which are "
-                    "not behaviour-policy logprobs once temperature != 1, top_p < 1 or "
-                    "logit_bias change the sampling distribution. For RL start vLLM with "
-                    "--logprobs-mode processed_logprobs and tell Turnstile "
-                    "(--engine-logprobs-mode).")
+            return (
+                "vLLM's --logprobs-mode could not be read (GET /server_info needs "
+                "VLLM_SERVER_DEV_MODE=1); assuming vLLM's default raw_logprobs, which are "
+                "not behaviour-policy logprobs once temperature != 1, top_p < 1 or "
+                "logit_bias change the sampling distribution. For RL start vLLM with "
+                "--logprobs-mode processed_logprobs and tell Turnstile "
+                "(--engine-logprobs-mode)."
+            )
         return logprob_unfitness(self.logprob_kind, params)
 
 
 class VLLMEngine(VLLMServer):
     name = "vllm"
 
-    def __init__(self, url: str, *, api: str = "auto", logprobs_mode: str | None = None,
-                 timeout: float = 600.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        api: str = "auto",
+        logprobs_mode: str | None = None,
+        timeout: float = 600.0,
+    ):
         """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
         "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
         if api not in ("auto", "generate", "completions"):
@@ -158,9 +168,11 @@ class VLLMEngine(VLLMServer):
             return
         self.route = GENERATE
         name = f"vLLM {self.version}" if self.version else "vLLM"
-        self._disabled = (f"{name} at {self.url} answered {status} to {GENERATE} "
-                          f"({error_message(raw)}). {SCALE_OUT_HINT}, or use the vLLM "
-                          f"completions route (api='completions').")
+        self._disabled = (
+            f"{name} at {self.url} answered {status} to {GENERATE} "
+            f"({error_message(raw)}). {SCALE_OUT_HINT}, or use the vLLM "
+            f"completions route (api='completions')."
+        )
 
     # requests
 
@@ -213,15 +225,31 @@ class VLLMEngine(VLLMServer):
             sp["detokenize"] = bool(params.stop)
         return sp
 
-    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool,
-                     request_id: str, route: str) -> dict:
+    def request_body(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stream: bool,
+        request_id: str,
+        route: str,
+    ) -> dict:
         if route == GENERATE:
-            body: dict = {"request_id": request_id, "token_ids": wire_ids(prompt_ids),
-                          "sampling_params": self._sampling(params, False), "stream": stream}
+            body: dict = {
+                "request_id": request_id,
+                "token_ids": wire_ids(prompt_ids),
+                "sampling_params": self._sampling(params, False),
+                "stream": stream,
+            }
         else:
-            body = {"prompt": wire_ids(prompt_ids), **self._sampling(params, True),
-                    "echo": False, "stream": stream, "request_id": request_id,
-                    "return_token_ids": True, "return_tokens_as_token_ids": True}
+            body = {
+                "prompt": wire_ids(prompt_ids),
+                **self._sampling(params, True),
+                "echo": False,
+                "stream": stream,
+                "request_id": request_id,
+                "return_token_ids": True,
+                "return_tokens_as_token_ids": True,
+            }
             if self.model:
                 body["model"] = self.model
             if self._v is None or self._v >= (0, 33):
@@ -246,8 +274,9 @@ class VLLMEngine(VLLMServer):
 
     # generation
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-                       ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
+    ) -> AsyncIterator[list[TokenEvent] | Finish]:
         if self.route is None:
             await self.refresh()
         route = self.route or GENERATE
@@ -264,8 +293,13 @@ class VLLMEngine(VLLMServer):
 
         try:
             async for batch in self._generation(
-                    route, orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), stream,
-                    Reader(self, route, params, prompt_ids), lambda: self._abort(ids), refused):
+                route,
+                orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+                stream,
+                Reader(self, route, params, prompt_ids),
+                lambda: self._abort(ids),
+                refused,
+            ):
                 yield batch
         except RouteGone:  # the route is gone and completions will do: try again there
             async for batch in self.generate(prompt_ids, params, stream):

@@ -30,8 +30,9 @@ def _loads(raw: bytes, route: str) -> dict:
 class Reader:
     """Turns response bodies / stream chunks of either route into events and one Finish."""
 
-    def __init__(self, engine: VLLMEngine, route: str, params: SamplingParams,
-                 prompt_ids: Sequence[int]):
+    def __init__(
+        self, engine: VLLMEngine, route: str, params: SamplingParams, prompt_ids: Sequence[int]
+    ):
         self.engine, self.route, self.params = engine, route, params
         self.prompt_len = len(prompt_ids)
         self.pending: list[TokenEvent] = []
@@ -84,8 +85,14 @@ class Reader:
                 if e is None or _entry_id(e) != tid:
                     out.append(TokenEvent(int(tid), math.nan))
                     continue
-                top = _top_k([(_entry_id(t), float(t["logprob"]))
-                              for t in e.get("top_logprobs") or ()], k) if k > 0 else None
+                top = (
+                    _top_k(
+                        [(_entry_id(t), float(t["logprob"])) for t in e.get("top_logprobs") or ()],
+                        k,
+                    )
+                    if k > 0
+                    else None
+                )
                 out.append(TokenEvent(int(tid), _num(e.get("logprob")), top))
             return out
         # /v1/completions: legacy parallel lists, tokens named "token_id:N"
@@ -97,8 +104,11 @@ class Reader:
         if ids is None:
             ids = [_placeholder_id(t) for t in tokens]
             if any(t is None for t in ids):
-                raise EngineError("vLLM /v1/completions returned no token ids (this vLLM is too "
-                                  "old for return_token_ids)", 502)
+                raise EngineError(
+                    "vLLM /v1/completions returned no token ids (this vLLM is too "
+                    "old for return_token_ids)",
+                    502,
+                )
         out = []
         for i, tid in enumerate(ids):
             if i >= len(values) or values[i] is None:
@@ -106,8 +116,10 @@ class Reader:
                 continue
             named = _placeholder_id(tokens[i]) if i < len(tokens) else None
             if named is not None and named != tid:
-                raise EngineError(f"vLLM /v1/completions logprob {i} is for token {named}, "
-                                  f"not the sampled {tid}", 502)
+                raise EngineError(
+                    f"vLLM /v1/completions logprob {i} is for token {named}, not the sampled {tid}",
+                    502,
+                )
             top_d = tops[i] if i < len(tops) and tops[i] else {}
             cands = [(_placeholder_id(t), float(v)) for t, v in top_d.items()]
             out.append(TokenEvent(int(tid), float(values[i]), _top_k(cands, k)))
@@ -119,8 +131,11 @@ class Reader:
             raise EngineError(f"vLLM {self.route} ended without a finish reason", 502)
         reason = choice.get("finish_reason")
         if reason in ("abort", "error"):
-            raise EngineError(f"vLLM {reason}ed the request (finish_reason {reason!r}) after "
-                              f"{len(self.ids)} tokens", 503)
+            raise EngineError(
+                f"vLLM {reason}ed the request (finish_reason {reason!r}) after "
+                f"{len(self.ids)} tokens",
+                503,
+            )
         stop_token = stop_string = None
         if reason == "length":
             out_reason = "length"

@@ -296,9 +296,7 @@ def _json_kinds(value: Any) -> set[str]:
     return set()
 
 
-def schema_types(
-    tools: ToolSchemas | None, function: str, param: str
-) -> frozenset[str] | None:
+def schema_types(tools: ToolSchemas | None, function: str, param: str) -> frozenset[str] | None:
     """Schema types of one parameter, or None without tools."""
     return tools.types(function, param) if tools is not None else None
 

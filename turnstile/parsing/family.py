@@ -159,12 +159,16 @@ class Family:
             return self.parser
         shape = self.parser
         title = "".join(part.title() for part in self.name.split("_"))
-        cls = type(f"{title}ToolParser", (ShapedParser,), {
-            "__doc__": f"``{self.name}`` tool calls (declared in ``families``).",
-            "__module__": __name__,
-            "shape": shape,
-            "openers": tuple(shape.opens),
-            "drops": shape.drops,
-            "markers": shape.all_markers(),
-        })
+        cls = type(
+            f"{title}ToolParser",
+            (ShapedParser,),
+            {
+                "__doc__": f"``{self.name}`` tool calls (declared in ``families``).",
+                "__module__": __name__,
+                "shape": shape,
+                "openers": tuple(shape.opens),
+                "drops": shape.drops,
+                "markers": shape.all_markers(),
+            },
+        )
         return cast("type[ToolCallParser]", cls)

@@ -20,8 +20,9 @@ K2_ARGS = "<|tool_call_argument_begin|>"
 K2_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
 K2_SPEC = TaggedSpec(
     headers=(
-        re.compile(r"\s*(?:functions\.)?(?P<name>[^\s<>{}]+?)(?::\d+)?\s*" + re.escape(K2_ARGS)
-                   + r"\s*"),
+        re.compile(
+            r"\s*(?:functions\.)?(?P<name>[^\s<>{}]+?)(?::\d+)?\s*" + re.escape(K2_ARGS) + r"\s*"
+        ),
     ),
     closes=(K2_END,),
     aborts=(K2_CALL, K2_SECTION[1]),
@@ -64,7 +65,9 @@ def _dsml(region: str) -> XmlSpec:
     """DeepSeek V3.2 (``function_calls``) / V4 (``tool_calls``) DSML; ``string="false"`` marks
     a JSON value."""
     return XmlSpec.attribute_tags(
-        "｜DSML｜invoke", "｜DSML｜parameter", f"</｜DSML｜{region}>",
+        "｜DSML｜invoke",
+        "｜DSML｜parameter",
+        f"</｜DSML｜{region}>",
         param_re=re.compile(r'\s*(?P<key>[^"<>]+?)\s*(?:"\s+string="(?P<string>true|false))?'),
     )
 
@@ -105,9 +108,9 @@ GIGACHAT_SPEC = ListSpec(bare=True, seps="")
 QWEN3_STABLE_THINK = TemplatePatch(
     name="qwen3-stable-think-block",
     why="Qwen3 writes an assistant turn's <think> block only while the turn is last or has "
-        "reasoning (`loop.last`), so appending a tool result re-renders the turn it follows. "
-        "Writing the block whenever the turn follows the last user query keeps it stable; "
-        "the render of ordinary chats is unchanged.",
+    "reasoning (`loop.last`), so appending a tool result re-renders the turn it follows. "
+    "Writing the block whenever the turn follows the last user query keeps it stable; "
+    "the render of ordinary chats is unchanged.",
     old="{%- if loop.last or (not loop.last and reasoning_content) %}",
     new="{%- if true %}",
 )

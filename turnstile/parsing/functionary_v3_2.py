@@ -58,8 +58,9 @@ class _V32Message(Region):
         if not stripped and not final:
             return 0, False
         if stripped.startswith("{") or self._recipient != "python":
-            self._inner = TaggedJsonCall(self._opener + self._recipient + "\n", V32_ARGS,
-                                         name=self._recipient)
+            self._inner = TaggedJsonCall(
+                self._opener + self._recipient + "\n", V32_ARGS, name=self._recipient
+            )
             return self._inner.advance(buf, final, out)
         at, _ = self.find(buf, (NEXT,))  # python with raw code
         if at < 0 and not final:

@@ -66,8 +66,11 @@ class _Builder:
         # A keyword with a value JSON Schema does not allow ("enum": 5, "required": 5,
         # "properties": []) constrains nothing here, as in validators that ignore it.
         if isinstance(s.get("enum"), list) and s["enum"]:
-            return "( " + " | ".join(_literal(json.dumps(v, ensure_ascii=False))
-                                     for v in s["enum"]) + " )"
+            return (
+                "( "
+                + " | ".join(_literal(json.dumps(v, ensure_ascii=False)) for v in s["enum"])
+                + " )"
+            )
         if "const" in s:
             return _literal(json.dumps(s["const"], ensure_ascii=False))
         kind = s.get("type")
@@ -76,15 +79,22 @@ class _Builder:
             required = _required(s, props)
             if not props:
                 return "object"
-            parts = [f'{_literal(json.dumps(k, ensure_ascii=False) + ": ")} {self.schema(props[k])}'
-                     for k in required]
+            parts = [
+                f"{_literal(json.dumps(k, ensure_ascii=False) + ': ')} {self.schema(props[k])}"
+                for k in required
+            ]
             body = ' ", " '.join(parts)
             return self.rule(f'"{{" {body} "}}"' if parts else '"{}"')
         if kind == "array":
             item = self.schema(s.get("items"))
             return self.rule(f'"[" ( {item} ( ", " {item} )* )? "]"')
-        return {"string": "string", "number": "number", "integer": "integer",
-                "boolean": '( "true" | "false" )', "null": '"null"'}.get(str(kind), "value")
+        return {
+            "string": "string",
+            "number": "number",
+            "integer": "integer",
+            "boolean": '( "true" | "false" )',
+            "null": '"null"',
+        }.get(str(kind), "value")
 
 
 # Formats whose templates render several calls in one assistant turn, and what they put between
@@ -103,8 +113,13 @@ def _required(s: dict, props: dict) -> list[str]:
     return [k for k in req if isinstance(k, str) and k in props] if isinstance(req, list) else []
 
 
-def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = None,
-                      reasoning_close: str | None = None, parallel: bool = False) -> str:
+def tool_call_grammar(
+    tool_format: str,
+    tools: list[dict],
+    name: str | None = None,
+    reasoning_close: str | None = None,
+    parallel: bool = False,
+) -> str:
     """GBNF for one call, in ``tool_format``'s syntax, to ``name`` or any tool; with
     ``parallel`` (``tool_choice: "required"`` with ``parallel_tool_calls``), one or more calls
     where the format allows several.
@@ -128,8 +143,9 @@ def tool_call_grammar(tool_format: str, tools: list[dict], name: str | None = No
         if isinstance(form, XmlGrammar):
             alternatives.append(_xml_call(b, form, fname, schema))
         else:
-            head = _literal('{"name": ' + json.dumps(fname, ensure_ascii=False)
-                            + f', "{form.args_key}": ')
+            head = _literal(
+                '{"name": ' + json.dumps(fname, ensure_ascii=False) + f', "{form.args_key}": '
+            )
             alternatives.append(f'{head} {b.schema(schema)} "}}"')
     if not alternatives:
         raise ValueError(f"no tool named {name!r}")
@@ -155,13 +171,21 @@ def _xml_call(b: _Builder, form: XmlGrammar, name: str, schema: dict) -> str:
     for key in _required(schema, props):
         spec = props[key]
         if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
-            value = "( " + " | ".join(
-                _literal(v if isinstance(v, str) else json.dumps(v)) for v in spec["enum"]) + " )"
+            value = (
+                "( "
+                + " | ".join(
+                    _literal(v if isinstance(v, str) else json.dumps(v)) for v in spec["enum"]
+                )
+                + " )"
+            )
         elif isinstance(spec, dict) and spec.get("type") == "string":
             value = "[^<]*"
         else:
             value = b.schema(spec)
-        parts += [_literal(form.param_open.replace("{key}", key)), value,
-                  _literal(form.param_close)]
+        parts += [
+            _literal(form.param_open.replace("{key}", key)),
+            value,
+            _literal(form.param_close),
+        ]
     parts.append(_literal(form.call_close))
     return b.rule(" ".join(parts))

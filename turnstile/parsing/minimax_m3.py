@@ -134,6 +134,3 @@ def _m3_value(children: list[Any], text: str, schema: dict[str, Any] | None) -> 
         return [_m3_value(c[1], c[2], items) for c in children]
     props = (schema or {}).get("properties") or {}
     return {c[0]: _m3_value(c[1], c[2], props.get(c[0])) for c in children}
-
-
-

@@ -21,9 +21,7 @@ from .types import Event
 
 TOOL_CALLS = "[TOOL_CALLS]"
 NEW_SPEC = TaggedSpec(
-    headers=(
-        re.compile(r"\s*(?P<name>[^\s\[\]{}]+)\s*(?:\[CALL_ID\][^\[\]{}]*)?\[ARGS\]\s*"),
-    ),
+    headers=(re.compile(r"\s*(?P<name>[^\s\[\]{}]+)\s*(?:\[CALL_ID\][^\[\]{}]*)?\[ARGS\]\s*"),),
     aborts=(TOOL_CALLS,),
 )
 LIST_SPEC = ListSpec(bare=True)

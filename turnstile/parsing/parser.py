@@ -126,8 +126,9 @@ class Parser:
             raise RuntimeError("Parser.feed() after finish()")
         out = _Deltas()
         if text:
-            pieces: list[Piece] = (self._splitter.feed(text) if self._splitter
-                                   else [("content", text)])
+            pieces: list[Piece] = (
+                self._splitter.feed(text) if self._splitter else [("content", text)]
+            )
             self._route(pieces, out)
         return out.items
 

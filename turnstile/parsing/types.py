@@ -37,8 +37,10 @@ class ParsedMessage:
             msg["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             # a copy the caller may change: calls are {id, type, function: {name, arguments}}
-            msg["tool_calls"] = [{**c, "function": dict(c["function"])} if "function" in c
-                                 else copy.deepcopy(c) for c in self.tool_calls]
+            msg["tool_calls"] = [
+                {**c, "function": dict(c["function"])} if "function" in c else copy.deepcopy(c)
+                for c in self.tool_calls
+            ]
         return msg
 
 

@@ -69,28 +69,62 @@ class XmlSpec:
     cdata: bool = False
 
     @classmethod
-    def attribute_tags(cls, call: str, param: str, region_close: str | None = None, *,
-                       opened: bool = False, **more: Any) -> XmlSpec:
+    def attribute_tags(
+        cls,
+        call: str,
+        param: str,
+        region_close: str | None = None,
+        *,
+        opened: bool = False,
+        **more: Any,
+    ) -> XmlSpec:
         """``<CALL name="NAME"><PARAM name="K">V</PARAM></CALL>`` (MiniMax-M2, DSML, Glimmer,
         MiniCPM5); ``opened``: the region's opener is the call's own open tag."""
-        return cls(None if opened else f'<{call} name="', ('">',), f'<{param} name="', '">',
-                   f"</{param}>", f"</{call}>", region_close, **more)
+        return cls(
+            None if opened else f'<{call} name="',
+            ('">',),
+            f'<{param} name="',
+            '">',
+            f"</{param}>",
+            f"</{call}>",
+            region_close,
+            **more,
+        )
 
     @classmethod
     def function_tags(cls, region_close: str, **more: Any) -> XmlSpec:
         """``<function=NAME><parameter=K>V</parameter></function>`` (Qwen3-Coder, Seed-OSS)."""
-        return cls("<function=", (">",), "<parameter=", ">", "</parameter>", "</function>",
-                   region_close, **more)
+        return cls(
+            "<function=",
+            (">",),
+            "<parameter=",
+            ">",
+            "</parameter>",
+            "</function>",
+            region_close,
+            **more,
+        )
 
     @classmethod
-    def key_value_tags(cls, suffix: str = "", call_open: str | None = None,
-                       name_ends: tuple[str, ...] = ("\n",), region_close: str | None = None
-                       ) -> XmlSpec:
+    def key_value_tags(
+        cls,
+        suffix: str = "",
+        call_open: str | None = None,
+        name_ends: tuple[str, ...] = ("\n",),
+        region_close: str | None = None,
+    ) -> XmlSpec:
         """``NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>``, every tag name
         ending in ``suffix`` (GLM-4.5+; Hunyuan 3 with ``:opensource``)."""
-        return cls(call_open, name_ends, f"<arg_key{suffix}>", f"</arg_key{suffix}>",
-                   f"</arg_value{suffix}>", f"</tool_call{suffix}>", region_close,
-                   value_open=f"<arg_value{suffix}>")
+        return cls(
+            call_open,
+            name_ends,
+            f"<arg_key{suffix}>",
+            f"</arg_key{suffix}>",
+            f"</arg_value{suffix}>",
+            f"</tool_call{suffix}>",
+            region_close,
+            value_open=f"<arg_value{suffix}>",
+        )
 
     @property
     def markers(self) -> tuple[str, ...]:

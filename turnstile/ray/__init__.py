@@ -7,5 +7,13 @@ from .app import DEPLOYMENT, GatewayReplica, build_app, replica_options, serve_r
 from .handoff import trajectories
 from .routing import SessionRouter, session_key
 
-__all__ = ["DEPLOYMENT", "GatewayReplica", "SessionRouter", "build_app", "replica_options",
-           "serve_ray", "session_key", "trajectories"]
+__all__ = [
+    "DEPLOYMENT",
+    "GatewayReplica",
+    "SessionRouter",
+    "build_app",
+    "replica_options",
+    "serve_ray",
+    "session_key",
+    "trajectories",
+]

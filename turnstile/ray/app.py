@@ -25,8 +25,10 @@ from ..wiring import Server, server_from_args
 
 DEPLOYMENT = "turnstile"
 ROUTER = "turnstile.ray.routing:SessionRouter"  # imported by Serve's proxies
-PASSTHROUGH = ("--ray runs token-in gateways (passthrough keeps a lineage index that is not "
-               "rebuilt when another replica recorded calls)")
+PASSTHROUGH = (
+    "--ray runs token-in gateways (passthrough keeps a lineage index that is not "
+    "rebuilt when another replica recorded calls)"
+)
 # Paths the replicas open: made absolute in the driver (a replica's working directory is
 # Ray's, not the caller's).
 _PATHS = ("data", "model", "chat_template")
@@ -59,9 +61,16 @@ def replica_options(args: argparse.Namespace) -> dict:
     return out
 
 
-def build_app(options: dict, *, replicas: int = 2, min_replicas: int | None = None,
-              max_replicas: int | None = None, target_ongoing: float = 16,
-              max_ongoing: int = 256, replica_cpus: float = 1.0) -> Any:
+def build_app(
+    options: dict,
+    *,
+    replicas: int = 2,
+    min_replicas: int | None = None,
+    max_replicas: int | None = None,
+    target_ongoing: float = 16,
+    max_ongoing: int = 256,
+    replica_cpus: float = 1.0,
+) -> Any:
     """The Serve application (``serve.run`` it, or compose it into your own). With
     ``min_replicas``/``max_replicas`` Serve autoscales between them on ongoing requests per
     replica (``target_ongoing``); otherwise it keeps ``replicas``."""
@@ -70,16 +79,26 @@ def build_app(options: dict, *, replicas: int = 2, min_replicas: int | None = No
     scaling: dict[str, Any] = {"num_replicas": replicas}
     if min_replicas is not None or max_replicas is not None:
         lo = min_replicas if min_replicas is not None else 1
-        scaling = {"num_replicas": "auto", "autoscaling_config": AutoscalingConfig(
-            min_replicas=lo, max_replicas=max(lo, max_replicas or lo),
-            target_ongoing_requests=target_ongoing)}
+        scaling = {
+            "num_replicas": "auto",
+            "autoscaling_config": AutoscalingConfig(
+                min_replicas=lo,
+                max_replicas=max(lo, max_replicas or lo),
+                target_ongoing_requests=target_ongoing,
+            ),
+        }
     make: Any = serve.deployment
     deployment = make(
-        serve.ingress()(GatewayReplica), name=DEPLOYMENT, max_ongoing_requests=max_ongoing,
+        serve.ingress()(GatewayReplica),
+        name=DEPLOYMENT,
+        max_ongoing_requests=max_ongoing,
         ray_actor_options={"num_cpus": replica_cpus},
-        request_router_config={"request_router_class": ROUTER,
-                               "request_router_kwargs": {"num_fallback_replicas": 2}},
-        **scaling)
+        request_router_config={
+            "request_router_class": ROUTER,
+            "request_router_kwargs": {"num_fallback_replicas": 2},
+        },
+        **scaling,
+    )
     return deployment.bind(options)
 
 
@@ -100,7 +119,11 @@ def serve_ray(args: argparse.Namespace) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     serve.start(http_options={"host": args.host, "port": args.port})
-    app = build_app(options, replicas=args.ray_replicas,
-                    min_replicas=args.ray_min_replicas, max_replicas=args.ray_max_replicas,
-                    replica_cpus=args.ray_replica_cpus)
+    app = build_app(
+        options,
+        replicas=args.ray_replicas,
+        min_replicas=args.ray_min_replicas,
+        max_replicas=args.ray_max_replicas,
+        replica_cpus=args.ray_replica_cpus,
+    )
     serve.run(app, name="turnstile", route_prefix="/", blocking=True)

@@ -30,8 +30,9 @@ def _samples(data: str, group_id: str, mode: str) -> Iterator[Trajectory]:
             if not more or not page:
                 break
             after = page[-1]["id"]
-        sessions.sort(key=lambda s: (s.get("sample_index") is None, s.get("sample_index") or 0,
-                                     s["id"]))
+        sessions.sort(
+            key=lambda s: (s.get("sample_index") is None, s.get("sample_index") or 0, s["id"])
+        )
         for s in sessions:
             for t in stitch(store.calls(s["id"]), mode):
                 yield t.with_session(s)
@@ -42,11 +43,13 @@ def _samples(data: str, group_id: str, mode: str) -> Iterator[Trajectory]:
 _read = ray.remote(num_cpus=0, num_returns="streaming")(_samples)
 
 
-def trajectories(group_id: str, data: str, mode: str = "merged",
-                 node_id: str | None = None) -> list[ray.ObjectRef]:
+def trajectories(
+    group_id: str, data: str, mode: str = "merged", node_id: str | None = None
+) -> list[ray.ObjectRef]:
     """Object refs of the group's samples, in sample-index order. ``data`` is the gateways'
     ``--data`` directory on the node ``node_id`` (default: this one)."""
     node = node_id or ray.get_runtime_context().get_node_id()
-    gen: Any = _read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node, soft=False)).remote(data, group_id, mode)
+    gen: Any = _read.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+    ).remote(data, group_id, mode)
     return list(gen)

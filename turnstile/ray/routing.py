@@ -30,8 +30,7 @@ def session_key(path: str, headers: list[tuple[bytes, bytes]] | Any) -> str | No
     named = None
     for key, value in headers:
         k = key.lower()
-        if k == b"authorization" and value[:7].lower() == b"bearer " and \
-                value[7:11] == b"cap_":
+        if k == b"authorization" and value[:7].lower() == b"bearer " and value[7:11] == b"cap_":
             return value[7:].decode("latin-1")
         if k == b"x-api-key" and value[:4] == b"cap_":  # the Anthropic SDK's key
             return value.decode("latin-1")

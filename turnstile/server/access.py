@@ -43,12 +43,22 @@ def require_trainer(request: Request) -> None:
     if is_trainer(request):
         return
     if bearer(request) is None:
-        raise APIError(401, "This route needs the trainer's token: Authorization: Bearer "
-                            "<token> (turnstile serve writes it to turnstile.token under "
-                            "--data).", code="missing_token", type_="authentication_error")
-    raise APIError(403, "This credential does not allow this route: a session's "
-                        "capability allows only chat completions and the model list on "
-                        "its own base URL.", code="forbidden", type_="permission_error")
+        raise APIError(
+            401,
+            "This route needs the trainer's token: Authorization: Bearer "
+            "<token> (turnstile serve writes it to turnstile.token under "
+            "--data).",
+            code="missing_token",
+            type_="authentication_error",
+        )
+    raise APIError(
+        403,
+        "This credential does not allow this route: a session's "
+        "capability allows only chat completions and the model list on "
+        "its own base URL.",
+        code="forbidden",
+        type_="permission_error",
+    )
 
 
 def require_json(request: Request) -> None:
@@ -58,9 +68,13 @@ def require_json(request: Request) -> None:
         return
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media != "application/json":
-        raise APIError(415, f"Content-Type must be application/json (got {media or 'none'!r}).",
-                       "Content-Type", code="unsupported_media_type",
-                       type_="invalid_request_error")
+        raise APIError(
+            415,
+            f"Content-Type must be application/json (got {media or 'none'!r}).",
+            "Content-Type",
+            code="unsupported_media_type",
+            type_="invalid_request_error",
+        )
 
 
 def trainer(handler: Handler) -> Handler:
@@ -88,25 +102,40 @@ def harness_session(request: Request) -> str | None:
         if is_trainer(request):
             return sessions.require(key)
         # Same answer for a wrong key as for a deleted session: nothing to probe.
-        raise APIError(404, "No session at this base URL (ask the trainer for the "
-                            "session's base_url).", code="session_not_found")
+        raise APIError(
+            404,
+            "No session at this base URL (ask the trainer for the session's base_url).",
+            code="session_not_found",
+        )
     if is_trainer(request):
         if request.url.path.endswith("/models"):
             return None
         named = request.headers.get("x-session-id") or DEFAULT_SESSION
         if "/" in named or named in (".", ".."):  # ids must be addressable
-            raise APIError(400, "Invalid 'X-Session-Id': a session id has no '/' and "
-                                "is not '.' or '..'.", "X-Session-Id")
+            raise APIError(
+                400,
+                "Invalid 'X-Session-Id': a session id has no '/' and is not '.' or '..'.",
+                "X-Session-Id",
+            )
         return sessions.ensure(named)
     cred = bearer(request)
     sid = sessions.session_for(cred) if cred else None
     if sid is None:
-        raise APIError(401, "Use the session's base URL (/s/<capability>/v1) or send its "
-                            "capability as the API key (Authorization: Bearer "
-                            "<capability>).", code="invalid_api_key",
-                       type_="authentication_error")
+        raise APIError(
+            401,
+            "Use the session's base URL (/s/<capability>/v1) or send its "
+            "capability as the API key (Authorization: Bearer "
+            "<capability>).",
+            code="invalid_api_key",
+            type_="authentication_error",
+        )
     claimed = request.headers.get("x-session-id")
     if claimed is not None and claimed != sid:
-        raise APIError(403, "X-Session-Id names another session than this capability's.",
-                       "X-Session-Id", code="forbidden", type_="permission_error")
+        raise APIError(
+            403,
+            "X-Session-Id names another session than this capability's.",
+            "X-Session-Id",
+            code="forbidden",
+            type_="permission_error",
+        )
     return sessions.require(sid)

@@ -59,9 +59,11 @@ def _nothing() -> None:
     pass
 
 
-async def open_stream(control: PolicyControl,
-                      prepare: Callable[[], Awaitable[AsyncGenerator[dict, None]]],
-                      release: Callable[[], None] = _nothing) -> Chunks:
+async def open_stream(
+    control: PolicyControl,
+    prepare: Callable[[], Awaitable[AsyncGenerator[dict, None]]],
+    release: Callable[[], None] = _nothing,
+) -> Chunks:
     """Admit a streamed call and prepare it (errors raised here are the harness's HTTP
     status); its chunks then run bound to the ticket, and the call ends (``release``, then out
     of flight) once, when the stream is over or dropped."""

@@ -56,10 +56,10 @@ VIEWER_ROUTES = [
     Route("/ui/viewer.js", ui_script, methods=["GET"]),
     Route("/ui/viewer.css", ui_style, methods=["GET"]),
     Route("/v1/viewer/sessions", trainer(viewer_sessions), methods=["GET"]),
-    Route("/v1/viewer/sessions/{sid}/trajectories", trainer(viewer_trajectories),
-          methods=["GET"]),
-    Route("/v1/viewer/sessions/{sid}/trajectories.parquet", trainer(viewer_parquet),
-          methods=["GET"]),
+    Route("/v1/viewer/sessions/{sid}/trajectories", trainer(viewer_trajectories), methods=["GET"]),
+    Route(
+        "/v1/viewer/sessions/{sid}/trajectories.parquet", trainer(viewer_parquet), methods=["GET"]
+    ),
 ]
 
 # Harness routes check the capability themselves; trainer() guards the rest; /health is
@@ -95,10 +95,16 @@ ROUTES = [
 ]
 
 
-def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *,
-               token: str | None, limits: Limits | None = None,
-               tokenizer: LoadedTokenizer | None = None,
-               replica: str | None = None) -> Starlette:
+def create_app(
+    gateway: AppGateway,
+    public_url: str,
+    max_body: int = 32 << 20,
+    *,
+    token: str | None,
+    limits: Limits | None = None,
+    tokenizer: LoadedTokenizer | None = None,
+    replica: str | None = None,
+) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
     ``replica`` label of its metrics (default: ``host:pid``)."""
@@ -107,12 +113,22 @@ def create_app(gateway: AppGateway, public_url: str, max_body: int = 32 << 20, *
     if store is not None:  # every committed call feeds the metrics
         store.observers.append(metrics.committed)
     ctx = AppContext(
-        gateway=gateway, store=store, public_url=public_url, max_body=max_body, token=token,
+        gateway=gateway,
+        store=store,
+        public_url=public_url,
+        max_body=max_body,
+        token=token,
         limits=limits or Limits(),
-        sessions=SessionIndex(store), dialects=_dialects(gateway), tokenizer=tokenizer)
-    app = Starlette(routes=ROUTES, lifespan=_lifespan,
-                    exception_handlers=dict(EXCEPTION_HANDLERS),
-                    middleware=[Middleware(MetricsMiddleware, metrics=metrics)])
+        sessions=SessionIndex(store),
+        dialects=_dialects(gateway),
+        tokenizer=tokenizer,
+    )
+    app = Starlette(
+        routes=ROUTES,
+        lifespan=_lifespan,
+        exception_handlers=dict(EXCEPTION_HANDLERS),
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
+    )
     app.state.turnstile = ctx
     app.state.metrics = metrics
     return app
@@ -123,8 +139,11 @@ def _dialects(gateway: AppGateway) -> dict[str, Dialect]:
     from ..dialects.messages import MessagesDialect
     from ..dialects.responses import ResponsesDialect
 
-    found: list[Dialect] = [ChatDialect(gateway), ResponsesDialect(gateway),
-                            MessagesDialect(gateway)]
+    found: list[Dialect] = [
+        ChatDialect(gateway),
+        ResponsesDialect(gateway),
+        MessagesDialect(gateway),
+    ]
     return {d.name: d for d in found}
 
 
@@ -137,9 +156,11 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     if warning:
         print(f"turnstile: WARNING: {warning}", file=sys.stderr)
     if gateway.template_ignores_tools:
-        print("turnstile: WARNING: the chat template does not render 'tools': a request's "
-              "tools never reach the model (each such call records it in info.warnings); "
-              "serve with --chat-template FILE for a template that renders them",
-              file=sys.stderr)
+        print(
+            "turnstile: WARNING: the chat template does not render 'tools': a request's "
+            "tools never reach the model (each such call records it in info.warnings); "
+            "serve with --chat-template FILE for a template that renders them",
+            file=sys.stderr,
+        )
     yield
     await gateway.engine.close()

@@ -7,7 +7,7 @@ from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..chat.history import prefix_hashes
+from ..chat.history_hash import prefix_hashes
 from ..engines.capture import Capture, CaptureEngine, Choice, request_logprob_warning
 from ..engines.chat_dialects import SAMPLING_KEYS, Asked
 from ..engines.pool import Bound
@@ -35,10 +35,16 @@ class Call:
     started: float
 
 
-
-def build_record(gw: PassthroughGateway, call: Call, idx: LineageIndex, link: Link | None,
-                 choice: Choice | None, status: str, error: str | None,
-                 notes: list[str] | None = None) -> CallRecord:
+def build_record(
+    gw: PassthroughGateway,
+    call: Call,
+    idx: LineageIndex,
+    link: Link | None,
+    choice: Choice | None,
+    status: str,
+    error: str | None,
+    notes: list[str] | None = None,
+) -> CallRecord:
     """The record of one captured call (one choice): the prompt as linked to the session's
     earlier calls, what the engine sampled, and what it said about it."""
     cap, body = call.cap, call.body
@@ -66,20 +72,28 @@ def build_record(gw: PassthroughGateway, call: Call, idx: LineageIndex, link: Li
     idx.n_calls += 1
     info = {
         **call_info(
-            model=gw.model_name, engine=gw.engine.name,
+            model=gw.model_name,
+            engine=gw.engine.name,
             fingerprint=None,  # the engine rendered the prompt
             segment_detail=link.detail if link else None,
             sampling={k: body[k] for k in SAMPLING_KEYS if k in body and k not in call.added},
             logprob_kind=gw.primary.logprob_kind,
             logprob_warning=request_logprob_warning(gw.primary, body),
-            engine_request_id=cap.engine_id, weight_versions=spans,
+            engine_request_id=cap.engine_id,
+            weight_versions=spans,
             version=weight_version(spans, len(ids), cap.weight_version, gw.control.version),
-            policy_version=gw.control.version, stop_string=stop_string,
-            usage={"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                   "cached_tokens": int(((usage.get("prompt_tokens_details") or {})
-                                         .get("cached_tokens")) or 0),
-                   "engine": usage or None},
-            started=call.started),
+            policy_version=gw.control.version,
+            stop_string=stop_string,
+            usage={
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "cached_tokens": int(
+                    ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+                ),
+                "engine": usage or None,
+            },
+            started=call.started,
+        ),
         "mode": "passthrough",
         "engine_model": gw.primary.model,
         "drift": link.drift if link else None,
@@ -89,12 +103,22 @@ def build_record(gw: PassthroughGateway, call: Call, idx: LineageIndex, link: Li
         "stream": bool(body.get("stream")),
     }
     rec = CallRecord(
-        id=call_id, session_id=call.session_id, seq=seq,
+        id=call_id,
+        session_id=call.session_id,
+        seq=seq,
         parent_id=parent.id if parent else None,
         segment_reason=link.reason if link else None,
         reused_prefix_len=parent.full_len if parent else 0,
-        prompt_delta=link.delta if link else array("i"), completion_ids=ids,
-        completion_logprobs=array("f", values), finish_reason=choice.finish_reason
-        if choice else None, stop_token_id=stop_token, seam=None, status=status,
-        error=error, message=message, history_hash=reply_hash, info=info)
+        prompt_delta=link.delta if link else array("i"),
+        completion_ids=ids,
+        completion_logprobs=array("f", values),
+        finish_reason=choice.finish_reason if choice else None,
+        stop_token_id=stop_token,
+        seam=None,
+        status=status,
+        error=error,
+        message=message,
+        history_hash=reply_hash,
+        info=info,
+    )
     return rec

@@ -49,38 +49,57 @@ class StopStrings:
             out, self.held, self.stopped = self.held[:at], "", True
             return out
         keep = 0 if last else partial_marker_len(self.held, self.stops)
-        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
         return out
 
 
 def usage(rec: CallRecord) -> dict:
     u = rec.info["usage"]
-    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-            "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
+    return {
+        "prompt_tokens": u["prompt_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+        "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]},
+    }
 
 
 def logprob_entry(tok: LoadedTokenizer, tid: int, logprob: float, top: Sequence) -> dict:
     text = tok.decode([tid])
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode()),
-            "top_logprobs": [
-                {"token": (t := tok.decode([i])), "logprob": lp,
-                 "bytes": list(t.encode())} for i, lp in top]}
+    return {
+        "token": text,
+        "logprob": logprob,
+        "bytes": list(text.encode()),
+        "top_logprobs": [
+            {"token": (t := tok.decode([i])), "logprob": lp, "bytes": list(t.encode())}
+            for i, lp in top
+        ],
+    }
 
 
-def logprobs(tok: LoadedTokenizer, ids: Sequence[int], lps: Sequence[float],
-             tops: Iterable[Sequence]) -> dict:
+def logprobs(
+    tok: LoadedTokenizer, ids: Sequence[int], lps: Sequence[float], tops: Iterable[Sequence]
+) -> dict:
     """The response's ``logprobs`` (end-of-turn tokens are not content)."""
-    return {"content": [logprob_entry(tok, t, lp, top)
-                        for t, lp, top in zip(ids, lps, tops, strict=False)
-                        if t not in tok.eog_token_ids], "refusal": None}
+    return {
+        "content": [
+            logprob_entry(tok, t, lp, top)
+            for t, lp, top in zip(ids, lps, tops, strict=False)
+            if t not in tok.eog_token_ids
+        ],
+        "refusal": None,
+    }
 
 
 def completion(rec: CallRecord, started: float, model: str, choice: dict) -> dict:
     """A whole ``chat.completion``; its id is the call's."""
-    return {"id": "chatcmpl-" + rec.id.removeprefix("call_"), "object": "chat.completion",
-            "created": int(started), "model": model, "choices": [choice],
-            "usage": usage(rec)}
+    return {
+        "id": "chatcmpl-" + rec.id.removeprefix("call_"),
+        "object": "chat.completion",
+        "created": int(started),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(rec),
+    }
 
 
 class ChunkMaker:
@@ -92,13 +111,19 @@ class ChunkMaker:
         self.model = model
         self.include_usage = include_usage
 
-    def __call__(self, delta: dict, finish: str | None = None,
-                 logprobs: list | None = None) -> dict:
+    def __call__(
+        self, delta: dict, finish: str | None = None, logprobs: list | None = None
+    ) -> dict:
         choice: dict = {"index": 0, "delta": delta, "finish_reason": finish}
         if logprobs is not None:
             choice["logprobs"] = {"content": logprobs}
-        out: dict = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                     "model": self.model, "choices": [choice]}
+        out: dict = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
         if self.include_usage:
             out["usage"] = None
         return out

@@ -52,20 +52,27 @@ async def read_json(request: Request, limit: int, required: bool = True) -> obje
     """The body as JSON, refused (413) as soon as it exceeds ``limit`` bytes."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError(413, f"The request body is {length} bytes; the limit is {limit} "
-                            "(start turnstile with a larger --max-body-mb).",
-                       code="request_too_large")
+        raise APIError(
+            413,
+            f"The request body is {length} bytes; the limit is {limit} "
+            "(start turnstile with a larger --max-body-mb).",
+            code="request_too_large",
+        )
     body = bytearray()
     async for part in request.stream():
         body += part
         if len(body) > limit:
-            raise APIError(413, f"The request body exceeds the limit of {limit} bytes "
-                                "(start turnstile with a larger --max-body-mb).",
-                           code="request_too_large")
+            raise APIError(
+                413,
+                f"The request body exceeds the limit of {limit} bytes "
+                "(start turnstile with a larger --max-body-mb).",
+                code="request_too_large",
+            )
     if not body and not required:
         return None
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise APIError(400, f"The request body is not valid JSON: {exc}",
-                       code="invalid_json") from exc
+        raise APIError(
+            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from exc

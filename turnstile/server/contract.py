@@ -50,8 +50,12 @@ class AppGateway(Protocol):
         """A validated request (APIError 400 otherwise), as strict as the mode needs."""
         ...
 
-    async def complete(self, session_id: str, req: ChatRequest,
-                       disconnected: Callable[[], Awaitable[object]] | None = None) -> dict:
+    async def complete(
+        self,
+        session_id: str,
+        req: ChatRequest,
+        disconnected: Callable[[], Awaitable[object]] | None = None,
+    ) -> dict:
         """The whole Chat Completions response; ``disconnected`` returns when the harness has
         gone (a gateway that watches it then raises :class:`~.gateway.ClientGone`)."""
         ...

@@ -47,25 +47,46 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
 
 async def on_store_error(request: Request, exc: Exception) -> Response:
     # a locked or full store file: retryable, and nothing was half-written
-    return respond(request, APIError(503, f"The record store is unavailable: {exc}. Retry.",
-                                     code="store_busy", type_="server_error"))
+    return respond(
+        request,
+        APIError(
+            503,
+            f"The record store is unavailable: {exc}. Retry.",
+            code="store_busy",
+            type_="server_error",
+        ),
+    )
 
 
 async def on_session_gone(request: Request, exc: Exception) -> Response:
     context(request).sessions.uncache(str(exc))
-    return respond(request, APIError(404, f"Session {exc} was deleted while the call ran; "
-                                          "nothing was recorded.", "session_id",
-                                     code="session_not_found"))
+    return respond(
+        request,
+        APIError(
+            404,
+            f"Session {exc} was deleted while the call ran; nothing was recorded.",
+            "session_id",
+            code="session_not_found",
+        ),
+    )
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     # logged with the route's template, never the path (it may hold a capability)
     route = getattr(request.scope.get("route"), "path", "?")
-    print(f"turnstile: internal error on {request.method} {route}:\n"
-          + "".join(traceback.format_exception(exc)), file=sys.stderr)
+    print(
+        f"turnstile: internal error on {request.method} {route}:\n"
+        + "".join(traceback.format_exception(exc)),
+        file=sys.stderr,
+    )
     return respond(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
 
 EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[Response]]] = {
-    APIError: on_api_error, EngineError: on_engine_error, HTTPException: on_http_error,
-    sqlite3.Error: on_store_error, SessionGone: on_session_gone, Exception: on_unexpected}
+    APIError: on_api_error,
+    EngineError: on_engine_error,
+    HTTPException: on_http_error,
+    sqlite3.Error: on_store_error,
+    SessionGone: on_session_gone,
+    Exception: on_unexpected,
+}

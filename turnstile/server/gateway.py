@@ -6,6 +6,7 @@ session's trees (``server.session_trees``), the engine, the parser, the record
 (``server.record``), and the response shapes (``server.chat_completions``). It knows nothing
 about HTTP; ``server.app`` does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,16 @@ class ClientGone(Exception):
 class Gateway:
     """Token-in mode: Turnstile renders, the engine sees token IDs only."""
 
-    def __init__(self, renderer: Renderer, engine: Engine, store: Store, model_name: str,
-                 parser: FormatChoice, policy: Policy | None = None, max_trees: int = 1024):
+    def __init__(
+        self,
+        renderer: Renderer,
+        engine: Engine,
+        store: Store,
+        model_name: str,
+        parser: FormatChoice,
+        policy: Policy | None = None,
+        max_trees: int = 1024,
+    ):
         self.renderer = renderer
         self.policy = policy or Policy.permissive()
         self.control = PolicyControl()
@@ -86,15 +95,22 @@ class Gateway:
         finally:
             self.trees.release(session_id, entry)
 
-    async def sampling(self, req: ChatRequest, prompt_len: int, prompt_tail: str = ""
-                       ) -> SamplingParams:
+    async def sampling(
+        self, req: ChatRequest, prompt_len: int, prompt_tail: str = ""
+    ) -> SamplingParams:
         if not self.engine.context_length:
             try:
                 await self.engine.refresh()
             except EngineError as exc:
                 raise APIError(exc.status, str(exc), type_="engine_unavailable") from exc
-        return sampling_params(req, prompt_len, self.engine.context_length,
-                               self.tok.eog_token_ids, self.parser, prompt_tail)
+        return sampling_params(
+            req,
+            prompt_len,
+            self.engine.context_length,
+            self.tok.eog_token_ids,
+            self.parser,
+            prompt_tail,
+        )
 
     @property
     def template_ignores_tools(self) -> bool:
@@ -102,17 +118,39 @@ class Gateway:
 
     # record
 
-    async def record(self, session_id: str, tree: Tree, prompt: Prompt,
-                     params: SamplingParams, gen: Generation, status: str,
-                     message: dict | None, error: str | None, started: float,
-                     extra: dict | None = None, req: ChatRequest | None = None,
-                     response: dict | None = None) -> CallRecord:
+    async def record(
+        self,
+        session_id: str,
+        tree: Tree,
+        prompt: Prompt,
+        params: SamplingParams,
+        gen: Generation,
+        status: str,
+        message: dict | None,
+        error: str | None,
+        started: float,
+        extra: dict | None = None,
+        req: ChatRequest | None = None,
+        response: dict | None = None,
+    ) -> CallRecord:
         """Commit the call, then (and only then) add it to the session's tree. The write runs
         off the event loop; if the store fails, the harness gets a clean 503/507/404 and
         nothing can extend the call. A cancellation while the write runs lets it finish (and
         the tree follow it) before the cancellation goes on."""
-        rec, fut = self._commit(session_id, tree, prompt, params, gen, status, message, error,
-                                started, extra, req, response)
+        rec, fut = self._commit(
+            session_id,
+            tree,
+            prompt,
+            params,
+            gen,
+            status,
+            message,
+            error,
+            started,
+            extra,
+            req,
+            response,
+        )
         try:
             await asyncio.shield(fut)
         except STORE_ERRORS as exc:
@@ -121,30 +159,58 @@ class Gateway:
             raise store_error(exc, session_id) from exc
         return rec
 
-    def record_later(self, session_id: str, tree: Tree, prompt: Prompt,
-                     params: SamplingParams, gen: Generation, status: str,
-                     message: dict | None, error: str | None, started: float,
-                     extra: dict | None = None, req: ChatRequest | None = None) -> None:
+    def record_later(
+        self,
+        session_id: str,
+        tree: Tree,
+        prompt: Prompt,
+        params: SamplingParams,
+        gen: Generation,
+        status: str,
+        message: dict | None,
+        error: str | None,
+        started: float,
+        extra: dict | None = None,
+        req: ChatRequest | None = None,
+    ) -> None:
         """Record a call nobody waits for (its harness is gone): the write runs on its own."""
-        self._commit(session_id, tree, prompt, params, gen, status, message, error, started,
-                     extra, req)
+        self._commit(
+            session_id, tree, prompt, params, gen, status, message, error, started, extra, req
+        )
 
-    def _commit(self, session_id: str, tree: Tree, prompt: Prompt,
-                params: SamplingParams, gen: Generation, status: str, message: dict | None,
-                error: str | None, started: float, extra: dict | None = None,
-                req: ChatRequest | None = None, response: dict | None = None
-                ) -> tuple[CallRecord, asyncio.Future]:
-        built = build_record(self, session_id, tree, prompt, params, gen, status, message,
-                             error, started, extra, req)
-        fut = commit(self.store, built.record, req.raw if req else None, response,
-                     tree.created, then=lambda: tree.add(built.node, prompt.hashes,
-                                                         built.reply_hash, built.echo_hash))
+    def _commit(
+        self,
+        session_id: str,
+        tree: Tree,
+        prompt: Prompt,
+        params: SamplingParams,
+        gen: Generation,
+        status: str,
+        message: dict | None,
+        error: str | None,
+        started: float,
+        extra: dict | None = None,
+        req: ChatRequest | None = None,
+        response: dict | None = None,
+    ) -> tuple[CallRecord, asyncio.Future]:
+        built = build_record(
+            self, session_id, tree, prompt, params, gen, status, message, error, started, extra, req
+        )
+        fut = commit(
+            self.store,
+            built.record,
+            req.raw if req else None,
+            response,
+            tree.created,
+            then=lambda: tree.add(built.node, prompt.hashes, built.reply_hash, built.echo_hash),
+        )
         return built.record, fut
 
     # the call
 
-    async def events(self, session_id: str, prompt: Prompt, params: SamplingParams,
-                      gen: Generation, stream: bool) -> AsyncIterator[list[TokenEvent]]:
+    async def events(
+        self, session_id: str, prompt: Prompt, params: SamplingParams, gen: Generation, stream: bool
+    ) -> AsyncIterator[list[TokenEvent]]:
         """Batches of engine events, accumulated into ``gen``; sets ``gen.finish``."""
         eog = self.tok.eog_token_ids
         engine = self.engine.pick(session_id)  # the session's replica
@@ -169,14 +235,20 @@ class Gateway:
             if params.top_logprobs:
                 gen.top.extend([ev.top or [] for ev in batch])
             yield batch
-        raise EngineError(f"the {self.engine.name} engine ended the generation without saying "
-                          "how it finished", 502)
+        raise EngineError(
+            f"the {self.engine.name} engine ended the generation without saying how it finished",
+            502,
+        )
 
     def parser_for(self, req: ChatRequest, tail: str) -> Parser:
         """The parser for this completion; the prompt's tail says whether the generation
         prompt already opened a reasoning block (``enable_thinking`` varies per request)."""
-        return self.parser.parser(tail, tools=req.tools, tool_calls=bool(req.tools),
-                                  calls_before=calls_before(req.messages))
+        return self.parser.parser(
+            tail,
+            tools=req.tools,
+            tool_calls=bool(req.tools),
+            calls_before=calls_before(req.messages),
+        )
 
     def _tail(self, prompt: Prompt) -> str:
         """The end of the prompt as text: enough to see an opened reasoning block."""
@@ -184,13 +256,21 @@ class Gateway:
 
     def _text_ids(self, gen: Generation) -> list[int]:
         ids = gen.ids.tolist()
-        if gen.finish and gen.finish.stop_token_id is not None and ids and ids[-1] in \
-                self.tok.eog_token_ids:
+        if (
+            gen.finish
+            and gen.finish.stop_token_id is not None
+            and ids
+            and ids[-1] in self.tok.eog_token_ids
+        ):
             ids = ids[:-1]
         return ids
 
-    async def complete(self, session_id: str, req: ChatRequest,
-                       disconnected: Callable[[], Awaitable[object]] | None = None) -> dict:
+    async def complete(
+        self,
+        session_id: str,
+        req: ChatRequest,
+        disconnected: Callable[[], Awaitable[object]] | None = None,
+    ) -> dict:
         """The whole response. ``disconnected`` returns when the harness goes away: the
         engine call is then abandoned (the engine stops on the dropped connection), the call
         recorded as aborted, and :class:`ClientGone` raised."""
@@ -203,8 +283,14 @@ class Gateway:
             finally:
                 self.trees.release(session_id, entry)
 
-    async def _watched(self, session_id: str, req: ChatRequest, tree: Tree,
-                       ticket: Ticket, disconnected: Callable[[], Awaitable[object]]) -> dict:
+    async def _watched(
+        self,
+        session_id: str,
+        req: ChatRequest,
+        tree: Tree,
+        ticket: Ticket,
+        disconnected: Callable[[], Awaitable[object]],
+    ) -> dict:
         call = asyncio.ensure_future(self._complete(session_id, req, tree, ticket))
         watch = asyncio.ensure_future(disconnected())
         try:
@@ -228,8 +314,9 @@ class Gateway:
             self._gone.discard(call)
         raise ClientGone(session_id)
 
-    async def _complete(self, session_id: str, req: ChatRequest, tree: Tree,
-                        ticket: Ticket | None = None) -> dict:
+    async def _complete(
+        self, session_id: str, req: ChatRequest, tree: Tree, ticket: Ticket | None = None
+    ) -> dict:
         if ticket is not None:
             self.control.bind(ticket)  # pause(abort) cancels this task
             if ticket.abort:
@@ -243,17 +330,38 @@ class Gateway:
             async for _ in self.events(session_id, prompt, params, gen, stream=False):
                 pass
         except EngineError as exc:
-            await self.record(session_id, tree, prompt, params, gen, "error", None, str(exc),
-                              started, req=req)
+            await self.record(
+                session_id, tree, prompt, params, gen, "error", None, str(exc), started, req=req
+            )
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
         except asyncio.CancelledError:
             if self.control.aborted():
-                await self.record(session_id, tree, prompt, params, gen, "aborted", None,
-                                  POLICY_ABORT, started, req=req)
+                await self.record(
+                    session_id,
+                    tree,
+                    prompt,
+                    params,
+                    gen,
+                    "aborted",
+                    None,
+                    POLICY_ABORT,
+                    started,
+                    req=req,
+                )
                 raise policy_abort() from None
             if asyncio.current_task() in self._gone:
-                await self.record(session_id, tree, prompt, params, gen, "aborted", None,
-                                  CLIENT_GONE, started, req=req)
+                await self.record(
+                    session_id,
+                    tree,
+                    prompt,
+                    params,
+                    gen,
+                    "aborted",
+                    None,
+                    CLIENT_GONE,
+                    started,
+                    req=req,
+                )
                 raise ClientGone(session_id) from None
             raise
         text = cc.cut_stop(self.tok.decode(self._text_ids(gen)), gen.finish)
@@ -264,13 +372,30 @@ class Gateway:
         message = parsed.to_openai()
         assert gen.finish is not None  # _events raised otherwise
         finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
-        choice = {"index": 0, "message": message, "finish_reason": finish_reason,
-                  "logprobs": cc.logprobs(self.tok, gen.ids, gen.logprobs,
-                                          gen.top or [[] for _ in gen.ids])
-                  if req.logprobs else None}
-        rec = await self.record(session_id, tree, prompt, params, gen, "ok", message, None,
-                                started, {"parse_status": parsed.parse_status}, req,
-                                {"choices": [choice]})
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": finish_reason,
+            "logprobs": cc.logprobs(
+                self.tok, gen.ids, gen.logprobs, gen.top or [[] for _ in gen.ids]
+            )
+            if req.logprobs
+            else None,
+        }
+        rec = await self.record(
+            session_id,
+            tree,
+            prompt,
+            params,
+            gen,
+            "ok",
+            message,
+            None,
+            started,
+            {"parse_status": parsed.parse_status},
+            req,
+            {"choices": [choice]},
+        )
         req.record = rec
         return cc.completion(rec, started, req.model or self.model_name, choice)
 
@@ -286,8 +411,7 @@ class Gateway:
             prompt = self.prompt(entry.tree, req)
             tail = self._tail(prompt)
             params = await self.sampling(req, len(prompt.ids), tail)
-            return stream_chunks(self, session_id, req, entry.tree, prompt, params, started,
-                                 tail)
+            return stream_chunks(self, session_id, req, entry.tree, prompt, params, started, tail)
 
         def release() -> None:
             if entry is not None:

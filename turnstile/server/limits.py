@@ -25,13 +25,19 @@ def check(body: object, limits: Limits) -> None:
     recursion)."""
     if not isinstance(body, dict):
         return
-    for name, cap, flag in (("messages", limits.max_messages, "--max-messages"),
-                            ("tools", limits.max_tools, "--max-tools")):
+    for name, cap, flag in (
+        ("messages", limits.max_messages, "--max-messages"),
+        ("tools", limits.max_tools, "--max-tools"),
+    ):
         v = body.get(name)
         if isinstance(v, list) and len(v) > cap:
-            raise APIError(400, f"Too many {name}: {len(v)}; the limit is {cap} (start "
-                                f"turnstile with a larger {flag}).", name,
-                           code="limit_exceeded")
+            raise APIError(
+                400,
+                f"Too many {name}: {len(v)}; the limit is {cap} (start "
+                f"turnstile with a larger {flag}).",
+                name,
+                code="limit_exceeded",
+            )
     # Containers only go on the stack (with their path and depth); strings are checked where
     # they are met. A resent history is thousands of strings: a tuple per value made this walk
     # cost more than parsing the body.
@@ -40,10 +46,14 @@ def check(body: object, limits: Limits) -> None:
     while stack:
         v, path, depth = stack.pop()
         if depth > max_depth:
-            raise APIError(400, f"{_name(path)} is nested deeper than {max_depth} levels "
-                                "(start turnstile with a larger --max-depth).", _name(path),
-                           code="limit_exceeded")
-        for k, x in (v.items() if isinstance(v, dict) else enumerate(v)):
+            raise APIError(
+                400,
+                f"{_name(path)} is nested deeper than {max_depth} levels "
+                "(start turnstile with a larger --max-depth).",
+                _name(path),
+                code="limit_exceeded",
+            )
+        for k, x in v.items() if isinstance(v, dict) else enumerate(v):
             if type(x) is str:  # the common case first: exact types, no isinstance
                 if len(x) > cap:
                     raise _too_long(path, k, len(x), cap)
@@ -58,8 +68,13 @@ def check(body: object, limits: Limits) -> None:
 
 def _too_long(path: tuple, key: object, n: int, cap: int) -> APIError:
     at = _name((*path, key))
-    return APIError(400, f"{at} is {n} characters; the limit is {cap} (start turnstile with a "
-                         "larger --max-string-kb).", at, code="limit_exceeded")
+    return APIError(
+        400,
+        f"{at} is {n} characters; the limit is {cap} (start turnstile with a "
+        "larger --max-string-kb).",
+        at,
+        code="limit_exceeded",
+    )
 
 
 def _name(path: tuple) -> str:

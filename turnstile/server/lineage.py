@@ -62,21 +62,36 @@ def digest(*parts: bytes | memoryview) -> bytes:
     return h.digest()
 
 
-def new_node(call_id: str, parent: Node | None, delta: array, completion: array, seq: int,
-             prompt: array | None = None) -> Node:
+def new_node(
+    call_id: str,
+    parent: Node | None,
+    delta: array,
+    completion: array,
+    seq: int,
+    prompt: array | None = None,
+) -> Node:
     """The node of a call whose prompt is ``parent``'s prompt + completion + ``delta``
     (``prompt``, when the caller has it whole already)."""
     if prompt is None:
         prompt = parent.full() if parent else array("i")
         prompt.extend(delta)
-    return Node(call_id, parent, delta, completion, seq, len(prompt) + len(completion),
-                digest(prompt.tobytes(), completion.tobytes()))
+    return Node(
+        call_id,
+        parent,
+        delta,
+        completion,
+        seq,
+        len(prompt) + len(completion),
+        digest(prompt.tobytes(), completion.tobytes()),
+    )
 
 
 def extends(node: Node, prompt: array) -> bool:
     """Whether ``prompt`` starts with ``node``'s prompt + completion."""
-    return node.full_len <= len(prompt) and \
-        node.full().tobytes() == memoryview(prompt.tobytes())[:node.full_len * 4]
+    return (
+        node.full_len <= len(prompt)
+        and node.full().tobytes() == memoryview(prompt.tobytes())[: node.full_len * 4]
+    )
 
 
 def common_prefix(prompt: array, other: array) -> int:
@@ -127,12 +142,12 @@ class LineageIndex:
         h = hashlib.blake2b(digest_size=16)
         pos, found = 0, []
         for n in lengths:
-            h.update(raw[pos * 4:n * 4])
+            h.update(raw[pos * 4 : n * 4])
             pos = n
             d = h.digest()
             found += [c for c in self.by_len[n] if c.digest == d]
         for cand in sorted(found, key=lambda c: (c.full_len, c.seq), reverse=True):
-            if cand.full().tobytes() == raw[:cand.full_len * 4]:
+            if cand.full().tobytes() == raw[: cand.full_len * 4]:
                 return cand
         return None
 
@@ -160,11 +175,16 @@ class Link:
 
     @property
     def delta(self) -> array:
-        return self.prompt[self.parent.full_len:] if self.parent else self.prompt
+        return self.prompt[self.parent.full_len :] if self.parent else self.prompt
 
 
-async def link(idx: LineageIndex, messages: list[dict], hashes: list[bytes], prompt: array,
-               detokenize: Detokenize) -> Link:
+async def link(
+    idx: LineageIndex,
+    messages: list[dict],
+    hashes: list[bytes],
+    prompt: array,
+    detokenize: Detokenize,
+) -> Link:
     """Parent by exact token prefix; otherwise a new segment, with where it diverged.
 
     ``hashes``: the request's message prefix hashes (``idx.replies`` maps the hash of a
@@ -191,8 +211,11 @@ async def link(idx: LineageIndex, messages: list[dict], hashes: list[bytes], pro
         out.reason = "drift"
     else:
         compared, common = idx.closest(prompt)  # type: ignore[misc]
-        out.reason = ("history_diverged" if any(m.get("role") == "assistant" for m in messages)
-                      else "new_conversation")
+        out.reason = (
+            "history_diverged"
+            if any(m.get("role") == "assistant" for m in messages)
+            else "new_conversation"
+        )
     out.drift = await _located(compared, common, prompt, detokenize)
     out.detail = describe(out.reason, out.drift)
     return out
@@ -203,8 +226,9 @@ async def _located(compared: Node, i: int, prompt: array, detokenize: Detokenize
     d = divergence(compared, i, prompt)
     recorded, received = d["recorded"]["ids"], d["received"]["ids"]
     k = i - d["window_start"]
-    texts = await asyncio.gather(*(detokenize(ids) for ids in (
-        recorded, received, recorded[k:], received[k:])))
+    texts = await asyncio.gather(
+        *(detokenize(ids) for ids in (recorded, received, recorded[k:], received[k:]))
+    )
     same = None
     a, b = texts[2], texts[3]
     if a is not None and b is not None:
@@ -228,40 +252,53 @@ def divergence(compared: Node, i: int, prompt: array) -> dict:
         end = end_delta + len(node.completion)
         if i < end or node is compared:
             at = node
-            region, offset = (("prompt_delta", i - start) if i < end_delta
-                              else ("completion", i - end_delta))
+            region, offset = (
+                ("prompt_delta", i - start) if i < end_delta else ("completion", i - end_delta)
+            )
             break
         start = end
     lo = max(0, i - WINDOW)
     return {
-        "call_id": compared.id, "call_seq": compared.seq,
-        "index": i, "matched": i,
-        "recorded_len": len(full), "received_len": len(prompt),
-        "at_call_id": at.id, "at_call_seq": at.seq, "region": region, "offset": offset,
+        "call_id": compared.id,
+        "call_seq": compared.seq,
+        "index": i,
+        "matched": i,
+        "recorded_len": len(full),
+        "received_len": len(prompt),
+        "at_call_id": at.id,
+        "at_call_seq": at.seq,
+        "region": region,
+        "offset": offset,
         "window_start": lo,
-        "recorded": {"ids": full[lo:i + WINDOW].tolist()},
-        "received": {"ids": prompt[lo:i + WINDOW].tolist()},
+        "recorded": {"ids": full[lo : i + WINDOW].tolist()},
+        "received": {"ids": prompt[lo : i + WINDOW].tolist()},
     }
 
 
 def describe(reason: str, d: dict) -> str:
     """A divergence (with its texts) in one line, for ``segment_detail``."""
     i = d["index"]
-    what = {"drift": "the messages continue call {c}, but the engine's prompt does not "
-                     "extend its prompt + completion",
-            "history_diverged": "the messages continue no recorded call; the closest "
-                                "recorded conversation is call {c}",
-            "new_conversation": "a conversation with no assistant turn; the closest "
-                                "recorded one is call {c}"}[reason].format(c=d["call_id"])
+    what = {
+        "drift": "the messages continue call {c}, but the engine's prompt does not "
+        "extend its prompt + completion",
+        "history_diverged": "the messages continue no recorded call; the closest "
+        "recorded conversation is call {c}",
+        "new_conversation": "a conversation with no assistant turn; the closest "
+        "recorded one is call {c}",
+    }[reason].format(c=d["call_id"])
     if i >= d["received_len"]:
-        where = (f"the prompt ({i} tokens) is a prefix of call {d['call_id']}'s prompt + "
-                 f"completion ({d['recorded_len']} tokens)")
+        where = (
+            f"the prompt ({i} tokens) is a prefix of call {d['call_id']}'s prompt + "
+            f"completion ({d['recorded_len']} tokens)"
+        )
     else:
         where = f"prompt token {i} is the first that differs ({i} tokens match)"
     part = "completion" if d["region"] == "completion" else "prompt delta"
-    out = (f"{what}: {where}, at token {d['offset']} of call {d['at_call_id']}'s {part}; "
-           f"from token {d['window_start']} recorded {d['recorded']['ids']} vs received "
-           f"{d['received']['ids']}")
+    out = (
+        f"{what}: {where}, at token {d['offset']} of call {d['at_call_id']}'s {part}; "
+        f"from token {d['window_start']} recorded {d['recorded']['ids']} vs received "
+        f"{d['received']['ids']}"
+    )
     if d["recorded"]["text"] is not None and d["received"]["text"] is not None:
         out += f", text {d['recorded']['text']!r} vs {d['received']['text']!r}"
         if d["same_text"]:

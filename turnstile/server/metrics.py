@@ -30,8 +30,26 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..store.records import CallRecord
 
-_SECONDS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
-_OWN = (.0002, .0005, .001, .002, .003, .005, .0075, .01, .02, .05, .1, .25, .5, 1)
+_SECONDS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+)
+_OWN = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 _STREAM_ERROR = b'data: {"error"'
 _EMPTY = {499: "client_gone"}  # answers without a body
 _CALL_ROUTES = ("/chat/completions", "/responses", "/messages")  # every dialect's calls
@@ -49,35 +67,77 @@ class Metrics:
         self.replica = replica or default_replica()
         self.registry = CollectorRegistry(auto_describe=True)
         r, reg = ["replica"], self.registry
-        self.calls = Counter("turnstile_calls", "Engine calls recorded, by record status "
-                             "(ok, error, aborted)", [*r, "status"], registry=reg)
-        self.prompt_tokens = Counter("turnstile_prompt_tokens", "Prompt tokens sent to the "
-                                     "engine", r, registry=reg)
-        self.reused_tokens = Counter("turnstile_reused_prompt_tokens", "Prompt tokens reused "
-                                     "from the session's recorded tokens (not re-rendered)",
-                                     r, registry=reg)
-        self.sampled_tokens = Counter("turnstile_sampled_tokens", "Tokens the engine sampled",
-                                      r, registry=reg)
-        self.new_segments = Counter("turnstile_new_segments", "Calls that started a new "
-                                    "segment, by reason", [*r, "reason"], registry=reg)
-        self.latency = Histogram("turnstile_call_seconds", "A call's latency up to its store "
-                                 "write", r, buckets=_SECONDS, registry=reg)
-        self.engine_time = Histogram("turnstile_engine_seconds", "Wall time waiting on the "
-                                     "engine, per call", r, buckets=_SECONDS, registry=reg)
-        self.own_time = Histogram("turnstile_own_seconds", "A call's latency minus its engine "
-                                  "time (render, parse, bookkeeping)", r, buckets=_OWN,
-                                  registry=reg)
-        self.store_write = Histogram("turnstile_store_write_seconds", "Committing one call "
-                                     "record (lock wait included)", r, buckets=_SECONDS,
-                                     registry=reg)
-        self.errors = Counter("turnstile_errors", "Error answers, by HTTP status and kind "
-                              "(the error's code, else its type)", [*r, "status", "kind"],
-                              registry=reg)
-        self.in_flight = Gauge("turnstile_in_flight", "Calls being answered (any dialect)", r,
-                               registry=reg)
-        for series in (self.prompt_tokens, self.reused_tokens, self.sampled_tokens,
-                       self.latency, self.engine_time, self.own_time, self.store_write,
-                       self.in_flight):
+        self.calls = Counter(
+            "turnstile_calls",
+            "Engine calls recorded, by record status (ok, error, aborted)",
+            [*r, "status"],
+            registry=reg,
+        )
+        self.prompt_tokens = Counter(
+            "turnstile_prompt_tokens", "Prompt tokens sent to the engine", r, registry=reg
+        )
+        self.reused_tokens = Counter(
+            "turnstile_reused_prompt_tokens",
+            "Prompt tokens reused from the session's recorded tokens (not re-rendered)",
+            r,
+            registry=reg,
+        )
+        self.sampled_tokens = Counter(
+            "turnstile_sampled_tokens", "Tokens the engine sampled", r, registry=reg
+        )
+        self.new_segments = Counter(
+            "turnstile_new_segments",
+            "Calls that started a new segment, by reason",
+            [*r, "reason"],
+            registry=reg,
+        )
+        self.latency = Histogram(
+            "turnstile_call_seconds",
+            "A call's latency up to its store write",
+            r,
+            buckets=_SECONDS,
+            registry=reg,
+        )
+        self.engine_time = Histogram(
+            "turnstile_engine_seconds",
+            "Wall time waiting on the engine, per call",
+            r,
+            buckets=_SECONDS,
+            registry=reg,
+        )
+        self.own_time = Histogram(
+            "turnstile_own_seconds",
+            "A call's latency minus its engine time (render, parse, bookkeeping)",
+            r,
+            buckets=_OWN,
+            registry=reg,
+        )
+        self.store_write = Histogram(
+            "turnstile_store_write_seconds",
+            "Committing one call record (lock wait included)",
+            r,
+            buckets=_SECONDS,
+            registry=reg,
+        )
+        self.errors = Counter(
+            "turnstile_errors",
+            "Error answers, by HTTP status and kind (the error's code, else its type)",
+            [*r, "status", "kind"],
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "turnstile_in_flight", "Calls being answered (any dialect)", r, registry=reg
+        )
+        for series in (
+            self.prompt_tokens,
+            self.reused_tokens,
+            self.sampled_tokens,
+            self.latency,
+            self.engine_time,
+            self.own_time,
+            self.store_write,
+            self.in_flight,
+        ):
             series.labels(self.replica)  # present (at 0) from the first scrape
 
     def committed(self, rec: CallRecord, write_seconds: float) -> None:
@@ -113,8 +173,9 @@ def error_kind(body: bytes) -> str:
         err = orjson.loads(body).get("error") or {}
     except (orjson.JSONDecodeError, AttributeError):
         return "unknown"
-    return str(err.get("code") or err.get("type") or "unknown") if isinstance(err, dict) \
-        else "unknown"
+    return (
+        str(err.get("code") or err.get("type") or "unknown") if isinstance(err, dict) else "unknown"
+    )
 
 
 class MetricsMiddleware:
@@ -141,12 +202,14 @@ class MetricsMiddleware:
                     if len(state["body"]) < 4096:
                         state["body"] += body
                     if not message.get("more_body"):
-                        self.metrics.error(state["status"], error_kind(state["body"])
-                                           if state["body"] else _EMPTY.get(state["status"],
-                                                                            "empty"))
+                        self.metrics.error(
+                            state["status"],
+                            error_kind(state["body"])
+                            if state["body"]
+                            else _EMPTY.get(state["status"], "empty"),
+                        )
                 elif chat and body.startswith(_STREAM_ERROR):
-                    self.metrics.error(state["status"], error_kind(
-                        body[6:].split(b"\n", 1)[0]))
+                    self.metrics.error(state["status"], error_kind(body[6:].split(b"\n", 1)[0]))
             await send(message)
 
         if chat:

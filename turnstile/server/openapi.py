@@ -21,125 +21,267 @@ class Op:
     path: str
     access: str
     summary: str
-    body: str | None = None          # a SCHEMAS name
+    body: str | None = None  # a SCHEMAS name
     body_required: bool = True
     query: dict[str, dict] = field(default_factory=dict)  # name -> schema
     streams: bool = False
     media: str = "application/json"  # of the 200 answer
 
 
-_LIST_Q: dict[str, dict] = {"group": STR, "group_id": STR, "status": {"enum": ["open", "closed"]},
-           "limit": {"type": "integer", "minimum": 1, "maximum": 1000}, "after": STR,
-           "exported": {"enum": ["true", "false"]}}
+_LIST_Q: dict[str, dict] = {
+    "group": STR,
+    "group_id": STR,
+    "status": {"enum": ["open", "closed"]},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "after": STR,
+    "exported": {"enum": ["true", "false"]},
+}
 
 _NUM = {"type": "number"}
 _VIEWER_Q: dict[str, dict] = {
-    "group": STR, "status": {"enum": ["open", "closed"]}, "model": STR,
-    "min_reward": _NUM, "max_reward": _NUM, "new_segments": {"enum": ["true", "false"]},
-    "since": _NUM, "until": _NUM,
+    "group": STR,
+    "status": {"enum": ["open", "closed"]},
+    "model": STR,
+    "min_reward": _NUM,
+    "max_reward": _NUM,
+    "new_segments": {"enum": ["true", "false"]},
+    "since": _NUM,
+    "until": _NUM,
     "sort": {"enum": ["created", "reward", "calls", "errors", "segments", "sampled", "length"]},
-    "order": {"enum": ["asc", "desc"]}, "limit": {"type": "integer", "minimum": 1,
-                                                  "maximum": 5000},
-    "offset": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}
+    "order": {"enum": ["asc", "desc"]},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 5000},
+    "offset": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+}
 
 ROUTES: list[Op] = [
-    Op("POST", "/s/{capability}/v1/chat/completions", HARNESS,
-       "Chat Completions for the session this base URL belongs to", "ChatCompletionRequest",
-       streams=True),
+    Op(
+        "POST",
+        "/s/{capability}/v1/chat/completions",
+        HARNESS,
+        "Chat Completions for the session this base URL belongs to",
+        "ChatCompletionRequest",
+        streams=True,
+    ),
     Op("GET", "/s/{capability}/v1/models", HARNESS, "The model list, for a session"),
-    Op("POST", "/v1/chat/completions", HARNESS,
-       "Chat Completions: the session is the bearer capability's, or (trainer token) the one "
-       "X-Session-Id names, created on first use", "ChatCompletionRequest", streams=True),
+    Op(
+        "POST",
+        "/v1/chat/completions",
+        HARNESS,
+        "Chat Completions: the session is the bearer capability's, or (trainer token) the one "
+        "X-Session-Id names, created on first use",
+        "ChatCompletionRequest",
+        streams=True,
+    ),
     Op("GET", "/v1/models", HARNESS, "The model list (capability or trainer token)"),
-    Op("POST", "/s/{capability}/v1/responses", HARNESS,
-       "OpenAI Responses for the session this base URL belongs to", "ResponsesRequest",
-       streams=True),
-    Op("POST", "/v1/responses", HARNESS, "OpenAI Responses (session as for chat completions)",
-       "ResponsesRequest", streams=True),
+    Op(
+        "POST",
+        "/s/{capability}/v1/responses",
+        HARNESS,
+        "OpenAI Responses for the session this base URL belongs to",
+        "ResponsesRequest",
+        streams=True,
+    ),
+    Op(
+        "POST",
+        "/v1/responses",
+        HARNESS,
+        "OpenAI Responses (session as for chat completions)",
+        "ResponsesRequest",
+        streams=True,
+    ),
     Op("GET", "/s/{capability}/v1/responses/{rid}", HARNESS, "A response of this session"),
-    Op("POST", "/s/{capability}/v1/messages", HARNESS,
-       "Anthropic Messages for the session (the SDK's base URL is the session's without /v1)",
-       "MessagesRequest", streams=True),
-    Op("POST", "/v1/messages", HARNESS, "Anthropic Messages (capability as x-api-key)",
-       "MessagesRequest", streams=True),
-    Op("POST", "/s/{capability}/v1/messages/count_tokens", HARNESS,
-       "The prompt tokens a Messages request would send now", "MessagesRequest"),
-    Op("POST", "/v1/messages/count_tokens", HARNESS,
-       "The prompt tokens a Messages request would send now", "MessagesRequest"),
+    Op(
+        "POST",
+        "/s/{capability}/v1/messages",
+        HARNESS,
+        "Anthropic Messages for the session (the SDK's base URL is the session's without /v1)",
+        "MessagesRequest",
+        streams=True,
+    ),
+    Op(
+        "POST",
+        "/v1/messages",
+        HARNESS,
+        "Anthropic Messages (capability as x-api-key)",
+        "MessagesRequest",
+        streams=True,
+    ),
+    Op(
+        "POST",
+        "/s/{capability}/v1/messages/count_tokens",
+        HARNESS,
+        "The prompt tokens a Messages request would send now",
+        "MessagesRequest",
+    ),
+    Op(
+        "POST",
+        "/v1/messages/count_tokens",
+        HARNESS,
+        "The prompt tokens a Messages request would send now",
+        "MessagesRequest",
+    ),
     Op("GET", "/v1/responses/{rid}", HARNESS, "A response of the capability's session"),
-    Op("POST", "/v1/sessions", TRAINER, "Open a session; returns its id and base_url",
-       "SessionCreate", body_required=False),
+    Op(
+        "POST",
+        "/v1/sessions",
+        TRAINER,
+        "Open a session; returns its id and base_url",
+        "SessionCreate",
+        body_required=False,
+    ),
     Op("GET", "/v1/sessions", TRAINER, "List sessions in creation order", query=_LIST_Q),
     Op("GET", "/v1/sessions/{sid}", TRAINER, "A session with its rewards"),
     Op("DELETE", "/v1/sessions/{sid}", TRAINER, "Delete a session with its calls"),
     Op("POST", "/v1/sessions/{sid}/rewards", TRAINER, "Attach rewards", "Rewards"),
-    Op("POST", "/v1/sessions/{sid}/close", TRAINER, "Close a session (later calls get 409)",
-       "Close", body_required=False),
+    Op(
+        "POST",
+        "/v1/sessions/{sid}/close",
+        TRAINER,
+        "Close a session (later calls get 409)",
+        "Close",
+        body_required=False,
+    ),
     Op("GET", "/v1/sessions/{sid}/calls", TRAINER, "One record per engine call"),
-    Op("GET", "/v1/sessions/{sid}/calls/{cid}/body", TRAINER,
-       "A call's raw request/response (serve --keep-bodies)"),
-    Op("GET", "/v1/sessions/{sid}/trajectories", TRAINER, "Stitched trajectories",
-       query={"mode": {"enum": ["merged", "per_call"]}}),
+    Op(
+        "GET",
+        "/v1/sessions/{sid}/calls/{cid}/body",
+        TRAINER,
+        "A call's raw request/response (serve --keep-bodies)",
+    ),
+    Op(
+        "GET",
+        "/v1/sessions/{sid}/trajectories",
+        TRAINER,
+        "Stitched trajectories",
+        query={"mode": {"enum": ["merged", "per_call"]}},
+    ),
     Op("GET", "/health", OPEN, "Engine reachable (200) or not (503)"),
-    Op("POST", "/admin/pause", TRAINER, "Pause new calls (drain or abort running ones)",
-       "Pause", body_required=False),
-    Op("POST", "/admin/resume", TRAINER, "Resume, optionally under a new weight version",
-       "Resume", body_required=False),
+    Op(
+        "POST",
+        "/admin/pause",
+        TRAINER,
+        "Pause new calls (drain or abort running ones)",
+        "Pause",
+        body_required=False,
+    ),
+    Op(
+        "POST",
+        "/admin/resume",
+        TRAINER,
+        "Resume, optionally under a new weight version",
+        "Resume",
+        body_required=False,
+    ),
     Op("GET", "/admin/status", TRAINER, "Paused?, calls in flight, weight version, replicas"),
     Op("GET", "/openapi.json", TRAINER, "This document"),
-    Op("GET", "/metrics", TRAINER, "Prometheus metrics of this gateway (text format)",
-       media="text/plain"),
-    Op("GET", "/ui", OPEN, "The trajectory viewer (asks for the trainer's token)",
-       media="text/html"),
+    Op(
+        "GET",
+        "/metrics",
+        TRAINER,
+        "Prometheus metrics of this gateway (text format)",
+        media="text/plain",
+    ),
+    Op(
+        "GET",
+        "/ui",
+        OPEN,
+        "The trajectory viewer (asks for the trainer's token)",
+        media="text/html",
+    ),
     Op("GET", "/ui/viewer.js", OPEN, "The viewer's script", media="text/javascript"),
     Op("GET", "/ui/viewer.css", OPEN, "The viewer's style sheet", media="text/css"),
-    Op("GET", "/v1/viewer/sessions", TRAINER,
-       "Sessions with their calls summed up (calls, errors, new segments, tokens, models), "
-       "filtered, counted and sorted", query=_VIEWER_Q),
-    Op("GET", "/v1/viewer/sessions/{sid}/trajectories", TRAINER,
-       "Stitched trajectories with each token's text piece and where a segment diverged",
-       query={"mode": {"enum": ["merged", "per_call"]}}),
-    Op("GET", "/v1/viewer/sessions/{sid}/trajectories.parquet", TRAINER,
-       "The session's trajectories as one Parquet file (the export's trajectories schema)",
-       query={"mode": {"enum": ["merged", "per_call"]}}, media="application/vnd.apache.parquet"),
+    Op(
+        "GET",
+        "/v1/viewer/sessions",
+        TRAINER,
+        "Sessions with their calls summed up (calls, errors, new segments, tokens, models), "
+        "filtered, counted and sorted",
+        query=_VIEWER_Q,
+    ),
+    Op(
+        "GET",
+        "/v1/viewer/sessions/{sid}/trajectories",
+        TRAINER,
+        "Stitched trajectories with each token's text piece and where a segment diverged",
+        query={"mode": {"enum": ["merged", "per_call"]}},
+    ),
+    Op(
+        "GET",
+        "/v1/viewer/sessions/{sid}/trajectories.parquet",
+        TRAINER,
+        "The session's trajectories as one Parquet file (the export's trajectories schema)",
+        query={"mode": {"enum": ["merged", "per_call"]}},
+        media="application/vnd.apache.parquet",
+    ),
 ]
 
-_ERRORS = {"400": "a field is invalid (param names it)", "401": "no or unknown credential",
-           "403": "this credential does not allow the route",
-           "404": "no such session/call (or route)", "409": "the session is closed",
-           "413": "body over --max-body-mb", "415": "Content-Type is not application/json",
-           "502": "engine failure", "503": "engine unavailable, or paused with abort"}
+_ERRORS = {
+    "400": "a field is invalid (param names it)",
+    "401": "no or unknown credential",
+    "403": "this credential does not allow the route",
+    "404": "no such session/call (or route)",
+    "409": "the session is closed",
+    "413": "body over --max-body-mb",
+    "415": "Content-Type is not application/json",
+    "502": "engine failure",
+    "503": "engine unavailable, or paused with abort",
+}
 
 
 def _operation(op: Op) -> dict:
-    params = [{"name": name, "in": "path", "required": True, "schema": STR}
-              for name in ("capability", "sid", "cid", "rid") if "{" + name + "}" in op.path]
-    params += [{"name": k, "in": "query", "required": False, "schema": v}
-               for k, v in op.query.items()]
+    params = [
+        {"name": name, "in": "path", "required": True, "schema": STR}
+        for name in ("capability", "sid", "cid", "rid")
+        if "{" + name + "}" in op.path
+    ]
+    params += [
+        {"name": k, "in": "query", "required": False, "schema": v} for k, v in op.query.items()
+    ]
     if op.path in ("/v1/chat/completions", "/v1/responses"):
-        params.append({"name": "X-Session-Id", "in": "header", "required": False,
-                       "schema": STR})
+        params.append({"name": "X-Session-Id", "in": "header", "required": False, "schema": STR})
     out: dict = {
         "summary": op.summary,
-        "operationId": (op.method.lower() + op.path.replace("/", "_").replace("{", "")
-                        .replace("}", "").replace(".", "_")),
-        "security": {TRAINER: [{"trainer": []}], OPEN: [],
-                     HARNESS: [{"capability": []}, {"trainer": []}]}[op.access],
-        "responses": {"200": {"description": "OK", "content": {
-            op.media: {"schema": {"type": "object"} if op.media == "application/json"
-                       else STR},
-            **({"text/event-stream": {"schema": STR}} if op.streams else {})}},
-            **{code: {"description": what, "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Error"}}}}
-               for code, what in _ERRORS.items()}},
+        "operationId": (
+            op.method.lower()
+            + op.path.replace("/", "_").replace("{", "").replace("}", "").replace(".", "_")
+        ),
+        "security": {
+            TRAINER: [{"trainer": []}],
+            OPEN: [],
+            HARNESS: [{"capability": []}, {"trainer": []}],
+        }[op.access],
+        "responses": {
+            "200": {
+                "description": "OK",
+                "content": {
+                    op.media: {
+                        "schema": {"type": "object"} if op.media == "application/json" else STR
+                    },
+                    **({"text/event-stream": {"schema": STR}} if op.streams else {}),
+                },
+            },
+            **{
+                code: {
+                    "description": what,
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                }
+                for code, what in _ERRORS.items()
+            },
+        },
     }
     if op.method == "POST" and op.path == "/v1/sessions":
         out["responses"]["201"] = out["responses"].pop("200")
     if params:
         out["parameters"] = params
     if op.body:
-        out["requestBody"] = {"required": op.body_required, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{op.body}"}}}}
+        out["requestBody"] = {
+            "required": op.body_required,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{op.body}"}}
+            },
+        }
     return out
 
 
@@ -149,18 +291,33 @@ def document(version: str, server_url: str | None = None) -> dict:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op)
     doc: dict[str, object] = {
         "openapi": "3.1.0",
-        "info": {"title": "Turnstile", "version": version, "description": (
-            "OpenAI-compatible gateway that records the exact tokens a policy saw and "
-            "sampled. Harnesses hold a session's base URL (/s/<capability>/v1); every "
-            "other route needs the trainer's token.")},
+        "info": {
+            "title": "Turnstile",
+            "version": version,
+            "description": (
+                "OpenAI-compatible gateway that records the exact tokens a policy saw and "
+                "sampled. Harnesses hold a session's base URL (/s/<capability>/v1); every "
+                "other route needs the trainer's token."
+            ),
+        },
         "paths": paths,
-        "components": {"schemas": SCHEMAS, "securitySchemes": {
-            "trainer": {"type": "http", "scheme": "bearer",
-                        "description": "The trainer's token (DATA/turnstile.token, --token, "
-                                       "or $TURNSTILE_TOKEN)."},
-            "capability": {"type": "http", "scheme": "bearer",
-                           "description": "A session's capability: in its base URL "
-                                          "(/s/<capability>/v1) or as the API key."}}},
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "trainer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The trainer's token (DATA/turnstile.token, --token, "
+                    "or $TURNSTILE_TOKEN).",
+                },
+                "capability": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A session's capability: in its base URL "
+                    "(/s/<capability>/v1) or as the API key.",
+                },
+            },
+        },
     }
     if server_url:
         doc["servers"] = [{"url": server_url}]

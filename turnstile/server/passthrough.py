@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from ..chat.history import prefix_hashes, root_hash
+from ..chat.history_hash import prefix_hashes, root_hash
 from ..engines.base import EngineError
 from ..engines.capture import (
     Capture,
@@ -67,11 +67,16 @@ from .requests import ChatRequest, parse_capture_request
 def _api_error(exc: EngineError) -> APIError:
     if isinstance(exc, EngineHTTPError) and exc.status < 500:
         e = exc.error
-        return APIError(exc.status, str(e.get("message") or exc), e.get("param"),
-                        e.get("code") if isinstance(e.get("code"), str) else None,
-                        e.get("type") if isinstance(e.get("type"), str) else None)
-    return APIError(exc.status, str(exc),
-                    type_="engine_unavailable" if exc.status == 503 else "engine_error")
+        return APIError(
+            exc.status,
+            str(e.get("message") or exc),
+            e.get("param"),
+            e.get("code") if isinstance(e.get("code"), str) else None,
+            e.get("type") if isinstance(e.get("type"), str) else None,
+        )
+    return APIError(
+        exc.status, str(exc), type_="engine_unavailable" if exc.status == 503 else "engine_error"
+    )
 
 
 class PassthroughGateway:
@@ -80,8 +85,9 @@ class PassthroughGateway:
     # The engine renders; whether its template reads ``tools`` is not Turnstile's to know.
     template_ignores_tools = False
 
-    def __init__(self, engine: CaptureEngine | ReplicaPool[CaptureEngine], store: Store,
-                 model_name: str):
+    def __init__(
+        self, engine: CaptureEngine | ReplicaPool[CaptureEngine], store: Store, model_name: str
+    ):
         """``engine``: a :class:`CaptureEngine`, or a replica pool of them."""
         self.engine = engine
         self.primary = engine.replicas[0] if isinstance(engine, ReplicaPool) else engine
@@ -112,8 +118,7 @@ class PassthroughGateway:
     def parse_request(self, body: Any) -> ChatRequest:
         return parse_capture_request(body)
 
-    async def _target(self, session_id: str
-                      ) -> tuple[CaptureEngine, Bound[CaptureEngine] | None]:
+    async def _target(self, session_id: str) -> tuple[CaptureEngine, Bound[CaptureEngine] | None]:
         """The engine for this session, and the pool's binding when there are replicas (a
         pool keeps a session on one replica)."""
         try:
@@ -130,8 +135,7 @@ class PassthroughGateway:
     @staticmethod
     def _failed(bound: Bound[CaptureEngine] | None, exc: EngineError) -> None:
         """A replica that could not serve a call gets no new sessions until it is healthy."""
-        if bound is not None and exc.status in (502, 503) and \
-                not isinstance(exc, EngineHTTPError):
+        if bound is not None and exc.status in (502, 503) and not isinstance(exc, EngineHTTPError):
             bound.pool.healthy[bound.index] = False
 
     # linking
@@ -141,20 +145,39 @@ class PassthroughGateway:
 
     # recording
 
-    def _build(self, call: Call, idx: LineageIndex, link: Link | None, choice: Choice | None,
-               status: str, error: str | None, notes: list[str] | None = None) -> CallRecord:
+    def _build(
+        self,
+        call: Call,
+        idx: LineageIndex,
+        link: Link | None,
+        choice: Choice | None,
+        status: str,
+        error: str | None,
+        notes: list[str] | None = None,
+    ) -> CallRecord:
         return build_record(self, call, idx, link, choice, status, error, notes)
 
-    def _commit(self, call: Call, idx: LineageIndex, rec: CallRecord, link: Link | None,
-                response: object) -> asyncio.Future:
+    def _commit(
+        self, call: Call, idx: LineageIndex, rec: CallRecord, link: Link | None, response: object
+    ) -> asyncio.Future:
         """Write the record off the event loop; an ok call joins the session's index once it
         is committed (a call the store never saved can be nobody's parent)."""
+
         def index() -> None:
             if rec.status == "ok" and link is not None:
-                idx.add(new_node(rec.id, link.parent, rec.prompt_delta, rec.completion_ids,
-                                 rec.seq, link.prompt))
+                idx.add(
+                    new_node(
+                        rec.id,
+                        link.parent,
+                        rec.prompt_delta,
+                        rec.completion_ids,
+                        rec.seq,
+                        link.prompt,
+                    )
+                )
                 if rec.history_hash is not None:
                     idx.replies[rec.history_hash] = rec.id
+
         return commit(self.store, rec, call.body, response, then=index)
 
     async def _record_ok(self, call: Call, response: object) -> None:
@@ -163,15 +186,18 @@ class PassthroughGateway:
         cap = call.cap
         idx = self.index(call.session_id)
         prompt = array("i", cap.prompt_ids or [])
-        link = await lineage_link(idx, call.req.messages, self._hashes(call.req), prompt,
-                                  call.engine.detokenize)
+        link = await lineage_link(
+            idx, call.req.messages, self._hashes(call.req), prompt, call.engine.detokenize
+        )
         for i in sorted(cap.choices):
-            rec = self._build(call, idx, link, cap.choices[i], "ok", None,
-                              cap.usage_notes(len(prompt)))
+            rec = self._build(
+                call, idx, link, cap.choices[i], "ok", None, cap.usage_notes(len(prompt))
+            )
             await committed(self._commit(call, idx, rec, link, response), call.session_id)
 
-    def _record_failure(self, call: Call, status: str, error: str,
-                        response: object = None) -> list[asyncio.Future]:
+    def _record_failure(
+        self, call: Call, status: str, error: str, response: object = None
+    ) -> list[asyncio.Future]:
         """A call the harness did not get whole: recorded with whatever tokens came back. The
         writes run on their own; a caller still talking to the harness awaits them."""
         cap = call.cap
@@ -181,11 +207,14 @@ class PassthroughGateway:
             link = Link(array("i", cap.prompt_ids), [])
             link.parent = idx.parent_of(link.prompt)
         choices: list[Choice | None] = [cap.choices[i] for i in sorted(cap.choices)]
-        return [self._commit(call, idx, self._build(call, idx, link, c, status, error), link,
-                             response) for c in choices or [None]]
+        return [
+            self._commit(call, idx, self._build(call, idx, link, c, status, error), link, response)
+            for c in choices or [None]
+        ]
 
-    async def _recorded_failure(self, call: Call, status: str, error: str,
-                                response: object = None) -> None:
+    async def _recorded_failure(
+        self, call: Call, status: str, error: str, response: object = None
+    ) -> None:
         """The failure is recorded before the harness hears of it (a read right after the
         error finds the call); a store that fails too does not hide the engine's error."""
         for fut in self._record_failure(call, status, error, response):
@@ -211,24 +240,36 @@ class PassthroughGateway:
     # the call
 
     def count_tokens(self, session_id: str, req: ChatRequest) -> int:
-        raise APIError(400, "Capture mode (serve --passthrough) cannot count tokens: the "
-                            "engine renders the prompt.", code="unsupported_dialect")
+        raise APIError(
+            400,
+            "Capture mode (serve --passthrough) cannot count tokens: the "
+            "engine renders the prompt.",
+            code="unsupported_dialect",
+        )
 
     async def _begin(self, session_id: str, req: ChatRequest) -> Call:
         if req.dialect != "chat":
             # The engine renders here, from the Chat Completions body the harness sent.
-            raise APIError(400, f"Capture mode (serve --passthrough) records Chat Completions "
-                                f"calls only; this was a {req.dialect!r} request. Serve in "
-                                "token-in mode (the default) for the other dialects.",
-                           code="unsupported_dialect")
+            raise APIError(
+                400,
+                f"Capture mode (serve --passthrough) records Chat Completions "
+                f"calls only; this was a {req.dialect!r} request. Serve in "
+                "token-in mode (the default) for the other dialects.",
+                code="unsupported_dialect",
+            )
         started = time.time()
         engine, bound = await self._target(session_id)
         body, asked, added = engine.outgoing(req.raw)
-        return Call(session_id, req, engine, bound, body, asked, added, Capture(engine.dialect),
-                     started)
+        return Call(
+            session_id, req, engine, bound, body, asked, added, Capture(engine.dialect), started
+        )
 
-    async def complete(self, session_id: str, req: ChatRequest,
-                       disconnected: Callable[[], Awaitable[object]] | None = None) -> dict:
+    async def complete(
+        self,
+        session_id: str,
+        req: ChatRequest,
+        disconnected: Callable[[], Awaitable[object]] | None = None,
+    ) -> dict:
         """The whole response. ``disconnected`` is not watched yet: a call whose harness went
         away runs to its end and is recorded."""
         async with admitted(self.control):
@@ -242,8 +283,7 @@ class PassthroughGateway:
                     finally:
                         resp.release()
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise EngineError(f"{engine.label} at {engine.url} failed: {exc}",
-                                      502) from exc
+                    raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
                 data = loads(raw, "its response")
                 call.cap.feed_response(data)
                 problem = call.cap.missing()
@@ -271,8 +311,7 @@ class PassthroughGateway:
                     events = sse_data(resp).__aiter__()
                     first = await anext(events, b"[DONE]")
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise EngineError(f"{engine.label} at {engine.url} failed: {exc}",
-                                      502) from exc
+                    raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
                 chunk = None
                 if first.strip() != b"[DONE]":
                     chunk = engine.chunk(first)
@@ -286,9 +325,13 @@ class PassthroughGateway:
         assert resp is not None
         return self._stream(call, resp, events, chunk)
 
-    async def _stream(self, call: Call, resp: aiohttp.ClientResponse,
-                      events: AsyncIterator[bytes], first: dict | None
-                      ) -> AsyncGenerator[dict, None]:
+    async def _stream(
+        self,
+        call: Call,
+        resp: aiohttp.ClientResponse,
+        events: AsyncIterator[bytes],
+        first: dict | None,
+    ) -> AsyncGenerator[dict, None]:
         engine, cap = call.engine, call.cap
         keep = self.store.keep_bodies
         chunks: list[dict] = []  # as the engine sent them (kept with --keep-bodies)
@@ -311,7 +354,8 @@ class PassthroughGateway:
                     chunk = engine.chunk(payload)
                     cap.feed_chunk(chunk)
                 ends = not chunk.get("choices") or any(
-                    ch.get("finish_reason") is not None for ch in chunk["choices"])
+                    ch.get("finish_reason") is not None for ch in chunk["choices"]
+                )
                 if keep:
                     chunks.append(chunk)
                     chunk = orjson.loads(orjson.dumps(chunk))
@@ -331,13 +375,13 @@ class PassthroughGateway:
         except EngineError as exc:
             status = "recorded"
             self._failed(call.bound, exc)
-            await self._recorded_failure(call, "error", str(exc),
-                                         {"chunks": chunks} if keep else None)
+            await self._recorded_failure(
+                call, "error", str(exc), {"chunks": chunks} if keep else None
+            )
             raise _api_error(exc) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             status, error = "recorded", f"{engine.label} at {engine.url} failed: {exc}"
-            await self._recorded_failure(call, "error", error,
-                                         {"chunks": chunks} if keep else None)
+            await self._recorded_failure(call, "error", error, {"chunks": chunks} if keep else None)
             raise APIError(502, error, type_="engine_error") from exc
         except asyncio.CancelledError:
             if self.control.aborted():
@@ -347,8 +391,9 @@ class PassthroughGateway:
         finally:
             resp.close()
             if status not in ("ok", "recorded"):
-                self._record_failure(call, status, error or "",
-                                     response={"chunks": chunks} if keep else None)
+                self._record_failure(
+                    call, status, error or "", response={"chunks": chunks} if keep else None
+                )
         await self._record_ok(call, {"chunks": chunks} if keep else None)
         for out in held:
             yield out

@@ -6,7 +6,9 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from ..chat.history import Node, SessionTree, describe_divergence, root_hash
+from ..chat.divergence import describe_divergence
+from ..chat.history import Node, SessionTree
+from ..chat.history_hash import root_hash
 from ..chat.policy import Policy, append_kind
 from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
@@ -31,15 +33,15 @@ def with_echoed_ids(reply: dict, echoed: dict) -> dict:
     """Our recorded reply with the tool-call IDs the harness echoed: the tool results that
     follow refer to those, and templates look names up by them (Solar-Open, Gemma 4)."""
     ours, theirs = reply.get("tool_calls") or [], echoed.get("tool_calls") or []
-    if len(ours) != len(theirs) or all(a.get("id") == b.get("id") for a, b in
-                                       zip(ours, theirs, strict=True)):
+    if len(ours) != len(theirs) or all(
+        a.get("id") == b.get("id") for a, b in zip(ours, theirs, strict=True)
+    ):
         return reply
     calls = [{**a, "id": b.get("id")} for a, b in zip(ours, theirs, strict=True)]
     return {**reply, "tool_calls": calls}
 
 
-def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: ChatRequest
-                 ) -> Prompt:
+def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: ChatRequest) -> Prompt:
     """The call's prompt IDs: the parent's recorded IDs plus only the new messages rendered
     (a delta the policy allows), or a full render as a new segment with the reason."""
     root = root_hash(req.tools, req.template_kwargs)
@@ -64,8 +66,8 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
                 system = first if first.get("role") in ("system", "developer") else None
                 reply = with_echoed_ids(parent.message or {}, req.messages[match.matched - 1])
                 delta, seam = renderer.extension(
-                    reply, new, req.tools, parent.stop_token_id, system,
-                    **req.template_kwargs)
+                    reply, new, req.tools, parent.stop_token_id, system, **req.template_kwargs
+                )
             except NotPrefixPreserving as exc:
                 reason, detail = "template_not_prefix_preserving", str(exc)
             except TemplateError as exc:
@@ -77,13 +79,16 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
                 ids = tree.context_ids(parent)
                 d = array("i", delta)
                 ids.extend(d)
-                return Prompt(ids, d, parent, match.hashes, seam=seam.kind,
-                              segment_detail=match.note)
+                return Prompt(
+                    ids, d, parent, match.hashes, seam=seam.kind, segment_detail=match.note
+                )
     elif match.stale is not None:
         reason = "template_changed"
-        detail = (f"the messages continue {match.stale}, recorded under another template/"
-                  f"tokenizer fingerprint; this server renders with "
-                  f"{renderer.fingerprint}")
+        detail = (
+            f"the messages continue {match.stale}, recorded under another template/"
+            f"tokenizer fingerprint; this server renders with "
+            f"{renderer.fingerprint}"
+        )
     elif match.matched == len(req.messages) and tree.requests.get(match.hashes[-1]):
         reason = "first_call"  # a new root: the same request as an earlier one (a retry)
         detail = f"a retry: the same messages as {tree.requests[match.hashes[-1]]}"
@@ -93,8 +98,7 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
         reason = "history_diverged"
         detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
     try:
-        ids = array("i", renderer.render_full(req.messages, req.tools,
-                                                   **req.template_kwargs))
+        ids = array("i", renderer.render_full(req.messages, req.tools, **req.template_kwargs))
     except TemplateError as exc:
         raise APIError(400, str(exc), "messages") from exc
     return Prompt(ids, ids, None, match.hashes, reason, detail)

@@ -27,27 +27,50 @@ def store_error(exc: BaseException, session_id: str) -> APIError:
     """A record that could not be committed, as the harness sees it: nothing was
     acknowledged, the call did not enter the session's tree, and retrying is safe."""
     if isinstance(exc, SessionGone):
-        return APIError(404, f"Session {session_id!r} was deleted while the call ran; nothing "
-                             "was recorded.", "session_id", code="session_not_found")
+        return APIError(
+            404,
+            f"Session {session_id!r} was deleted while the call ran; nothing was recorded.",
+            "session_id",
+            code="session_not_found",
+        )
     text = str(exc)
     if "full" in text or "disk" in text or isinstance(exc, OSError):
-        return APIError(507, f"The record store could not save the call ({text}); it was not "
-                             "recorded. Free space under --data and retry.",
-                        code="store_full", type_="server_error")
-    return APIError(503, f"The record store is busy ({text}); the call was not recorded. "
-                         "Retry it.", code="store_busy", type_="server_error")
+        return APIError(
+            507,
+            f"The record store could not save the call ({text}); it was not "
+            "recorded. Free space under --data and retry.",
+            code="store_full",
+            type_="server_error",
+        )
+    return APIError(
+        503,
+        f"The record store is busy ({text}); the call was not recorded. Retry it.",
+        code="store_busy",
+        type_="server_error",
+    )
 
 
-def commit(store: Store, rec: CallRecord, request_body: object = None,
-           response_body: object = None, session_created: float | None = None,
-           then: Callable[[], object] | None = None) -> asyncio.Future:
+def commit(
+    store: Store,
+    rec: CallRecord,
+    request_body: object = None,
+    response_body: object = None,
+    session_created: float | None = None,
+    then: Callable[[], object] | None = None,
+) -> asyncio.Future:
     """Write ``rec`` off the event loop (a locked store waits there, not in the loop). ``then``
     runs on the loop once the row is committed: the in-memory tree follows the store, never
     leads it. A failed write of a call nobody waits for is reported on stderr."""
     loop = asyncio.get_running_loop()
-    fut = loop.run_in_executor(None, lambda: store.add_call(
-        rec, request_body=request_body, response_body=response_body,
-        session_created=session_created))
+    fut = loop.run_in_executor(
+        None,
+        lambda: store.add_call(
+            rec,
+            request_body=request_body,
+            response_body=response_body,
+            session_created=session_created,
+        ),
+    )
 
     def done(f: asyncio.Future) -> None:
         if f.cancelled():
@@ -57,8 +80,11 @@ def commit(store: Store, rec: CallRecord, request_body: object = None,
             if then is not None:
                 then()
         elif rec.status != "ok":
-            print(f"turnstile: call {rec.id} ({rec.status}) of session {rec.session_id} was "
-                  f"not recorded: {exc}", file=sys.stderr)
+            print(
+                f"turnstile: call {rec.id} ({rec.status}) of session {rec.session_id} was "
+                f"not recorded: {exc}",
+                file=sys.stderr,
+            )
 
     fut.add_done_callback(done)
     return fut
@@ -73,19 +99,31 @@ async def committed(fut: asyncio.Future, session_id: str) -> None:
         raise store_error(exc, session_id) from exc
 
 
-def weight_version(spans: list[dict] | None, n: int, whole: object,
-                   policy: str | None) -> object:
+def weight_version(spans: list[dict] | None, n: int, whole: object, policy: str | None) -> object:
     """The version a call ran under: per sampled token when the engine reported spans, else
     the engine's one version, else the policy version the trainer declared."""
     return token_versions(spans, n) or (whole if whole is not None else policy)
 
 
-def call_info(*, model: str, engine: str, fingerprint: str | None,
-              segment_detail: str | None, sampling: dict, logprob_kind: str | None,
-              logprob_warning: str | None, engine_request_id: str | None,
-              weight_versions: list[dict] | None, version: object, policy_version: str | None,
-              stop_string: str | None, usage: dict, started: float,
-              timings: dict | None = None, dialect: str = "chat") -> dict:
+def call_info(
+    *,
+    model: str,
+    engine: str,
+    fingerprint: str | None,
+    segment_detail: str | None,
+    sampling: dict,
+    logprob_kind: str | None,
+    logprob_warning: str | None,
+    engine_request_id: str | None,
+    weight_versions: list[dict] | None,
+    version: object,
+    policy_version: str | None,
+    stop_string: str | None,
+    usage: dict,
+    started: float,
+    timings: dict | None = None,
+    dialect: str = "chat",
+) -> dict:
     """The shared part of a call record's ``info``; ``usage`` holds at least
     ``prompt_tokens``, ``completion_tokens`` and ``cached_tokens``; ``dialect`` is the wire
     dialect the harness spoke (the record is the same whichever it was)."""

@@ -12,10 +12,12 @@ from .errors import APIError
 
 def openai_refusal(key: str, reason: str | None) -> APIError:
     if reason:
-        return APIError(400, f"Unsupported parameter: '{key}': {reason}", key,
-                        code="unsupported_parameter")
-    return APIError(400, f"Unrecognized request argument supplied: {key}", key,
-                    code="unrecognized_argument")
+        return APIError(
+            400, f"Unsupported parameter: '{key}': {reason}", key, code="unsupported_parameter"
+        )
+    return APIError(
+        400, f"Unrecognized request argument supplied: {key}", key, code="unrecognized_argument"
+    )
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,9 @@ class Fields:
     inert: frozenset[str] = frozenset()
     unsupported: dict[str, str] = field(default_factory=dict)  # field -> why, what instead
 
-    def sort(self, body: dict, refuse: Callable[[str, str | None], APIError] = openai_refusal
-             ) -> dict:
+    def sort(
+        self, body: dict, refuse: Callable[[str, str | None], APIError] = openai_refusal
+    ) -> dict:
         """The inert fields of ``body``; a field neither used nor inert is refused (an
         unsupported one only when it asks for something: ``false``/empty is harmless)."""
         inert = {}

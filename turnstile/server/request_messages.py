@@ -52,13 +52,19 @@ def _check_content(m: dict, where: str, role: str) -> None:
     if isinstance(c, str):
         return
     if not isinstance(c, list):
-        raise bad(f"{where}.content", f"expected a string or a list of parts, got "
-                                       f"{type(c).__name__}.")
+        raise bad(
+            f"{where}.content", f"expected a string or a list of parts, got {type(c).__name__}."
+        )
     for j, part in enumerate(c):
-        if not isinstance(part, dict) or part.get("type") != "text" or \
-                not isinstance(part.get("text"), str):
-            raise bad(f"{where}.content[{j}]", "only text parts ({'type': 'text', 'text': "
-                                                "...}) are supported.")
+        if (
+            not isinstance(part, dict)
+            or part.get("type") != "text"
+            or not isinstance(part.get("text"), str)
+        ):
+            raise bad(
+                f"{where}.content[{j}]",
+                "only text parts ({'type': 'text', 'text': ...}) are supported.",
+            )
 
 
 def _check_tool_calls(m: dict, where: str) -> None:
@@ -78,8 +84,9 @@ def _check_tool_calls(m: dict, where: str) -> None:
         if args is not None and not isinstance(args, (str, dict)):
             raise bad(f"{w}.function.arguments", "expected a JSON string.")
         if isinstance(args, str) and _json_depth(args) > MAX_ARGUMENTS_DEPTH:
-            raise bad(f"{w}.function.arguments", f"JSON nested deeper than "
-                                                   f"{MAX_ARGUMENTS_DEPTH} levels.")
+            raise bad(
+                f"{w}.function.arguments", f"JSON nested deeper than {MAX_ARGUMENTS_DEPTH} levels."
+            )
 
 
 # Tool-call arguments arrive as JSON text: they are parsed for matching and rendering, and
@@ -114,8 +121,12 @@ def _json_depth(text: str) -> int:
 def check_messages(body: dict) -> list[dict]:
     msgs = body.get("messages")
     if msgs is None:
-        raise APIError(400, "Missing required parameter: 'messages'.", "messages",
-                       code="missing_required_parameter")
+        raise APIError(
+            400,
+            "Missing required parameter: 'messages'.",
+            "messages",
+            code="missing_required_parameter",
+        )
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "expected a non-empty list of messages.")
     for i, m in enumerate(msgs):
@@ -141,7 +152,8 @@ def _check_message(m: object, i: int) -> None:
         raise bad(f"{where}.role", f"{role!r} is not one of {sorted(ROLES)}.")
     _check_content(m, where, role)
     if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-        raise bad(f"{where}.tool_call_id", "a tool message needs the id of the tool call "
-                                            "it answers.")
+        raise bad(
+            f"{where}.tool_call_id", "a tool message needs the id of the tool call it answers."
+        )
     if role == "assistant":
         _check_tool_calls(m, where)

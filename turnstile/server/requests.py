@@ -68,9 +68,12 @@ def _tools(body: dict) -> list[dict] | None:
     if not isinstance(tools, list):
         raise bad("tools", "expected a list.")
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or \
-                not isinstance(t.get("function"), dict) or \
-                not isinstance(t["function"].get("name"), str):
+        if (
+            not isinstance(t, dict)
+            or t.get("type", "function") != "function"
+            or not isinstance(t.get("function"), dict)
+            or not isinstance(t["function"].get("name"), str)
+        ):
             raise bad(f"tools[{i}]", "expected {'type': 'function', 'function': {'name': ...}}.")
         params = t["function"].get("parameters")
         if params is not None and not isinstance(params, dict):
@@ -117,26 +120,64 @@ def _tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None]
         if tc == "required" and not tools:
             raise bad("tool_choice", "'required' needs a non-empty 'tools' list.")
         return tc, None
-    if isinstance(tc, dict) and tc.get("type") == "function" and \
-            isinstance((tc.get("function") or {}).get("name"), str):
+    if (
+        isinstance(tc, dict)
+        and tc.get("type") == "function"
+        and isinstance((tc.get("function") or {}).get("name"), str)
+    ):
         name = tc["function"]["name"]
         if name not in {t["function"]["name"] for t in tools or ()}:
             raise bad("tool_choice", f"function {name!r} is not among 'tools'.")
         return "function", name
-    raise bad("tool_choice", "expected 'auto', 'none', 'required' or "
-                              "{'type': 'function', 'function': {'name': ...}}.")
+    raise bad(
+        "tool_choice",
+        "expected 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}.",
+    )
 
 
 FIELDS = Fields(
-    used=frozenset({
-        "messages", "model", "tools", "tool_choice", "parallel_tool_calls", "stream",
-        "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-        "stop", "logprobs", "top_logprobs", "logit_bias", "n", "chat_template_kwargs",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p",
-        "response_format", "reasoning_effort", "modalities"}),
+    used=frozenset(
+        {
+            "messages",
+            "model",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "stream",
+            "stream_options",
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "stop",
+            "logprobs",
+            "top_logprobs",
+            "logit_bias",
+            "n",
+            "chat_template_kwargs",
+            "frequency_penalty",
+            "presence_penalty",
+            "repetition_penalty",
+            "top_k",
+            "min_p",
+            "response_format",
+            "reasoning_effort",
+            "modalities",
+        }
+    ),
     # OpenAI platform options that change no token: accepted, recorded in the call's info.
-    inert=frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
-                     "prompt_cache_retention", "safety_identifier"}),
+    inert=frozenset(
+        {
+            "user",
+            "metadata",
+            "store",
+            "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "safety_identifier",
+        }
+    ),
     unsupported={
         "functions": "the legacy 'functions' API is not supported; send 'tools'.",
         "function_call": "the legacy 'function_call' is not supported; send 'tool_choice'.",
@@ -144,7 +185,8 @@ FIELDS = Fields(
         "prediction": "predicted outputs are not supported.",
         "web_search_options": "web search is not supported.",
         "verbosity": "no chat template reads 'verbosity'; leave it out.",
-    })
+    },
+)
 
 
 def _fields(body: dict) -> dict:
@@ -176,18 +218,25 @@ def _response_format(body: dict) -> dict | None:
         if not isinstance(schema, dict):
             raise bad("response_format.json_schema.schema", "expected a JSON Schema object.")
         return schema
-    raise bad("response_format.type", f"{kind!r} is not one of 'text', 'json_object', "
-                                       "'json_schema'.")
+    raise bad(
+        "response_format.type", f"{kind!r} is not one of 'text', 'json_object', 'json_schema'."
+    )
 
 
 # Template variables Turnstile passes itself: a harness cannot override them.
 RESERVED_TEMPLATE_KWARGS = {
-    "messages": "send 'messages'", "tools": "send 'tools'",
-    "documents": "not supported", "add_generation_prompt": "always true for a completion",
-    "continue_final_message": "not supported", "conversations": "send 'messages'",
+    "messages": "send 'messages'",
+    "tools": "send 'tools'",
+    "documents": "not supported",
+    "add_generation_prompt": "always true for a completion",
+    "continue_final_message": "not supported",
+    "conversations": "send 'messages'",
     "chat_template": "start turnstile with --chat-template",
-    "system": "send a system message", "assistant": "reserved", "new_messages": "reserved",
-    "stop_token_id": "reserved"}
+    "system": "send a system message",
+    "assistant": "reserved",
+    "new_messages": "reserved",
+    "stop_token_id": "reserved",
+}
 
 
 def function_tool(name: str, description: str | None, parameters: dict) -> dict:
@@ -202,8 +251,9 @@ def function_tool(name: str, description: str | None, parameters: dict) -> dict:
 
 def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", None,
-                       code="invalid_request_body")
+        raise APIError(
+            400, "The request body must be a JSON object.", None, code="invalid_request_body"
+        )
     inert = _fields(body)
     n = read_int(body, "n", 1)
     if n not in (None, 1):
@@ -222,8 +272,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise bad("chat_template_kwargs", "expected an object.")
     for key in kwargs:
         if key in RESERVED_TEMPLATE_KWARGS:
-            raise bad(f"chat_template_kwargs.{key}", f"{key!r} is set by Turnstile itself "
-                       f"({RESERVED_TEMPLATE_KWARGS[key]}).")
+            raise bad(
+                f"chat_template_kwargs.{key}",
+                f"{key!r} is set by Turnstile itself ({RESERVED_TEMPLATE_KWARGS[key]}).",
+            )
     seed = read_int(body, "seed", -(2**63))
     effort = body.get("reasoning_effort")
     if effort is not None:
@@ -237,8 +289,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
         tools = None  # as vLLM: the template does not see tools the model may not call
     json_schema = _response_format(body)
     if json_schema is not None and tool_choice in ("required", "function"):
-        raise bad("response_format", "a JSON response format cannot be combined with a "
-                                      "forced tool call (tool_choice); send one of them.")
+        raise bad(
+            "response_format",
+            "a JSON response format cannot be combined with a "
+            "forced tool call (tool_choice); send one of them.",
+        )
     top_k = read_int(body, "top_k", -1)
     return ChatRequest(
         messages=check_messages(body),
@@ -258,8 +313,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_logprobs=read_int(body, "top_logprobs", 0, 20) or 0,
         logit_bias=_logit_bias(body),
         template_kwargs=kwargs,
-        parallel_tool_calls=body.get("parallel_tool_calls") is None or
-        read_bool(body, "parallel_tool_calls"),
+        parallel_tool_calls=body.get("parallel_tool_calls") is None
+        or read_bool(body, "parallel_tool_calls"),
         frequency_penalty=_optional(body, "frequency_penalty", -2.0, 2.0),
         presence_penalty=_optional(body, "presence_penalty", -2.0, 2.0),
         repetition_penalty=_optional(body, "repetition_penalty", 0.01, 2.0),
@@ -279,8 +334,9 @@ def parse_capture_request(body: Any) -> ChatRequest:
     is checked; every other field is the engine's to accept or refuse (its 4xx reaches the
     harness as is)."""
     if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.", None,
-                       code="invalid_request_body")
+        raise APIError(
+            400, "The request body must be a JSON object.", None, code="invalid_request_body"
+        )
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages", "expected a non-empty list of messages.")
@@ -297,8 +353,12 @@ def parse_capture_request(body: Any) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs")
     tools = body.get("tools")
     return ChatRequest(
-        messages=msgs, model=body.get("model") if isinstance(body.get("model"), str) else None,
-        tools=tools if isinstance(tools, list) else None, stream=bool(body.get("stream")),
+        messages=msgs,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        tools=tools if isinstance(tools, list) else None,
+        stream=bool(body.get("stream")),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
         logprobs=bool(body.get("logprobs")),
-        template_kwargs=kwargs if isinstance(kwargs, dict) else {}, raw=body)
+        template_kwargs=kwargs if isinstance(kwargs, dict) else {},
+        raw=body,
+    )

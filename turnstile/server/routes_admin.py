@@ -18,14 +18,13 @@ async def admin_pause(request: Request) -> Response:
     gateway = ctx.gateway
     body = await read_json(request, ctx.max_body, required=False) or {}
     if not isinstance(body, dict):
-        raise APIError(400, "The body must be a JSON object: {\"mode\": \"drain\"}.", None)
+        raise APIError(400, 'The body must be a JSON object: {"mode": "drain"}.', None)
     mode = body.get("mode", "drain")
     if mode not in ("drain", "abort"):
         raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'drain' or 'abort'.", "mode")
     timeout = body.get("timeout", 600)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise APIError(400, "Invalid 'timeout': expected seconds (a number >= 0).",
-                       "timeout")
+        raise APIError(400, "Invalid 'timeout': expected seconds (a number >= 0).", "timeout")
     # Turnstile stops admitting (and, for abort, cancels its own calls) before any engine
     # is told: a call admitted after the engine paused would wait on it (drain) or fail
     # there as an engine error (abort)
@@ -44,18 +43,23 @@ async def admin_resume(request: Request) -> Response:
         weight_version(version)
     engines = await gateway.engine.resume()
     gateway.control.resume(None if version is None else str(version))
-    return json_response({"paused": False, "weight_version": gateway.control.version,
-                          "engines": engines})
+    return json_response(
+        {"paused": False, "weight_version": gateway.control.version, "engines": engines}
+    )
 
 
 async def admin_status(request: Request) -> Response:
     gateway = context(request).gateway
     c = gateway.control
     replicas = gateway.engine.replica_health()
-    return json_response({"paused": c.paused, "in_flight": c.in_flight,
-                          "weight_version": c.version,
-                          "replicas": [{"url": url, "healthy": ok} for url, ok in replicas]
-                          if replicas else None})
+    return json_response(
+        {
+            "paused": c.paused,
+            "in_flight": c.in_flight,
+            "weight_version": c.version,
+            "replicas": [{"url": url, "healthy": ok} for url, ok in replicas] if replicas else None,
+        }
+    )
 
 
 async def openapi(request: Request) -> Response:
@@ -64,5 +68,6 @@ async def openapi(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     ok = await context(request).gateway.engine.health()
-    return json_response({"status": "ok" if ok else "engine_unavailable", "engine": ok},
-                         200 if ok else 503)
+    return json_response(
+        {"status": "ok" if ok else "engine_unavailable", "engine": ok}, 200 if ok else 503
+    )

@@ -76,9 +76,20 @@ async def count_tokens(request: Request) -> Response:
 async def models(request: Request) -> Response:
     harness_session(request)
     gateway = context(request).gateway
-    return json_response({"object": "list", "data": [{
-        "id": gateway.model_name, "object": "model", "created": int(time.time()),
-        "owned_by": "turnstile", "max_model_len": gateway.engine.context_length}]})
+    return json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": gateway.model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "turnstile",
+                    "max_model_len": gateway.engine.context_length,
+                }
+            ],
+        }
+    )
 
 
 async def stored_response(request: Request) -> Response:
@@ -89,9 +100,14 @@ async def stored_response(request: Request) -> Response:
     sid = harness_session(request)
     assert sid is not None
     rid = request.path_params["rid"]
-    rec = next((c for c in ctx.store.calls(sid) if c.id == r.call_id(rid) and
-                c.info.get("dialect") == r.NAME), None)
+    rec = next(
+        (
+            c
+            for c in ctx.store.calls(sid)
+            if c.id == r.call_id(rid) and c.info.get("dialect") == r.NAME
+        ),
+        None,
+    )
     if rec is None:
-        raise APIError(404, f"Response with id {rid!r} not found.", "response_id",
-                       code="not_found")
+        raise APIError(404, f"Response with id {rid!r} not found.", "response_id", code="not_found")
     return json_response(r.stored(rec, ctx.gateway.model_name))

@@ -20,16 +20,19 @@ def session_json(ctx: AppContext, sid: str, s: dict | None = None) -> dict:
         raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
     cap = ctx.sessions.capabilities([sid]).get(sid, sid)
     # the Anthropic SDK adds /v1 itself: its base URL is the same without it
-    return {**s, "object": "session", "base_url": f"{ctx.public_url}/s/{cap}/v1",
-            "anthropic_base_url": f"{ctx.public_url}/s/{cap}"}
+    return {
+        **s,
+        "object": "session",
+        "base_url": f"{ctx.public_url}/s/{cap}/v1",
+        "anthropic_base_url": f"{ctx.public_url}/s/{cap}",
+    }
 
 
 async def create_session(request: Request) -> Response:
     ctx = context(request)
     body = await read_json(request, ctx.max_body, required=False) or {}
     if not isinstance(body, dict):
-        raise APIError(400, "The body must be a JSON object: {\"metadata\": {...}}.",
-                       "metadata")
+        raise APIError(400, 'The body must be a JSON object: {"metadata": {...}}.', "metadata")
     fields = session_fields(body)
     if "metadata" in body:
         meta = body["metadata"]
@@ -40,13 +43,21 @@ async def create_session(request: Request) -> Response:
     try:  # stored and served as JSON (inside a list page): refused here if it cannot be
         orjson.dumps([[[[meta]]]])
     except orjson.JSONEncodeError as exc:
-        raise APIError(400, f"Invalid 'metadata': {exc} (JSON nested at most 250 "
-                            "levels deep, integers within 64 bits).", "metadata") from None
+        raise APIError(
+            400,
+            f"Invalid 'metadata': {exc} (JSON nested at most 250 "
+            "levels deep, integers within 64 bits).",
+            "metadata",
+        ) from None
     sid = body.get("id")
-    if sid is not None and (not isinstance(sid, str) or not sid or "/" in sid
-                            or sid in (".", "..")):  # ids must be addressable in a path
-        raise APIError(400, "Invalid 'id': expected a non-empty string without '/' (and "
-                            "not '.' or '..').", "id")
+    if sid is not None and (
+        not isinstance(sid, str) or not sid or "/" in sid or sid in (".", "..")
+    ):  # ids must be addressable in a path
+        raise APIError(
+            400,
+            "Invalid 'id': expected a non-empty string without '/' (and not '.' or '..').",
+            "id",
+        )
     sid = ctx.store.create_session(meta, sid, **fields)
     # an id that exists already keeps its state: a closed rollout stays closed
     ctx.sessions.uncache(sid)
@@ -63,8 +74,7 @@ async def session(request: Request) -> Response:
         ctx.sessions.forget_capability(sid)
         ctx.gateway.forget(sid)
         if not ctx.store.delete_session(sid):
-            raise APIError(404, f"No session {sid!r}.", "session_id",
-                           code="session_not_found")
+            raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
         return json_response({"id": sid, "object": "session.deleted", "deleted": True})
     return json_response(session_json(ctx, sid))
 
@@ -75,24 +85,36 @@ async def list_sessions(request: Request) -> Response:
     unknown = set(q) - {"group", "group_id", "status", "limit", "after", "exported"}
     if unknown:
         name = sorted(unknown)[0]
-        raise APIError(400, f"Unknown query parameter {name!r}; use group, status, limit, "
-                            "after or exported.", name)
+        raise APIError(
+            400,
+            f"Unknown query parameter {name!r}; use group, status, limit, after or exported.",
+            name,
+        )
     status = q.get("status")
     if status is not None and status not in ("open", "closed"):
-        raise APIError(400, f"Invalid 'status' {status!r}: expected 'open' or 'closed'.",
-                       "status")
+        raise APIError(400, f"Invalid 'status' {status!r}: expected 'open' or 'closed'.", "status")
     limit = int_param(q.get("limit"), "limit", 100, 1, 1000)
     exported = q.get("exported")
     if exported is not None and exported not in ("true", "false"):
         raise APIError(400, "Invalid 'exported': expected true or false.", "exported")
     sessions, more = ctx.store.list_sessions(
-        group_id=q.get("group", q.get("group_id")), status=status, limit=limit,
-        after=q.get("after"), exported=None if exported is None else exported == "true")
+        group_id=q.get("group", q.get("group_id")),
+        status=status,
+        limit=limit,
+        after=q.get("after"),
+        exported=None if exported is None else exported == "true",
+    )
     ctx.sessions.capabilities([s["id"] for s in sessions])
     data = [session_json(ctx, s["id"], s) for s in sessions]
-    return json_response({"object": "list", "data": data, "has_more": more,
-                          "first_id": data[0]["id"] if data else None,
-                          "last_id": data[-1]["id"] if data else None})
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )
 
 
 async def rewards(request: Request) -> Response:
@@ -100,36 +122,43 @@ async def rewards(request: Request) -> Response:
     sid = ctx.sessions.require(request.path_params["sid"])
     body = await read_json(request, ctx.max_body)
     if not isinstance(body, dict):
-        raise APIError(400, "The body must be a JSON object: {\"reward\": 1.0} or "
-                            "{\"rewards\": {\"name\": 1.0}}, optionally with \"call_id\".",
-                       "rewards")
+        raise APIError(
+            400,
+            'The body must be a JSON object: {"reward": 1.0} or '
+            '{"rewards": {"name": 1.0}}, optionally with "call_id".',
+            "rewards",
+        )
     for key in body:
         if key not in ("reward", "rewards", "call_id"):
-            raise APIError(400, f"Unknown field {key!r}; expected reward, rewards or "
-                                "call_id.", key)
+            raise APIError(400, f"Unknown field {key!r}; expected reward, rewards or call_id.", key)
     named: dict[str, float] = {}
     if "rewards" in body:
         rw = body["rewards"]
         if not isinstance(rw, dict) or not rw:
-            raise APIError(400, "Invalid 'rewards': expected a non-empty object of named "
-                                "numbers, e.g. {\"correct\": 1.0}.", "rewards")
+            raise APIError(
+                400,
+                "Invalid 'rewards': expected a non-empty object of named "
+                'numbers, e.g. {"correct": 1.0}.',
+                "rewards",
+            )
         for name, v in rw.items():
             if not name:
-                raise APIError(400, "Invalid 'rewards': names must be non-empty.",
-                               "rewards")
+                raise APIError(400, "Invalid 'rewards': names must be non-empty.", "rewards")
             named[name] = number(v, f"rewards.{name}")
     if "reward" in body:
         named["reward"] = number(body["reward"], "reward")
     if not named:
-        raise APIError(400, "Give 'reward' (a number) or 'rewards' (an object of named "
-                            "numbers).", "reward")
+        raise APIError(
+            400, "Give 'reward' (a number) or 'rewards' (an object of named numbers).", "reward"
+        )
     call_id = body.get("call_id")
     if call_id is not None:
         if not isinstance(call_id, str) or not call_id:
             raise APIError(400, "Invalid 'call_id': expected a call id string.", "call_id")
         if not ctx.store.has_call(sid, call_id):
-            raise APIError(404, f"Session {sid!r} has no call {call_id!r}.", "call_id",
-                           code="call_not_found")
+            raise APIError(
+                404, f"Session {sid!r} has no call {call_id!r}.", "call_id", code="call_not_found"
+            )
     ctx.store.set_rewards(sid, named, call_id)
     return json_response(session_json(ctx, sid))
 
@@ -139,15 +168,15 @@ async def close(request: Request) -> Response:
     sid = ctx.sessions.require(request.path_params["sid"])
     body = await read_json(request, ctx.max_body, required=False) or {}
     if not isinstance(body, dict):
-        raise APIError(400, "The body must be a JSON object (or empty).",
-                       "termination_reason")
+        raise APIError(400, "The body must be a JSON object (or empty).", "termination_reason")
     for key in body:
         if key != "termination_reason":
             raise APIError(400, f"Unknown field {key!r}; expected termination_reason.", key)
     reason = body.get("termination_reason")
     if reason is not None and not isinstance(reason, str):
-        raise APIError(400, "Invalid 'termination_reason': expected a string.",
-                       "termination_reason")
+        raise APIError(
+            400, "Invalid 'termination_reason': expected a string.", "termination_reason"
+        )
     ctx.store.close_session(sid, reason)
     ctx.sessions.mark_closed(sid)
     ctx.gateway.closed(sid)  # token-in: its call tree is freed (rebuilt from the store if needed)
@@ -157,8 +186,7 @@ async def close(request: Request) -> Response:
 async def calls(request: Request) -> Response:
     ctx = context(request)
     sid = ctx.sessions.require(request.path_params["sid"])
-    return json_response({"object": "list",
-                          "data": [c.to_json() for c in ctx.store.calls(sid)]})
+    return json_response({"object": "list", "data": [c.to_json() for c in ctx.store.calls(sid)]})
 
 
 async def call_body(request: Request) -> Response:
@@ -166,13 +194,18 @@ async def call_body(request: Request) -> Response:
     sid = ctx.sessions.require(request.path_params["sid"])
     cid = request.path_params["cid"]
     if not ctx.store.has_call(sid, cid):
-        raise APIError(404, f"Session {sid!r} has no call {cid!r}.", "call_id",
-                       code="call_not_found")
+        raise APIError(
+            404, f"Session {sid!r} has no call {cid!r}.", "call_id", code="call_not_found"
+        )
     body = ctx.store.body(cid)
     if body is None:
-        raise APIError(404, f"No body kept for call {cid!r} (the store keeps raw bodies "
-                            "only when started with keep_bodies).", "call_id",
-                       code="body_not_kept")
+        raise APIError(
+            404,
+            f"No body kept for call {cid!r} (the store keeps raw bodies "
+            "only when started with keep_bodies).",
+            "call_id",
+            code="body_not_kept",
+        )
     return json_response({"object": "call.body", "call_id": cid, **body})
 
 
@@ -181,9 +214,17 @@ async def trajectories(request: Request) -> Response:
     sid = ctx.sessions.require(request.path_params["sid"])
     mode = request.query_params.get("mode", "merged")
     if mode not in MODES:
-        raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'merged' (one sample per "
-                            "root-to-leaf path) or 'per_call' (one sample per call).",
-                       "mode")
+        raise APIError(
+            400,
+            f"Invalid 'mode' {mode!r}: expected 'merged' (one sample per "
+            "root-to-leaf path) or 'per_call' (one sample per call).",
+            "mode",
+        )
     s = ctx.store.get_session(sid)
-    return json_response({"object": "list", "mode": mode, "data": [
-        t.with_session(s).to_json() for t in stitch(ctx.store.calls(sid), mode)]})
+    return json_response(
+        {
+            "object": "list",
+            "mode": mode,
+            "data": [t.with_session(s).to_json() for t in stitch(ctx.store.calls(sid), mode)],
+        }
+    )

@@ -12,23 +12,41 @@ from .errors import APIError
 from .requests import ChatRequest
 
 
-def sampling_params(req: ChatRequest, prompt_len: int, context_length: int,
-                    eog_token_ids: Iterable[int], parser: FormatChoice, prompt_tail: str = ""
-                    ) -> SamplingParams:
+def sampling_params(
+    req: ChatRequest,
+    prompt_len: int,
+    context_length: int,
+    eog_token_ids: Iterable[int],
+    parser: FormatChoice,
+    prompt_tail: str = "",
+) -> SamplingParams:
     room = context_length - prompt_len
     if room <= 0:
-        raise APIError(400, f"The prompt is {prompt_len} tokens; the model's context is "
-                            f"{context_length}. Shorten the messages.",
-                       "messages", code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"The prompt is {prompt_len} tokens; the model's context is "
+            f"{context_length}. Shorten the messages.",
+            "messages",
+            code="context_length_exceeded",
+        )
     return SamplingParams(
         max_tokens=min(req.max_tokens or room, room),
-        temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
-        top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop=req.stop,
+        top_logprobs=req.top_logprobs,
+        logit_bias=req.logit_bias,
         # vLLM/SGLang stop on the template's end-of-turn even if the model config omits it
         stop_token_ids=sorted(eog_token_ids),
-        grammar=tool_grammar(req, parser, prompt_tail), json_schema=req.json_schema,
-        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-        repetition_penalty=req.repetition_penalty, top_k=req.top_k, min_p=req.min_p)
+        grammar=tool_grammar(req, parser, prompt_tail),
+        json_schema=req.json_schema,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        repetition_penalty=req.repetition_penalty,
+        top_k=req.top_k,
+        min_p=req.min_p,
+    )
 
 
 def tool_grammar(req: ChatRequest, parser: FormatChoice, prompt_tail: str = "") -> str | None:
@@ -39,12 +57,20 @@ def tool_grammar(req: ChatRequest, parser: FormatChoice, prompt_tail: str = "") 
         return None
     fmt = parser.tool_format
     if not grammar.supports(fmt):
-        raise APIError(400, f"tool_choice={req.tool_choice!r} needs constrained decoding in "
-                            f"this template's tool-call syntax ({fmt or 'none detected'}), "
-                            "which Turnstile cannot build yet; use 'auto'.", "tool_choice")
+        raise APIError(
+            400,
+            f"tool_choice={req.tool_choice!r} needs constrained decoding in "
+            f"this template's tool-call syntax ({fmt or 'none detected'}), "
+            "which Turnstile cannot build yet; use 'auto'.",
+            "tool_choice",
+        )
     close = None
     if parser.reasoning_tags and parser.reasoning_started(prompt_tail):
         close = parser.reasoning_tags[1]
-    return grammar.tool_call_grammar(fmt, req.tools or [], req.forced_function, close,
-                                     parallel=req.tool_choice == "required" and
-                                     req.parallel_tool_calls)
+    return grammar.tool_call_grammar(
+        fmt,
+        req.tools or [],
+        req.forced_function,
+        close,
+        parallel=req.tool_choice == "required" and req.parallel_tool_calls,
+    )

@@ -30,8 +30,12 @@ class SessionIndex:
         if sid not in self.known:
             s = self.store.get_session(sid)
             if s is None:
-                raise APIError(404, f"No session {sid!r}. Create one with POST /v1/sessions.",
-                               "session_id", code="session_not_found")
+                raise APIError(
+                    404,
+                    f"No session {sid!r}. Create one with POST /v1/sessions.",
+                    "session_id",
+                    code="session_not_found",
+                )
             self.known.add(sid)
             if s.get("status") == "closed":
                 self.closed.add(sid)
@@ -39,13 +43,17 @@ class SessionIndex:
 
     def require_open(self, sid: str) -> None:
         """409 for a closed session: its rollout has ended."""
-        if self.shared and sid not in self.closed and \
-                self.store.session_status(sid) == "closed":
+        if self.shared and sid not in self.closed and self.store.session_status(sid) == "closed":
             self.closed.add(sid)
         if sid in self.closed:
-            raise APIError(409, f"Session {sid!r} is closed: its rollout has ended. Open a new "
-                                "session for new calls.", "session_id", code="session_closed",
-                           type_="invalid_request_error")
+            raise APIError(
+                409,
+                f"Session {sid!r} is closed: its rollout has ended. Open a new "
+                "session for new calls.",
+                "session_id",
+                code="session_closed",
+                type_="invalid_request_error",
+            )
 
     def ensure(self, sid: str) -> str:
         """The session ``sid``, created on first use (``X-Session-Id``)."""

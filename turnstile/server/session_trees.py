@@ -29,7 +29,6 @@ class Entry:
     evict: bool = False  # closed while a call ran: dropped when the last one ends
 
 
-
 class SessionTrees:
     """Which session's tree is in memory, which is busy, and which to drop."""
 
@@ -84,8 +83,12 @@ class SessionTrees:
         Calls rendered under another template/tokenizer fingerprint stay in the tree but are
         never extended: their tokens are not what this renderer would produce."""
         entry = self.entries.get(session_id)
-        if entry is not None and self.shared and not entry.busy and \
-                self.store.call_count(session_id) != entry.tree.n_calls:
+        if (
+            entry is not None
+            and self.shared
+            and not entry.busy
+            and self.store.call_count(session_id) != entry.tree.n_calls
+        ):
             del self.entries[session_id]  # recorded elsewhere meanwhile: rebuild it
             entry = None
         if entry is not None:
@@ -95,8 +98,7 @@ class SessionTrees:
         tree = Tree(content_format=self.renderer.template.content_format, created=created)
         for c in self.store.calls(session_id):
             parent = tree.nodes.get(c.parent_id) if c.parent_id else None
-            node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message,
-                        c.stop_token_id)
+            node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message, c.stop_token_id)
             tree.place(node)
             tree.n_calls += 1
             tree.known.update(c.prefix_hashes)

@@ -24,9 +24,16 @@ if TYPE_CHECKING:
 CLIENT_GONE = "the client disconnected"
 
 
-async def stream_chunks(gw: Gateway, session_id: str, req: ChatRequest, tree: Tree,
-                        prompt: Prompt, params: SamplingParams, started: float, tail: str
-                        ) -> AsyncGenerator[dict, None]:
+async def stream_chunks(
+    gw: Gateway,
+    session_id: str,
+    req: ChatRequest,
+    tree: Tree,
+    prompt: Prompt,
+    params: SamplingParams,
+    started: float,
+    tail: str,
+) -> AsyncGenerator[dict, None]:
     """The chunks of a streamed token-in call: one pass per batch of engine events (the
     tokens that arrived together leave in one chunk, or a few when the parser splits content
     from a tool call); the call is recorded before the final chunk."""
@@ -45,8 +52,11 @@ async def stream_chunks(gw: Gateway, session_id: str, req: ChatRequest, tree: Tr
         async for batch in gw.events(session_id, prompt, params, gen, stream=True):
             sampled = [ev for ev in batch if ev.token_id not in eog]
             text = visible("".join([detok.push(ev.token_id) for ev in sampled]))
-            lp = [cc.logprob_entry(gw.tok, ev.token_id, ev.logprob, ev.top or [])
-                  for ev in sampled] if req.logprobs and sampled else None
+            lp = (
+                [cc.logprob_entry(gw.tok, ev.token_id, ev.logprob, ev.top or []) for ev in sampled]
+                if req.logprobs and sampled
+                else None
+            )
             deltas = parser.feed(text) if text else []
             if lp and not deltas:
                 deltas = [{"content": ""}]
@@ -60,8 +70,9 @@ async def stream_chunks(gw: Gateway, session_id: str, req: ChatRequest, tree: Tr
         # the failure, so a read right after the error finds the call.
         status = "recorded"
         with contextlib.suppress(APIError):
-            await gw.record(session_id, tree, prompt, params, gen, "error", None,
-                              str(exc), started, req=req)
+            await gw.record(
+                session_id, tree, prompt, params, gen, "error", None, str(exc), started, req=req
+            )
         raise APIError(exc.status, str(exc), type_="engine_error") from exc
     except asyncio.CancelledError:
         if not gw.control.aborted():
@@ -72,16 +83,27 @@ async def stream_chunks(gw: Gateway, session_id: str, req: ChatRequest, tree: Tr
         if status not in ("ok", "recorded"):
             # The harness did not get a whole response: keep the tokens, mark the call.
             # Nobody waits for this write (the stream may be being torn down).
-            gw.record_later(session_id, tree, prompt, params, gen, status, None, error,
-                              started, req=req)
+            gw.record_later(
+                session_id, tree, prompt, params, gen, status, None, error, started, req=req
+            )
     parsed = parser.result()
     message = parsed.to_openai()
     assert gen.finish is not None  # _events raised otherwise
     finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
-    rec = await gw.record(session_id, tree, prompt, params, gen, "ok", message, None,
-                            started, {"parse_status": parsed.parse_status}, req,
-                            {"choices": [{"message": message,
-                                          "finish_reason": finish_reason}]})
+    rec = await gw.record(
+        session_id,
+        tree,
+        prompt,
+        params,
+        gen,
+        "ok",
+        message,
+        None,
+        started,
+        {"parse_status": parsed.parse_status},
+        req,
+        {"choices": [{"message": message, "finish_reason": finish_reason}]},
+    )
     req.record = rec
     yield chunk({}, finish_reason)
     if req.include_usage:

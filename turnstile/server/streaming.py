@@ -18,8 +18,9 @@ class EventStream(StreamingResponse):
     because the client was gone first. That close ends the call's in-flight count."""
 
     def __init__(self, body: AsyncIterator[bytes], source: Chunks):
-        super().__init__(body, media_type="text/event-stream",
-                         headers={"cache-control": "no-cache"})
+        super().__init__(
+            body, media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
         self._source = source
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

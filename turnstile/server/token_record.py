@@ -8,7 +8,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..chat.history import Node, prefix_hashes
+from ..chat.history import Node
+from ..chat.history_hash import prefix_hashes
 from ..engines.base import Finish, SamplingParams
 from ..store.records import CallRecord, new_id
 from .prompting import Prompt
@@ -44,10 +45,15 @@ def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) 
     (what was asked for but cannot act as asked), the dialect's state, the inert options."""
     warnings = []
     if req is not None and req.tools and gw.renderer.ignores_tools:
-        warnings.append("the chat template does not render 'tools': the model was not "
-                        "shown the tools (serve with --chat-template FILE that does)")
-    if req is not None and "reasoning_effort" in req.template_kwargs and \
-            "reasoning_effort" not in gw.renderer.template.source:
+        warnings.append(
+            "the chat template does not render 'tools': the model was not "
+            "shown the tools (serve with --chat-template FILE that does)"
+        )
+    if (
+        req is not None
+        and "reasoning_effort" in req.template_kwargs
+        and "reasoning_effort" not in gw.renderer.template.source
+    ):
         warnings.append("the chat template does not read 'reasoning_effort'")
     warnings.extend(gw.engine.sampling_notes(params))
     out: dict = {}
@@ -62,10 +68,20 @@ def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) 
     return out
 
 
-def build_record(gw: Gateway, session_id: str, tree: Tree, prompt: Prompt,
-                 params: SamplingParams, gen: Generation, status: str, message: dict | None,
-                 error: str | None, started: float, extra: dict | None = None,
-                 req: ChatRequest | None = None) -> Built:
+def build_record(
+    gw: Gateway,
+    session_id: str,
+    tree: Tree,
+    prompt: Prompt,
+    params: SamplingParams,
+    gen: Generation,
+    status: str,
+    message: dict | None,
+    error: str | None,
+    started: float,
+    extra: dict | None = None,
+    req: ChatRequest | None = None,
+) -> Built:
     finish = gen.finish
     stop_token = finish.stop_token_id if finish else None
     call_id = req.call_id if req is not None and req.call_id else new_id("call_")
@@ -86,20 +102,32 @@ def build_record(gw: Gateway, session_id: str, tree: Tree, prompt: Prompt,
     version = gw.control.version
     info = {
         **call_info(
-            model=gw.model_name, engine=gw.engine.name,
-            fingerprint=gw.renderer.fingerprint, segment_detail=prompt.segment_detail,
-            sampling=params.as_dict(), logprob_kind=finish.logprob_kind if finish else None,
+            model=gw.model_name,
+            engine=gw.engine.name,
+            fingerprint=gw.renderer.fingerprint,
+            segment_detail=prompt.segment_detail,
+            sampling=params.as_dict(),
+            logprob_kind=finish.logprob_kind if finish else None,
             logprob_warning=gw.engine.logprob_warning(params),
             engine_request_id=finish.engine_request_id if finish else None,
             weight_versions=finish.weight_versions if finish else None,
-            version=weight_version(finish.weight_versions if finish else None, n,
-                                   finish.weight_version if finish else None, version),
+            version=weight_version(
+                finish.weight_versions if finish else None,
+                n,
+                finish.weight_version if finish else None,
+                version,
+            ),
             policy_version=version,
             stop_string=finish.stop_string if finish else None,
-            usage={"prompt_tokens": len(prompt.ids), "completion_tokens": n,
-                   "cached_tokens": finish.cached_tokens if finish else 0},
-            started=started, timings=finish.timings if finish else None,
-            dialect=req.dialect if req is not None else "chat"),
+            usage={
+                "prompt_tokens": len(prompt.ids),
+                "completion_tokens": n,
+                "cached_tokens": finish.cached_tokens if finish else 0,
+            },
+            started=started,
+            timings=finish.timings if finish else None,
+            dialect=req.dialect if req is not None else "chat",
+        ),
         "engine_url": gen.engine_url,
         "engine_finish_reason": finish.engine_reason if finish else None,
         "stop_echo_hash": echo_hash.hex() if echo_hash else None,
@@ -107,12 +135,23 @@ def build_record(gw: Gateway, session_id: str, tree: Tree, prompt: Prompt,
         **(extra or {}),
     }
     rec = CallRecord(
-        id=call_id, session_id=session_id, seq=tree.n_calls,
+        id=call_id,
+        session_id=session_id,
+        seq=tree.n_calls,
         parent_id=prompt.parent.id if prompt.parent else None,
         segment_reason=prompt.segment_reason,
         reused_prefix_len=len(prompt.ids) - len(prompt.delta),
-        prompt_delta=prompt.delta, completion_ids=gen.ids, completion_logprobs=gen.logprobs,
-        finish_reason=finish.reason if finish else None, stop_token_id=stop_token,
-        seam=prompt.seam, status=status, error=error, message=message,
-        history_hash=reply_hash, prefix_hashes=new_hashes, info=info)
+        prompt_delta=prompt.delta,
+        completion_ids=gen.ids,
+        completion_logprobs=gen.logprobs,
+        finish_reason=finish.reason if finish else None,
+        stop_token_id=stop_token,
+        seam=prompt.seam,
+        status=status,
+        error=error,
+        message=message,
+        history_hash=reply_hash,
+        prefix_hashes=new_hashes,
+        info=info,
+    )
     return Built(rec, node, reply_hash, echo_hash)

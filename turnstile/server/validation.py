@@ -21,16 +21,24 @@ def session_fields(body: dict) -> dict:
     for name in ("group_id", "task_id"):
         v = body.get(name)
         if v is not None and not (isinstance(v, str) and 0 < len(v) <= MAX_ID_LEN):
-            raise APIError(400, f"Invalid {name!r}: expected a non-empty string of at most "
-                                f"{MAX_ID_LEN} characters.", name)
+            raise APIError(
+                400,
+                f"Invalid {name!r}: expected a non-empty string of at most "
+                f"{MAX_ID_LEN} characters.",
+                name,
+            )
         if name in body:
             out[name] = v
     if "sample_index" in body:
         v = body["sample_index"]
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or
-                              not 0 <= v <= INT32_MAX):
-            raise APIError(400, f"Invalid 'sample_index': expected an integer in [0, "
-                                f"{INT32_MAX}].", "sample_index")
+        if v is not None and (
+            not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT32_MAX
+        ):
+            raise APIError(
+                400,
+                f"Invalid 'sample_index': expected an integer in [0, {INT32_MAX}].",
+                "sample_index",
+            )
         out["sample_index"] = v
     return out
 
@@ -47,9 +55,12 @@ def weight_version(v: object) -> None:
             return
         if re.fullmatch(r"-?[0-9]+", v) and -(2**63) <= int(v) < 2**63:
             return
-    raise APIError(400, "Invalid 'weight_version': expected an integer in int64 range or a "
-                        "label of 1-128 letters, digits and ._:+/@- (not a malformed number).",
-                   "weight_version")
+    raise APIError(
+        400,
+        "Invalid 'weight_version': expected an integer in int64 range or a "
+        "label of 1-128 letters, digits and ._:+/@- (not a malformed number).",
+        "weight_version",
+    )
 
 
 def number(v: object, param: str) -> float:
@@ -66,6 +77,5 @@ def int_param(raw: str | None, name: str, default: int, lo: int, hi: int) -> int
     except ValueError:
         v = lo - 1
     if not lo <= v <= hi:
-        raise APIError(400, f"Invalid {name!r} {raw!r}: expected an integer in [{lo}, {hi}].",
-                       name)
+        raise APIError(400, f"Invalid {name!r} {raw!r}: expected an integer in [{lo}, {hi}].", name)
     return v

@@ -30,7 +30,6 @@ records), ``export_columns`` and ``export_sinks`` (buffers and files), ``export_
 back) and ``export_cli`` (``turnstile export``).
 """
 
-
 from __future__ import annotations
 
 import json
@@ -39,7 +38,6 @@ import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import orjson
@@ -61,34 +59,64 @@ from .sqlite import Store
 from .trajectories import MODES, stitch
 
 _TableWriter = TableWriter  # the name tests patch
-__all__ = ["EXPORT_SCHEMA_VERSION", "FORMATS", "PARTITIONS", "TABLES", "ExportResult",
-           "arrow_schemas", "call_columns", "default_batch_name", "export", "read_calls",
-           "select_sessions", "session_row", "trajectory_row"]
+__all__ = [
+    "EXPORT_SCHEMA_VERSION",
+    "FORMATS",
+    "PARTITIONS",
+    "TABLES",
+    "ExportResult",
+    "arrow_schemas",
+    "call_columns",
+    "default_batch_name",
+    "export",
+    "read_calls",
+    "select_sessions",
+    "session_row",
+    "trajectory_row",
+]
 
 
-def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
-           tables: Iterable[str] = TABLES, mode: str = "merged", partition: str = "batch",
-           batch: str | None = None, session_ids: Iterable[str] | None = None,
-           group_ids: Iterable[str] | None = None, status: str | None = None,
-           unexported_only: bool = False, mark_exported: bool = True, delete: bool = False,
-           include_bodies: bool = False, rows_per_group: int = 512,
-           rows_per_file: int = 100_000, compression_level: int = 3,
-           store: Store | None = None) -> ExportResult:
+def export(
+    data: str | Path,
+    out: str | Path,
+    *,
+    fmt: str = "parquet",
+    tables: Iterable[str] = TABLES,
+    mode: str = "merged",
+    partition: str = "batch",
+    batch: str | None = None,
+    session_ids: Iterable[str] | None = None,
+    group_ids: Iterable[str] | None = None,
+    status: str | None = None,
+    unexported_only: bool = False,
+    mark_exported: bool = True,
+    delete: bool = False,
+    include_bodies: bool = False,
+    rows_per_group: int = 512,
+    rows_per_file: int = 100_000,
+    compression_level: int = 3,
+    store: Store | None = None,
+) -> ExportResult:
     """Write the selected sessions to ``out``; see the module docstring for the layout.
 
     ``delete`` removes the exported sessions from the store once every file is complete (the
     ``calls`` table must be among ``tables``: it is the lossless copy).
     """
     tables = tuple(tables)
-    for name, value, allowed in (("fmt", fmt, FORMATS), ("mode", mode, MODES),
-                                 ("partition", partition, PARTITIONS)):
+    for name, value, allowed in (
+        ("fmt", fmt, FORMATS),
+        ("mode", mode, MODES),
+        ("partition", partition, PARTITIONS),
+    ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
     if not tables or set(tables) - set(TABLES):
         raise ValueError(f"tables must be a non-empty subset of {TABLES}, not {tables}")
     if delete and "calls" not in tables:
-        raise ValueError("delete=True needs the 'calls' table in the export (the lossless "
-                         "copy); otherwise the deleted records would be gone for good")
+        raise ValueError(
+            "delete=True needs the 'calls' table in the export (the lossless "
+            "copy); otherwise the deleted records would be gone for good"
+        )
     started = time.perf_counter()
     own = store is None
     st = store or Store(data)
@@ -103,9 +131,21 @@ def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
             sessions.sort(key=lambda s: (s["group_id"] is None, s["group_id"] or ""))
         schemas = arrow_schemas()
         pending: list[tuple[Path, Path]] = []
-        writers = {t: TableWriter(out, t, fmt, schemas[t], batch, rows_per_group,
-                                   rows_per_file, compression_level, result, pending)
-                   for t in tables}
+        writers = {
+            t: TableWriter(
+                out,
+                t,
+                fmt,
+                schemas[t],
+                batch,
+                rows_per_group,
+                rows_per_file,
+                compression_level,
+                result,
+                pending,
+            )
+            for t in tables
+        }
         for t in tables:
             result.rows[t] = result.tokens[t] = 0
         current: object = object()
@@ -120,8 +160,9 @@ def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
             try:
                 _export_session(st, s, writers, mode, batch, include_bodies, result)
             except Exception as exc:  # noqa: BLE001 - one bad record must not sink the batch
-                result.skipped.append({"session_id": s["id"],
-                                       "error": f"{type(exc).__name__}: {exc}"[:500]})
+                result.skipped.append(
+                    {"session_id": s["id"], "error": f"{type(exc).__name__}: {exc}"[:500]}
+                )
                 continue
             signatures[s["id"]] = signature
         try:
@@ -147,16 +188,29 @@ def export(data: str | Path, out: str | Path, *, fmt: str = "parquet",
     return result
 
 
-def _export_session(st: Store, s: dict, writers: dict[str, TableWriter], mode: str,
-                    batch: str, include_bodies: bool, result: ExportResult) -> None:
+def _export_session(
+    st: Store,
+    s: dict,
+    writers: dict[str, TableWriter],
+    mode: str,
+    batch: str,
+    include_bodies: bool,
+    result: ExportResult,
+) -> None:
     """All of one session's rows, or (on an exception) none: everything is built and checked
     before the first row is handed to a writer."""
     rows = st.raw_calls(s["id"])
     s["n_calls"] = len(rows)
     si = s.get("sample_index")
     if si is not None and not (isinstance(si, int) and 0 <= si <= INT32_MAX):
-        result.warnings.append({"session_id": s["id"], "field": "sample_index",
-                                "value": str(si)[:40], "written_as": None})
+        result.warnings.append(
+            {
+                "session_id": s["id"],
+                "field": "sample_index",
+                "value": str(si)[:40],
+                "written_as": None,
+            }
+        )
         s["sample_index"] = None
     versions: list[int] = []
     infos = [orjson.loads(r["info"]) for r in rows]
@@ -172,7 +226,7 @@ def _export_session(st: Store, s: dict, writers: dict[str, TableWriter], mode: s
         bodies = st.bodies_of(s["id"]) if include_bodies else None
         calls = call_columns(rows, infos, s, batch, bodies)
         for name in ("seq", "reused_prefix_len", "stop_token_id"):
-            if any(v is not None and not -2**31 <= v <= INT32_MAX for v in calls[name]):
+            if any(v is not None and not -(2**31) <= v <= INT32_MAX for v in calls[name]):
                 raise ValueError(f"a call's {name} does not fit the int32 column")
     if "trajectories" in writers:
         for row, n in traj_rows:
@@ -185,26 +239,25 @@ def _export_session(st: Store, s: dict, writers: dict[str, TableWriter], mode: s
     if calls is not None:
         writers["calls"].extend(calls, len(rows))
         result.rows["calls"] += len(rows)
-        result.tokens["calls"] += sum(len(r["prompt_delta"]) + len(r["completion_ids"])
-                                      for r in rows) // 4
+        result.tokens["calls"] += (
+            sum(len(r["prompt_delta"]) + len(r["completion_ids"]) for r in rows) // 4
+        )
 
 
-def _write_manifest(out: Path, result: ExportResult, mode: str, partition: str,
-                    tables: tuple[str, ...]) -> None:
+def _write_manifest(
+    out: Path, result: ExportResult, mode: str, partition: str, tables: tuple[str, ...]
+) -> None:
     """``_manifests/<batch>.json``: what a batch holds (readers of the tables ignore it)."""
     d = out / "_manifests"
     d.mkdir(parents=True, exist_ok=True)
-    body = {"schema_version": EXPORT_SCHEMA_VERSION, "mode": mode, "partition": partition,
-            "tables": list(tables), "created": time.time(), **result.summary()}
+    body = {
+        "schema_version": EXPORT_SCHEMA_VERSION,
+        "mode": mode,
+        "partition": partition,
+        "tables": list(tables),
+        "created": time.time(),
+        **result.summary(),
+    }
     tmp = d / f"{result.batch}.json.tmp"
     tmp.write_text(json.dumps(body, indent=2))
     os.replace(tmp, d / f"{result.batch}.json")
-
-
-def __getattr__(name: str) -> Any:
-    """``add_arguments`` and ``cli`` live in ``export_cli`` (which imports this module)."""
-    if name in ("add_arguments", "cli"):
-        from . import export_cli
-
-        return getattr(export_cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,9 +13,15 @@ import numpy as np
 
 from .trajectories import NO_VERSION
 
-_LIST_NUMPY = {"token_ids": np.int32, "loss_mask": np.int8, "logprobs": np.float32,
-               "versions": np.int64, "prompt_delta_ids": np.int32, "completion_ids": np.int32,
-               "completion_logprobs": np.float32}
+_LIST_NUMPY = {
+    "token_ids": np.int32,
+    "loss_mask": np.int8,
+    "logprobs": np.float32,
+    "versions": np.int64,
+    "prompt_delta_ids": np.int32,
+    "completion_ids": np.int32,
+    "completion_logprobs": np.float32,
+}
 
 
 class Columns:
@@ -65,6 +71,4 @@ def _list_array(pieces: list[np.ndarray], dtype: Any, null_negative: bool) -> An
     values = pa.array(flat, mask=mask if mask is not None and mask.any() else None)
     if offsets[-1] < 2**31:
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
-    return pa.LargeListArray.from_arrays(pa.array(offsets), values).cast(
-        pa.list_(values.type))
-
+    return pa.LargeListArray.from_arrays(pa.array(offsets), values).cast(pa.list_(values.type))

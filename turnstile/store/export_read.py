@@ -21,9 +21,8 @@ def read_calls(path: str | Path) -> Iterator[dict]:
                 arr = rb.column(name)
                 flat = arr.values.to_numpy(zero_copy_only=False)
                 offs = arr.offsets.to_numpy()
-                lists[name] = [flat[offs[i]:offs[i + 1]] for i in range(n)]
+                lists[name] = [flat[offs[i] : offs[i + 1]] for i in range(n)]
             scalars = rb.drop_columns(list(lists)).to_pylist()
             for i, row in enumerate(scalars):
                 row.update({k: v[i] for k, v in lists.items()})
                 yield row
-

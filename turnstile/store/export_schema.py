@@ -36,54 +36,106 @@ class ExportResult:
         return out
 
 
-
 def arrow_schemas() -> dict[str, Any]:
     """The Arrow schema of each table (docs/schema.md)."""
     import pyarrow as pa
 
     named = pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())]))
-    turn = pa.struct([
-        ("call_id", pa.string()), ("prompt_start", pa.int32()),
-        ("completion_start", pa.int32()), ("completion_end", pa.int32()),
-        ("finish_reason", pa.string()), ("seam", pa.string()),
-        ("weight_version", pa.string()), ("temperature", pa.float64()),
-        ("reward", pa.float64()),
-    ])
+    turn = pa.struct(
+        [
+            ("call_id", pa.string()),
+            ("prompt_start", pa.int32()),
+            ("completion_start", pa.int32()),
+            ("completion_end", pa.int32()),
+            ("finish_reason", pa.string()),
+            ("seam", pa.string()),
+            ("weight_version", pa.string()),
+            ("temperature", pa.float64()),
+            ("reward", pa.float64()),
+        ]
+    )
     common = [("schema_version", pa.int16()), ("export_batch", pa.string())]
-    trajectories = pa.schema(common + [
-        ("id", pa.string()), ("session_id", pa.string()), ("mode", pa.string()),
-        ("group_id", pa.string()), ("sample_index", pa.int32()), ("task_id", pa.string()),
-        ("call_ids", pa.list_(pa.string())),
-        ("token_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-        ("logprobs", pa.list_(pa.float32())), ("versions", pa.list_(pa.int64())),
-        ("prompt_len", pa.int32()), ("num_tokens", pa.int32()), ("num_turns", pa.int32()),
-        ("turns", pa.list_(turn)),
-        ("segment_reason", pa.string()), ("segment_detail", pa.string()),
-        ("fingerprint", pa.string()),
-        ("reward", pa.float64()), ("rewards", named), ("status", pa.string()),
-        ("metadata", pa.string()),
-    ])
-    sessions = pa.schema(common + [
-        ("id", pa.string()), ("created", pa.float64()), ("status", pa.string()),
-        ("closed", pa.float64()), ("termination_reason", pa.string()),
-        ("group_id", pa.string()), ("sample_index", pa.int32()), ("task_id", pa.string()),
-        ("metadata", pa.string()), ("reward", pa.float64()), ("rewards", named),
-        ("call_rewards", pa.list_(pa.struct([("call_id", pa.string()), ("name", pa.string()),
-                                             ("value", pa.float64())]))),
-        ("n_calls", pa.int32()), ("weight_version_min", pa.int64()),
-        ("weight_version_max", pa.int64()),
-    ])
-    calls = pa.schema(common + [
-        ("id", pa.string()), ("session_id", pa.string()), ("group_id", pa.string()),
-        ("sample_index", pa.int32()), ("seq", pa.int32()), ("parent_id", pa.string()),
-        ("segment_reason", pa.string()), ("reused_prefix_len", pa.int32()),
-        ("prompt_delta_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
-        ("completion_logprobs", pa.list_(pa.float32())),
-        ("finish_reason", pa.string()), ("stop_token_id", pa.int32()), ("seam", pa.string()),
-        ("status", pa.string()), ("error", pa.string()), ("message", pa.string()),
-        ("history_hash", pa.binary()), ("prefix_hashes", pa.binary()),
-        ("info", pa.string()), ("created", pa.float64()), ("weight_version", pa.string()),
-        ("request_body", pa.string()), ("response_body", pa.string()),
-    ])
+    trajectories = pa.schema(
+        common
+        + [
+            ("id", pa.string()),
+            ("session_id", pa.string()),
+            ("mode", pa.string()),
+            ("group_id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("task_id", pa.string()),
+            ("call_ids", pa.list_(pa.string())),
+            ("token_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("logprobs", pa.list_(pa.float32())),
+            ("versions", pa.list_(pa.int64())),
+            ("prompt_len", pa.int32()),
+            ("num_tokens", pa.int32()),
+            ("num_turns", pa.int32()),
+            ("turns", pa.list_(turn)),
+            ("segment_reason", pa.string()),
+            ("segment_detail", pa.string()),
+            ("fingerprint", pa.string()),
+            ("reward", pa.float64()),
+            ("rewards", named),
+            ("status", pa.string()),
+            ("metadata", pa.string()),
+        ]
+    )
+    sessions = pa.schema(
+        common
+        + [
+            ("id", pa.string()),
+            ("created", pa.float64()),
+            ("status", pa.string()),
+            ("closed", pa.float64()),
+            ("termination_reason", pa.string()),
+            ("group_id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("task_id", pa.string()),
+            ("metadata", pa.string()),
+            ("reward", pa.float64()),
+            ("rewards", named),
+            (
+                "call_rewards",
+                pa.list_(
+                    pa.struct(
+                        [("call_id", pa.string()), ("name", pa.string()), ("value", pa.float64())]
+                    )
+                ),
+            ),
+            ("n_calls", pa.int32()),
+            ("weight_version_min", pa.int64()),
+            ("weight_version_max", pa.int64()),
+        ]
+    )
+    calls = pa.schema(
+        common
+        + [
+            ("id", pa.string()),
+            ("session_id", pa.string()),
+            ("group_id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("seq", pa.int32()),
+            ("parent_id", pa.string()),
+            ("segment_reason", pa.string()),
+            ("reused_prefix_len", pa.int32()),
+            ("prompt_delta_ids", pa.list_(pa.int32())),
+            ("completion_ids", pa.list_(pa.int32())),
+            ("completion_logprobs", pa.list_(pa.float32())),
+            ("finish_reason", pa.string()),
+            ("stop_token_id", pa.int32()),
+            ("seam", pa.string()),
+            ("status", pa.string()),
+            ("error", pa.string()),
+            ("message", pa.string()),
+            ("history_hash", pa.binary()),
+            ("prefix_hashes", pa.binary()),
+            ("info", pa.string()),
+            ("created", pa.float64()),
+            ("weight_version", pa.string()),
+            ("request_body", pa.string()),
+            ("response_body", pa.string()),
+        ]
+    )
     return {"trajectories": trajectories, "sessions": sessions, "calls": calls}
-

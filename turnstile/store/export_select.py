@@ -25,9 +25,13 @@ def default_batch_name() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
-def select_sessions(store: Store, session_ids: Iterable[str] | None = None,
-                    group_ids: Iterable[str] | None = None, status: str | None = None,
-                    unexported_only: bool = False) -> list[dict]:
+def select_sessions(
+    store: Store,
+    session_ids: Iterable[str] | None = None,
+    group_ids: Iterable[str] | None = None,
+    status: str | None = None,
+    unexported_only: bool = False,
+) -> list[dict]:
     """The sessions an export covers, in creation order."""
     if session_ids is not None:
         out = []
@@ -42,8 +46,9 @@ def select_sessions(store: Store, session_ids: Iterable[str] | None = None,
     for g in groups:
         after = None
         while True:
-            page, more = store.list_sessions(g, status, limit=1000, after=after,
-                                             exported=False if unexported_only else None)
+            page, more = store.list_sessions(
+                g, status, limit=1000, after=after, exported=False if unexported_only else None
+            )
             out += page
             if not more:
                 break
@@ -51,9 +56,9 @@ def select_sessions(store: Store, session_ids: Iterable[str] | None = None,
     return out
 
 
-
-def partition_dir(out: Path, table: str, partition: str, batch: str,
-                  group: str | None) -> tuple[Path, str]:
+def partition_dir(
+    out: Path, table: str, partition: str, batch: str, group: str | None
+) -> tuple[Path, str]:
     """``(directory, file name prefix)`` of one table's files for a batch (and group)."""
     if partition == "batch":
         return out / table / f"batch-{batch}", "part-"

@@ -12,19 +12,21 @@ from .schema import CALL_COLUMNS
 
 _TABLES = ("calls", "rewards", "bodies")  # a session's rows beside its own
 
-_SIGNATURE = ("SELECT (SELECT count(*) FROM calls WHERE session_id = :s), "
-              "(SELECT max(created) FROM calls WHERE session_id = :s), "
-              "(SELECT count(*) FROM rewards WHERE session_id = :s), "
-              "(SELECT max(created) FROM rewards WHERE session_id = :s), "
-              "(SELECT status || ':' || coalesce(termination_reason, '') FROM sessions "
-              "WHERE id = :s)")
+_SIGNATURE = (
+    "SELECT (SELECT count(*) FROM calls WHERE session_id = :s), "
+    "(SELECT max(created) FROM calls WHERE session_id = :s), "
+    "(SELECT count(*) FROM rewards WHERE session_id = :s), "
+    "(SELECT max(created) FROM rewards WHERE session_id = :s), "
+    "(SELECT status || ':' || coalesce(termination_reason, '') FROM sessions "
+    "WHERE id = :s)"
+)
 
 
 def delete_ids(db: sqlite3.Connection, ids: list[str]) -> int:
     """Delete sessions with their rows (inside the caller's transaction); how many."""
     n = 0
     for i in range(0, len(ids), 500):
-        chunk = ids[i:i + 500]
+        chunk = ids[i : i + 500]
         marks = ",".join("?" * len(chunk))
         for table in _TABLES:
             db.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", chunk)
@@ -85,22 +87,30 @@ class ExportSide:
         """The session's call rows as stored (blobs and JSON bytes untouched), for export;
         columns by name (``row["info"]``) or in table order."""
         with self._lock:
-            return self._named().execute(f"SELECT {CALL_COLUMNS} FROM calls "
-                                         "WHERE session_id = ? ORDER BY seq",
-                                         (session_id,)).fetchall()
+            return (
+                self._named()
+                .execute(
+                    f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY seq",
+                    (session_id,),
+                )
+                .fetchall()
+            )
 
     def bodies_of(self, session_id: str) -> dict[str, tuple[bytes | None, bytes | None]]:
         """Kept bodies of a session's calls, still compressed: call id → (request, response)."""
         with self._lock:
-            rows = self._db.execute("SELECT call_id, request, response FROM bodies "
-                                    "WHERE session_id = ?", (session_id,)).fetchall()
+            rows = self._db.execute(
+                "SELECT call_id, request, response FROM bodies WHERE session_id = ?", (session_id,)
+            ).fetchall()
         return {r[0]: (r[1], r[2]) for r in rows}
 
     def mark_exported(self, session_ids: Iterable[str], when: float | None = None) -> None:
         when = when or time.time()
         with self._lock:
-            self._db.executemany("UPDATE sessions SET exported = ? WHERE id = ?",
-                                 [(when, sid) for sid in session_ids])
+            self._db.executemany(
+                "UPDATE sessions SET exported = ? WHERE id = ?",
+                [(when, sid) for sid in session_ids],
+            )
 
     def vacuum(self) -> None:
         """Give the space of deleted sessions back to the file system (rewrites the file)."""

@@ -27,9 +27,13 @@ class _ParquetSink:
         self.tmp = path.with_name(path.name + ".tmp")
         scalar = [f.name for f in schema if not str(f.type).startswith("list")]
         self.writer = pq.ParquetWriter(
-            self.tmp, schema, compression="zstd", compression_level=level,
+            self.tmp,
+            schema,
+            compression="zstd",
+            compression_level=level,
             use_dictionary=[n for n in scalar if n not in ("created", "closed", "reward")],
-            write_statistics=scalar)
+            write_statistics=scalar,
+        )
 
     def write(self, cols: Columns) -> None:
         self.writer.write_table(cols.table())
@@ -50,8 +54,13 @@ class _JsonlSink:
     def write(self, cols: Columns) -> None:
         names = list(cols.cols)
         for i in range(cols.rows):
-            self.f.write(orjson.dumps({n: _jsonable(n, cols.cols[n][i]) for n in names},
-                                      option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            self.f.write(
+                orjson.dumps(
+                    {n: _jsonable(n, cols.cols[n][i]) for n in names},
+                    option=orjson.OPT_SERIALIZE_NUMPY,
+                )
+                + b"\n"
+            )
         cols.cols = {n: [] for n in names}
         cols.rows = 0
 
@@ -81,9 +90,19 @@ def _jsonable(name: str, v: Any) -> Any:
 class TableWriter:
     """One table's files for the current partition, rotated every ``rows_per_file``."""
 
-    def __init__(self, out: Path, table: str, fmt: str, schema: Any, batch: str,
-                 rows_per_group: int, rows_per_file: int, level: int, result: ExportResult,
-                 pending: list[tuple[Path, Path]]):
+    def __init__(
+        self,
+        out: Path,
+        table: str,
+        fmt: str,
+        schema: Any,
+        batch: str,
+        rows_per_group: int,
+        rows_per_file: int,
+        level: int,
+        result: ExportResult,
+        pending: list[tuple[Path, Path]],
+    ):
         self.out, self.table, self.schema, self.batch = out, table, schema, batch
         self.sink_cls = _ParquetSink if fmt == "parquet" else _JsonlSink
         self.rows_per_group, self.rows_per_file, self.level = rows_per_group, rows_per_file, level
@@ -124,8 +143,10 @@ class TableWriter:
             self.dir.mkdir(parents=True, exist_ok=True)
             path = self.dir / f"{self.prefix}{self.part:05d}{self.sink_cls.suffix}"
             if path.exists() or any(path == final for _, final in self.pending):
-                raise FileExistsError(f"{path} exists: export batch {self.batch!r} was "
-                                      "written before; pick another --batch name")
+                raise FileExistsError(
+                    f"{path} exists: export batch {self.batch!r} was "
+                    "written before; pick another --batch name"
+                )
             self.sink = self.sink_cls(path, self.schema, self.level)
             self.part += 1
         self.sink.write(self.cols)
@@ -139,4 +160,3 @@ class TableWriter:
             self.result.files.setdefault(self.table, []).append(str(self.sink.path))
             self.sink = None
         self.in_file = 0
-

@@ -16,7 +16,8 @@ from .session_rows import session_fields
 
 SCHEMA_VERSION = 2
 
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
@@ -52,7 +53,8 @@ CREATE TABLE IF NOT EXISTS calls (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_by_session ON calls(session_id, seq);
-""" + """
+"""
+    + """
 CREATE INDEX IF NOT EXISTS sessions_by_group ON sessions(group_id, sample_index);
 CREATE TABLE IF NOT EXISTS rewards (
     session_id TEXT NOT NULL,
@@ -70,6 +72,7 @@ CREATE TABLE IF NOT EXISTS bodies (
 );
 CREATE INDEX IF NOT EXISTS bodies_by_session ON bodies(session_id);
 """
+)
 
 # v1 -> v2: new session columns (the v1 columns stay as they are) and the new tables.
 MIGRATE_1_TO_2 = [
@@ -83,13 +86,18 @@ MIGRATE_1_TO_2 = [
 ]
 
 # The calls table's columns in table order (rows read with them are read by name).
-CALL_COLUMNS = ("id, session_id, seq, parent_id, segment_reason, reused_prefix_len, "
-                "prompt_delta, completion_ids, completion_logprobs, finish_reason, "
-                "stop_token_id, seam, status, error, message, history_hash, prefix_hashes, "
-                "info, created")
+CALL_COLUMNS = (
+    "id, session_id, seq, parent_id, segment_reason, reused_prefix_len, "
+    "prompt_delta, completion_ids, completion_logprobs, finish_reason, "
+    "stop_token_id, seam, status, error, message, history_hash, prefix_hashes, "
+    "info, created"
+)
 
-SESSION_COLUMNS = ("id, created, metadata, status, closed, termination_reason, group_id, "
-                   "sample_index, task_id, exported")
+SESSION_COLUMNS = (
+    "id, created, metadata, status, closed, termination_reason, group_id, "
+    "sample_index, task_id, exported"
+)
+
 
 class SchemaError(RuntimeError):
     """The store file was written by a newer Turnstile (or is not a Turnstile store)."""
@@ -103,15 +111,18 @@ def open_schema(db: sqlite3.Connection, path: Path) -> None:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else None
         if version is not None and version > SCHEMA_VERSION:
-            raise SchemaError(f"{path} has schema version {version}; this Turnstile "
-                              f"reads up to {SCHEMA_VERSION}. Upgrade Turnstile.")
+            raise SchemaError(
+                f"{path} has schema version {version}; this Turnstile "
+                f"reads up to {SCHEMA_VERSION}. Upgrade Turnstile."
+            )
         if version == 1:
             _migrate_1_to_2(db)
         for stmt in SCHEMA.split(";"):
             if stmt.strip():
                 db.execute(stmt)
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
-                   (str(SCHEMA_VERSION),))
+        db.execute(
+            "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+        )
         _ensure_capability_column(db)
         db.execute("COMMIT")
     except BaseException:
@@ -127,9 +138,10 @@ def _migrate_1_to_2(db: sqlite3.Connection) -> None:
     for sid, meta in db.execute("SELECT id, metadata FROM sessions").fetchall():
         fields = session_fields(orjson.loads(meta), {})
         if any(v is not None for v in fields.values()):
-            db.execute("UPDATE sessions SET group_id = ?, sample_index = ?, task_id = ? "
-                       "WHERE id = ?", (fields["group_id"], fields["sample_index"],
-                                        fields["task_id"], sid))
+            db.execute(
+                "UPDATE sessions SET group_id = ?, sample_index = ?, task_id = ? WHERE id = ?",
+                (fields["group_id"], fields["sample_index"], fields["task_id"], sid),
+            )
 
 
 def _ensure_capability_column(db: sqlite3.Connection) -> None:
@@ -138,5 +150,4 @@ def _ensure_capability_column(db: sqlite3.Connection) -> None:
     cols = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
     if "capability" not in cols:
         db.execute("ALTER TABLE sessions ADD COLUMN capability TEXT")
-    db.execute("CREATE UNIQUE INDEX IF NOT EXISTS sessions_by_capability "
-               "ON sessions(capability)")
+    db.execute("CREATE UNIQUE INDEX IF NOT EXISTS sessions_by_capability ON sessions(capability)")

@@ -60,8 +60,13 @@ class Store(ExportSide):
 
     FILENAME = "turnstile.sqlite3"
 
-    def __init__(self, data_dir: str | Path, keep_bodies: bool = False,
-                 synchronous: str = "full", busy_timeout: float = 5.0):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        keep_bodies: bool = False,
+        synchronous: str = "full",
+        busy_timeout: float = 5.0,
+    ):
         path = Path(data_dir)
         self.path = path if path.suffix in (".sqlite3", ".sqlite", ".db") else path / self.FILENAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,16 +87,16 @@ class Store(ExportSide):
         self.record_fields: dict = {}
 
     def _connect(self, busy_timeout: float) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                             timeout=busy_timeout)
+        db = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout
+        )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
         return db
 
     def schema_version(self) -> int:
         with self._lock:
-            row = self._db.execute(
-                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         return int(row[0])
 
     def close(self) -> None:
@@ -101,22 +106,37 @@ class Store(ExportSide):
 
     # sessions
 
-    def create_session(self, metadata: dict | None = None, session_id: str | None = None, *,
-                       group_id: str | None = None, sample_index: int | None = None,
-                       task_id: str | None = None) -> str:
+    def create_session(
+        self,
+        metadata: dict | None = None,
+        session_id: str | None = None,
+        *,
+        group_id: str | None = None,
+        sample_index: int | None = None,
+        task_id: str | None = None,
+    ) -> str:
         """Create a session (idempotent on ``session_id``). Group/sample/task not given here
         are taken from metadata keys (``group_id``/``group``, ``sample_index``,
         ``task_id``/``task``) so that older clients' sessions are grouped too."""
         sid = session_id or new_id("sess_")
         meta = metadata or {}
-        f = session_fields(meta, {"group_id": group_id, "sample_index": sample_index,
-                                  "task_id": task_id})
+        f = session_fields(
+            meta, {"group_id": group_id, "sample_index": sample_index, "task_id": task_id}
+        )
         with self._lock:
             self._db.execute(
                 "INSERT OR IGNORE INTO sessions (id, created, metadata, group_id, sample_index, "
                 "task_id, capability) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (sid, time.time(), orjson.dumps(meta), f["group_id"], f["sample_index"],
-                 f["task_id"], new_capability()))
+                (
+                    sid,
+                    time.time(),
+                    orjson.dumps(meta),
+                    f["group_id"],
+                    f["sample_index"],
+                    f["task_id"],
+                    new_capability(),
+                ),
+            )
         return sid
 
     def capabilities(self, session_ids: Iterable[str]) -> dict[str, str]:
@@ -125,15 +145,21 @@ class Store(ExportSide):
         out: dict[str, str] = {}
         with self._lock:
             for i in range(0, len(ids), 500):
-                chunk = ids[i:i + 500]
-                out.update(self._db.execute(
-                    "SELECT id, capability FROM sessions WHERE capability IS NOT NULL AND id IN "
-                    f"({','.join('?' * len(chunk))})", chunk).fetchall())
+                chunk = ids[i : i + 500]
+                out.update(
+                    self._db.execute(
+                        "SELECT id, capability FROM sessions WHERE capability IS NOT NULL "
+                        f"AND id IN ({','.join('?' * len(chunk))})",
+                        chunk,
+                    ).fetchall()
+                )
             for sid in ids:
                 if sid not in out:
                     cap = new_capability()
-                    cur = self._db.execute("UPDATE sessions SET capability = ? WHERE id = ? "
-                                           "AND capability IS NULL", (cap, sid))
+                    cur = self._db.execute(
+                        "UPDATE sessions SET capability = ? WHERE id = ? AND capability IS NULL",
+                        (cap, sid),
+                    )
                     if cur.rowcount:
                         out[sid] = cap
         return out
@@ -141,29 +167,40 @@ class Store(ExportSide):
     def session_for_capability(self, capability: str) -> str | None:
         """The id of the session a capability belongs to, or None."""
         with self._lock:
-            row = self._db.execute("SELECT id FROM sessions WHERE capability = ?",
-                                   (capability,)).fetchone()
+            row = self._db.execute(
+                "SELECT id FROM sessions WHERE capability = ?", (capability,)
+            ).fetchone()
         return row[0] if row else None
 
     def get_session(self, session_id: str) -> dict | None:
         """The session with its rewards (scalar + named, per session and per call)."""
         with self._lock:
-            row = self._named().execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?",
-                                        (session_id,)).fetchone()
+            row = (
+                self._named()
+                .execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,))
+                .fetchone()
+            )
             if row is None:
                 return None
-            n_calls = self._db.execute("SELECT count(*) FROM calls WHERE session_id = ?",
-                                       (session_id,)).fetchone()[0]
+            n_calls = self._db.execute(
+                "SELECT count(*) FROM calls WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
             rewards = self._db.execute(
                 "SELECT session_id, call_id, name, value FROM rewards WHERE session_id = ?",
-                (session_id,)).fetchall()
+                (session_id,),
+            ).fetchall()
         out = session_from_row(row, rewards)
         out["n_calls"] = n_calls
         return out
 
-    def list_sessions(self, group_id: str | None = None, status: str | None = None,
-                      limit: int = 100, after: str | None = None,
-                      exported: bool | None = None) -> tuple[list[dict], bool]:
+    def list_sessions(
+        self,
+        group_id: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        exported: bool | None = None,
+    ) -> tuple[list[dict], bool]:
         """Sessions in creation order, filtered; ``after`` is the last id of the previous
         page. Returns ``(sessions, has_more)``."""
         where, args = [], []
@@ -192,10 +229,12 @@ class Store(ExportSide):
     def _rewards_for(self, ids: list[str]) -> dict[str, list[tuple]]:
         out: dict[str, list[tuple]] = {}
         for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
+            chunk = ids[i : i + 500]
             for r in self._db.execute(
-                    "SELECT session_id, call_id, name, value FROM rewards WHERE session_id IN "
-                    f"({','.join('?' * len(chunk))})", chunk):
+                "SELECT session_id, call_id, name, value FROM rewards WHERE session_id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            ):
                 out.setdefault(r[0], []).append(r)
         return out
 
@@ -206,11 +245,13 @@ class Store(ExportSide):
             cur = self._db.execute(
                 "UPDATE sessions SET status = 'closed', closed = coalesce(closed, ?), "
                 "termination_reason = coalesce(?, termination_reason) WHERE id = ?",
-                (time.time(), termination_reason, session_id))
+                (time.time(), termination_reason, session_id),
+            )
         return cur.rowcount > 0
 
-    def set_rewards(self, session_id: str, rewards: dict[str, float],
-                    call_id: str | None = None) -> None:
+    def set_rewards(
+        self, session_id: str, rewards: dict[str, float], call_id: str | None = None
+    ) -> None:
         """Upsert named rewards on a session (or on one of its calls)."""
         now = time.time()
         rows = [(session_id, call_id or "", name, float(v), now) for name, v in rewards.items()]
@@ -219,18 +260,25 @@ class Store(ExportSide):
 
     def has_call(self, session_id: str, call_id: str) -> bool:
         with self._lock:
-            return self._db.execute("SELECT 1 FROM calls WHERE id = ? AND session_id = ?",
-                                    (call_id, session_id)).fetchone() is not None
+            return (
+                self._db.execute(
+                    "SELECT 1 FROM calls WHERE id = ? AND session_id = ?", (call_id, session_id)
+                ).fetchone()
+                is not None
+            )
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session with its calls, rewards and bodies, in one transaction."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for table, col in (("calls", "session_id"), ("rewards", "session_id"),
-                                   ("bodies", "session_id"), ("sessions", "id")):
-                    cur = self._db.execute(f"DELETE FROM {table} WHERE {col} = ?",
-                                           (session_id,))
+                for table, col in (
+                    ("calls", "session_id"),
+                    ("rewards", "session_id"),
+                    ("bodies", "session_id"),
+                    ("sessions", "id"),
+                ):
+                    cur = self._db.execute(f"DELETE FROM {table} WHERE {col} = ?", (session_id,))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -242,25 +290,33 @@ class Store(ExportSide):
     def session_created(self, session_id: str) -> float | None:
         """The session's creation time: it tells a re-created id from the one a call began in."""
         with self._lock:
-            row = self._db.execute("SELECT created FROM sessions WHERE id = ?",
-                                   (session_id,)).fetchone()
+            row = self._db.execute(
+                "SELECT created FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
         return None if row is None else row[0]
 
     def session_status(self, session_id: str) -> str | None:
         """``open`` or ``closed`` (None: no such session), as any process left it."""
         with self._lock:
-            row = self._db.execute("SELECT status FROM sessions WHERE id = ?",
-                                   (session_id,)).fetchone()
+            row = self._db.execute(
+                "SELECT status FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
         return None if row is None else row[0]
 
     def call_count(self, session_id: str) -> int:
         """How many calls the session has recorded (by any process writing this file)."""
         with self._lock:
-            return self._db.execute("SELECT count(*) FROM calls WHERE session_id = ?",
-                                    (session_id,)).fetchone()[0]
+            return self._db.execute(
+                "SELECT count(*) FROM calls WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
 
-    def add_call(self, c: CallRecord, request_body: object = None,
-                 response_body: object = None, session_created: float | None = None) -> None:
+    def add_call(
+        self,
+        c: CallRecord,
+        request_body: object = None,
+        response_body: object = None,
+        session_created: float | None = None,
+    ) -> None:
         """Record a call; with ``keep_bodies`` also its raw request/response bodies, in the
         same transaction (without it the bodies are dropped here).
 
@@ -271,23 +327,41 @@ class Store(ExportSide):
         if self.record_fields:
             c.info.update(self.record_fields)
         row = (
-            c.id, c.session_id, c.seq, c.parent_id, c.segment_reason, c.reused_prefix_len,
-            pack_ids(c.prompt_delta), pack_ids(c.completion_ids),
-            pack_floats(c.completion_logprobs), c.finish_reason, c.stop_token_id, c.seam,
-            c.status, c.error, orjson.dumps(c.message) if c.message is not None else None,
-            c.history_hash, b"".join(c.prefix_hashes), orjson.dumps(c.info), c.created,
+            c.id,
+            c.session_id,
+            c.seq,
+            c.parent_id,
+            c.segment_reason,
+            c.reused_prefix_len,
+            pack_ids(c.prompt_delta),
+            pack_ids(c.completion_ids),
+            pack_floats(c.completion_logprobs),
+            c.finish_reason,
+            c.stop_token_id,
+            c.seam,
+            c.status,
+            c.error,
+            orjson.dumps(c.message) if c.message is not None else None,
+            c.history_hash,
+            b"".join(c.prefix_hashes),
+            orjson.dumps(c.info),
+            c.created,
         )
         keep = self.keep_bodies and (request_body is not None or response_body is not None)
-        bodies = (c.id, c.session_id, pack_body(request_body),
-                  pack_body(response_body)) if keep else None
+        bodies = (
+            (c.id, c.session_id, pack_body(request_body), pack_body(response_body))
+            if keep
+            else None
+        )
         began = time.perf_counter()
         with self._wlock:
             db = self._wdb
             db.execute("BEGIN IMMEDIATE")
             try:
                 if session_created is not None:
-                    row_s = db.execute("SELECT created FROM sessions WHERE id = ?",
-                                       (c.session_id,)).fetchone()
+                    row_s = db.execute(
+                        "SELECT created FROM sessions WHERE id = ?", (c.session_id,)
+                    ).fetchone()
                     if row_s is None or row_s[0] != session_created:
                         raise SessionGone(c.session_id)
                 marks = ",".join("?" * len(row))
@@ -305,8 +379,9 @@ class Store(ExportSide):
     def body(self, call_id: str) -> dict | None:
         """``{"request": ..., "response": ...}`` as kept for a call, or None."""
         with self._lock:
-            row = self._db.execute("SELECT request, response FROM bodies WHERE call_id = ?",
-                                   (call_id,)).fetchone()
+            row = self._db.execute(
+                "SELECT request, response FROM bodies WHERE call_id = ?", (call_id,)
+            ).fetchone()
         if row is None:
             return None
         return {"request": unpack_body(row[0]), "response": unpack_body(row[1])}
@@ -322,8 +397,12 @@ class Store(ExportSide):
 
     def calls(self, session_id: str) -> list[CallRecord]:
         with self._lock:
-            rows = self._named().execute(
-                f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY seq",
-                (session_id,)).fetchall()
+            rows = (
+                self._named()
+                .execute(
+                    f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY seq",
+                    (session_id,),
+                )
+                .fetchall()
+            )
         return [call_from_row(r) for r in rows]
-

@@ -117,18 +117,35 @@ class Trajectory:
     def from_json(cls, d: dict) -> Trajectory:
         """Back from the API/JSONL shape (null logprob → NaN, null version → -1)."""
         lp = np.array([np.nan if x is None else x for x in d["logprobs"]], dtype=np.float32)
-        versions = np.array([NO_VERSION if v is None else v for v in d.get("versions") or
-                             [None] * len(d["token_ids"])], dtype=np.int64)
+        versions = np.array(
+            [
+                NO_VERSION if v is None else v
+                for v in d.get("versions") or [None] * len(d["token_ids"])
+            ],
+            dtype=np.int64,
+        )
         return cls(
-            id=d["id"], session_id=d["session_id"], call_ids=list(d["call_ids"]),
+            id=d["id"],
+            session_id=d["session_id"],
+            call_ids=list(d["call_ids"]),
             token_ids=np.asarray(d["token_ids"], dtype=np.int32),
-            loss_mask=np.asarray(d["loss_mask"], dtype=np.int8), logprobs=lp,
-            versions=versions, prompt_len=int(d["prompt_len"]), turns=list(d["turns"]),
-            segment_reason=d.get("segment_reason"), segment_detail=d.get("segment_detail"),
-            fingerprint=d.get("fingerprint"), mode=d.get("mode", "merged"),
-            group_id=d.get("group_id"), sample_index=d.get("sample_index"),
-            task_id=d.get("task_id"), reward=d.get("reward"), rewards=d.get("rewards") or {},
-            status=d.get("status"), metadata=d.get("metadata") or {})
+            loss_mask=np.asarray(d["loss_mask"], dtype=np.int8),
+            logprobs=lp,
+            versions=versions,
+            prompt_len=int(d["prompt_len"]),
+            turns=list(d["turns"]),
+            segment_reason=d.get("segment_reason"),
+            segment_detail=d.get("segment_detail"),
+            fingerprint=d.get("fingerprint"),
+            mode=d.get("mode", "merged"),
+            group_id=d.get("group_id"),
+            sample_index=d.get("sample_index"),
+            task_id=d.get("task_id"),
+            reward=d.get("reward"),
+            rewards=d.get("rewards") or {},
+            status=d.get("status"),
+            metadata=d.get("metadata") or {},
+        )
 
 
 def version_number(v: Any) -> int:
@@ -216,17 +233,34 @@ def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
         logprobs[start:end] = np.frombuffer(c.completion_logprobs, dtype=np.float32)
         versions[start:end] = _completion_versions(c, end - start)
         sampling = c.info.get("sampling") or {}
-        turns.append({"call_id": c.id, "seq": c.seq, "prompt_start": prompt_start,
-                      "completion_start": start, "completion_end": end,
-                      "finish_reason": c.finish_reason, "seam": c.seam,
-                      "weight_version": _raw_version(c),
-                      "temperature": sampling.get("temperature"),
-                      "reward": None, "rewards": {}})
+        turns.append(
+            {
+                "call_id": c.id,
+                "seq": c.seq,
+                "prompt_start": prompt_start,
+                "completion_start": start,
+                "completion_end": end,
+                "finish_reason": c.finish_reason,
+                "seam": c.seam,
+                "weight_version": _raw_version(c),
+                "temperature": sampling.get("temperature"),
+                "reward": None,
+                "rewards": {},
+            }
+        )
     root, target = path[0], path[-1]
     return Trajectory(
-        id=target.id, session_id=root.session_id,
+        id=target.id,
+        session_id=root.session_id,
         call_ids=[target.id] if per_call else [c.id for c in path],
-        token_ids=ids, loss_mask=mask, logprobs=logprobs, versions=versions,
-        prompt_len=turns[0]["completion_start"], turns=turns,
-        segment_reason=root.segment_reason, segment_detail=root.info.get("segment_detail"),
-        fingerprint=root.info.get("fingerprint"), mode=mode)
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=logprobs,
+        versions=versions,
+        prompt_len=turns[0]["completion_start"],
+        turns=turns,
+        segment_reason=root.segment_reason,
+        segment_detail=root.info.get("segment_detail"),
+        fingerprint=root.info.get("fingerprint"),
+        mode=mode,
+    )

@@ -30,10 +30,14 @@ from ..store.sqlite import Store
 
 
 async def read_only(request: Request) -> Response:
-    raise APIError(503, "turnstile view serves recorded sessions read-only: no engine is behind "
-                        "it and nothing can be written here. Run turnstile serve for chat "
-                        "completions, rewards and session changes.",
-                   code="read_only_viewer", type_="server_error")
+    raise APIError(
+        503,
+        "turnstile view serves recorded sessions read-only: no engine is behind "
+        "it and nothing can be written here. Run turnstile serve for chat "
+        "completions, rewards and session changes.",
+        code="read_only_viewer",
+        type_="server_error",
+    )
 
 
 _READ = [
@@ -45,19 +49,33 @@ _READ = [
 ]
 # The read routes and the viewer's answer first; every other route turnstile serve has
 # (harness, admin, writes) answers read_only.
-ROUTES = [*_READ, *VIEWER_ROUTES,
-          *(Route(r.path, read_only, methods=sorted((r.methods or set()) - {"HEAD"}))
-            for r in SERVE_ROUTES if isinstance(r, Route) and r not in VIEWER_ROUTES)]
+ROUTES = [
+    *_READ,
+    *VIEWER_ROUTES,
+    *(
+        Route(r.path, read_only, methods=sorted((r.methods or set()) - {"HEAD"}))
+        for r in SERVE_ROUTES
+        if isinstance(r, Route) and r not in VIEWER_ROUTES
+    ),
+]
 
 
-def create_viewer_app(store: Store, public_url: str, *, token: str | None,
-                      tokenizer: LoadedTokenizer | None = None) -> Starlette:
+def create_viewer_app(
+    store: Store, public_url: str, *, token: str | None, tokenizer: LoadedTokenizer | None = None
+) -> Starlette:
     """The viewer over ``store``; ``token`` as for ``create_app`` (None: open)."""
     ctx = AppContext(
         # No route mounted here reaches the gateway (harness, admin and write routes are
         # read_only above); the context's type wants one.
-        gateway=cast(AppGateway, None), store=store, public_url=public_url, max_body=1 << 20,
-        token=token, limits=Limits(), sessions=SessionIndex(store), tokenizer=tokenizer)
+        gateway=cast(AppGateway, None),
+        store=store,
+        public_url=public_url,
+        max_body=1 << 20,
+        token=token,
+        limits=Limits(),
+        sessions=SessionIndex(store),
+        tokenizer=tokenizer,
+    )
     app = Starlette(routes=ROUTES, exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.turnstile = ctx
     return app

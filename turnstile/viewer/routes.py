@@ -21,15 +21,33 @@ from .summaries import SORTS, Query, select, summaries
 from .tokens import divergence, parquet_bytes, pieces
 
 # Nothing is loaded from anywhere but this server; the page cannot be framed.
-_HEADERS = {"content-security-policy": "default-src 'none'; script-src 'self'; style-src "
-                                       "'self'; connect-src 'self'; img-src 'self' data:; "
-                                       "base-uri 'none'; form-action 'none'; "
-                                       "frame-ancestors 'none'",
-            "x-content-type-options": "nosniff", "cache-control": "no-cache"}
-_FILES = {"index.html": "text/html; charset=utf-8", "viewer.js": "text/javascript",
-          "viewer.css": "text/css"}
-_LIST_PARAMS = ("group", "status", "model", "min_reward", "max_reward", "new_segments",
-                "since", "until", "sort", "order", "limit", "offset")
+_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src "
+    "'self'; connect-src 'self'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "cache-control": "no-cache",
+}
+_FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "viewer.js": "text/javascript",
+    "viewer.css": "text/css",
+}
+_LIST_PARAMS = (
+    "group",
+    "status",
+    "model",
+    "min_reward",
+    "max_reward",
+    "new_segments",
+    "since",
+    "until",
+    "sort",
+    "order",
+    "limit",
+    "offset",
+)
 
 
 @cache
@@ -69,8 +87,9 @@ def _choice(raw: str | None, name: str, allowed: tuple[str, ...]) -> str | None:
     if raw is None or raw == "":
         return None
     if raw not in allowed:
-        raise APIError(400, f"Invalid {name!r} {raw!r}: expected one of {', '.join(allowed)}.",
-                       name)
+        raise APIError(
+            400, f"Invalid {name!r} {raw!r}: expected one of {', '.join(allowed)}.", name
+        )
     return raw
 
 
@@ -78,8 +97,11 @@ def list_query(params: dict[str, str]) -> Query:
     """The list's query string as a :class:`Query` (400 naming the parameter otherwise)."""
     unknown = sorted(set(params) - set(_LIST_PARAMS))
     if unknown:
-        raise APIError(400, f"Unknown query parameter {unknown[0]!r}; use "
-                            f"{', '.join(_LIST_PARAMS)}.", unknown[0])
+        raise APIError(
+            400,
+            f"Unknown query parameter {unknown[0]!r}; use {', '.join(_LIST_PARAMS)}.",
+            unknown[0],
+        )
     segs = _choice(params.get("new_segments"), "new_segments", ("true", "false"))
     return Query(
         group=params.get("group") or None,
@@ -88,11 +110,13 @@ def list_query(params: dict[str, str]) -> Query:
         min_reward=_float(params.get("min_reward"), "min_reward"),
         max_reward=_float(params.get("max_reward"), "max_reward"),
         new_segments=None if segs is None else segs == "true",
-        since=_float(params.get("since"), "since"), until=_float(params.get("until"), "until"),
+        since=_float(params.get("since"), "since"),
+        until=_float(params.get("until"), "until"),
         sort=_choice(params.get("sort"), "sort", SORTS) or "created",
         descending=(_choice(params.get("order"), "order", ("asc", "desc")) or "desc") == "desc",
         limit=int_param(params.get("limit"), "limit", 200, 1, 5000),
-        offset=int_param(params.get("offset"), "offset", 0, 0, 2**31 - 1))
+        offset=int_param(params.get("offset"), "offset", 0, 0, 2**31 - 1),
+    )
 
 
 async def viewer_sessions(request: Request) -> Response:
@@ -106,8 +130,7 @@ async def viewer_sessions(request: Request) -> Response:
 def _mode(request: Request) -> str:
     mode = request.query_params.get("mode", "merged")
     if mode not in MODES:
-        raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'merged' or 'per_call'.",
-                       "mode")
+        raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'merged' or 'per_call'.", "mode")
     return mode
 
 
@@ -128,12 +151,19 @@ async def viewer_trajectories(request: Request) -> Response:
     def build() -> list[dict]:
         trajs, calls = _stitched(ctx, sid, mode)
         by_id = {c.id: c for c in calls}
-        return [{**t.to_json(), "pieces": pieces(tok, t.token_ids),
-                 "divergence": divergence(by_id[t.call_ids[0]], calls, tok)} for t in trajs]
+        return [
+            {
+                **t.to_json(),
+                "pieces": pieces(tok, t.token_ids),
+                "divergence": divergence(by_id[t.call_ids[0]], calls, tok),
+            }
+            for t in trajs
+        ]
 
     data = await run_in_threadpool(build)
-    return json_response({"object": "list", "mode": mode, "data": data,
-                          "tokenizer": tok.source if tok else None})
+    return json_response(
+        {"object": "list", "mode": mode, "data": data, "tokenizer": tok.source if tok else None}
+    )
 
 
 async def viewer_parquet(request: Request) -> Response:
@@ -147,5 +177,8 @@ async def viewer_parquet(request: Request) -> Response:
 
     blob = await run_in_threadpool(build)
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in sid)
-    return Response(blob, media_type="application/vnd.apache.parquet", headers={
-        "content-disposition": f'attachment; filename="{safe}-{mode}.parquet"'})
+    return Response(
+        blob,
+        media_type="application/vnd.apache.parquet",
+        headers={"content-disposition": f'attachment; filename="{safe}-{mode}.parquet"'},
+    )

@@ -72,8 +72,11 @@ def summaries(path: Path) -> list[dict]:
     for row in rows:
         s = session_from_row(row, rewards.get(row["id"], []))
         a = agg.get(s["id"])
-        s.update(dict(zip(_FIELDS, a[1:9], strict=True)) if a else
-                 dict.fromkeys(_FIELDS, 0) | {"last_call": None})
+        s.update(
+            dict(zip(_FIELDS, a[1:9], strict=True))
+            if a
+            else dict.fromkeys(_FIELDS, 0) | {"last_call": None}
+        )
         s["models"] = sorted(m for m in orjson.loads(a[9]) if m) if a else []
         s["n_calls"] = s["calls"]
         out.append(s)
@@ -83,16 +86,19 @@ def summaries(path: Path) -> list[dict]:
 def select(sessions: list[dict], q: Query) -> dict:
     """The page of ``sessions`` that ``q`` asks for, with counts of what matched and the
     values the filters can take (groups, models)."""
+
     def keep(s: dict) -> bool:
         r = s["reward"]
-        return ((q.group is None or s["group_id"] == q.group)
-                and (q.status is None or s["status"] == q.status)
-                and (q.model is None or q.model in s["models"])
-                and (q.min_reward is None or (r is not None and r >= q.min_reward))
-                and (q.max_reward is None or (r is not None and r <= q.max_reward))
-                and (q.new_segments is None or (s["segments"] > 0) == q.new_segments)
-                and (q.since is None or s["created"] >= q.since)
-                and (q.until is None or s["created"] <= q.until))
+        return (
+            (q.group is None or s["group_id"] == q.group)
+            and (q.status is None or s["status"] == q.status)
+            and (q.model is None or q.model in s["models"])
+            and (q.min_reward is None or (r is not None and r >= q.min_reward))
+            and (q.max_reward is None or (r is not None and r <= q.max_reward))
+            and (q.new_segments is None or (s["segments"] > 0) == q.new_segments)
+            and (q.since is None or s["created"] >= q.since)
+            and (q.until is None or s["created"] <= q.until)
+        )
 
     matched = [s for s in sessions if keep(s)]
     key = "n_calls" if q.sort == "calls" else q.sort
@@ -101,13 +107,17 @@ def select(sessions: list[dict], q: Query) -> dict:
     ordered = known + [s for s in matched if s[key] is None]  # no reward yet: last
     rewards = [s["reward"] for s in matched if s["reward"] is not None]
     return {
-        "object": "list", "data": ordered[q.offset:q.offset + q.limit],
-        "total": len(sessions), "matched": len(matched),
-        "counts": {"open": sum(s["status"] == "open" for s in matched),
-                   "closed": sum(s["status"] == "closed" for s in matched),
-                   "with_new_segments": sum(s["segments"] > 0 for s in matched),
-                   "with_errors": sum(s["errors"] + s["aborted"] > 0 for s in matched),
-                   "rewarded": len(rewards)},
+        "object": "list",
+        "data": ordered[q.offset : q.offset + q.limit],
+        "total": len(sessions),
+        "matched": len(matched),
+        "counts": {
+            "open": sum(s["status"] == "open" for s in matched),
+            "closed": sum(s["status"] == "closed" for s in matched),
+            "with_new_segments": sum(s["segments"] > 0 for s in matched),
+            "with_errors": sum(s["errors"] + s["aborted"] > 0 for s in matched),
+            "rewarded": len(rewards),
+        },
         "mean_reward": sum(rewards) / len(rewards) if rewards else None,
         "groups": sorted({s["group_id"] for s in sessions if s["group_id"] is not None}),
         "models": sorted({m for s in sessions for m in s["models"]}),

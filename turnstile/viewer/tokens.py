@@ -31,8 +31,9 @@ def pieces(tok: LoadedTokenizer | None, ids: np.ndarray) -> list[str] | None:
     return [table[i] for i in ids.tolist()]
 
 
-def divergence(root: CallRecord, calls: list[CallRecord], tok: LoadedTokenizer | None
-               ) -> dict | None:
+def divergence(
+    root: CallRecord, calls: list[CallRecord], tok: LoadedTokenizer | None
+) -> dict | None:
     """Both sides of where a new segment left the recorded conversation, or None.
 
     Passthrough records carry it (``info.drift``: the first differing prompt token, the IDs
@@ -43,10 +44,14 @@ def divergence(root: CallRecord, calls: list[CallRecord], tok: LoadedTokenizer |
     drift = root.info.get("drift")
     if isinstance(drift, dict) and "index" in drift:
         rec, got = drift.get("recorded") or {}, drift.get("received") or {}
-        return {"index": drift["index"], "call_id": drift.get("call_id"),
-                "same_text": drift.get("same_text"), "window_start": drift.get("window_start"),
-                "recorded": {"ids": rec.get("ids"), "text": rec.get("text")},
-                "sent": {"ids": got.get("ids"), "text": got.get("text")}}
+        return {
+            "index": drift["index"],
+            "call_id": drift.get("call_id"),
+            "same_text": drift.get("same_text"),
+            "window_start": drift.get("window_start"),
+            "recorded": {"ids": rec.get("ids"), "text": rec.get("text")},
+            "sent": {"ids": got.get("ids"), "text": got.get("text")},
+        }
     if root.segment_reason in (None, "first_call") or root.parent_id is not None:
         return None
     prompt = np.frombuffer(root.prompt_delta, dtype=np.int32)
@@ -57,11 +62,15 @@ def divergence(root: CallRecord, calls: list[CallRecord], tok: LoadedTokenizer |
         if c.seq >= root.seq or c.status != "ok":
             continue
         base, common = seen.get(c.parent_id or "", (0, 0))
-        own = np.concatenate([np.frombuffer(c.prompt_delta, dtype=np.int32),
-                              np.frombuffer(c.completion_ids, dtype=np.int32)])
+        own = np.concatenate(
+            [
+                np.frombuffer(c.prompt_delta, dtype=np.int32),
+                np.frombuffer(c.completion_ids, dtype=np.int32),
+            ]
+        )
         if common == base:
-            rest = prompt[base:base + len(own)]
-            differ = np.flatnonzero(rest != own[:len(rest)])
+            rest = prompt[base : base + len(own)]
+            differ = np.flatnonzero(rest != own[: len(rest)])
             common = base + (int(differ[0]) if len(differ) else len(rest))
         seen[c.id] = (base + len(own), common)
         if best is None or common > best[1]:
@@ -73,15 +82,26 @@ def divergence(root: CallRecord, calls: list[CallRecord], tok: LoadedTokenizer |
     path = [call]
     while path[-1].parent_id in by_id:
         path.append(by_id[path[-1].parent_id or ""])
-    full = np.concatenate([np.frombuffer(b, dtype=np.int32) for c in reversed(path)
-                           for b in (c.prompt_delta, c.completion_ids)])
+    full = np.concatenate(
+        [
+            np.frombuffer(b, dtype=np.int32)
+            for c in reversed(path)
+            for b in (c.prompt_delta, c.completion_ids)
+        ]
+    )
     lo, hi = max(0, i - WINDOW[0]), i + WINDOW[1]
 
     def side(ids: np.ndarray) -> dict:
         return {"ids": ids.tolist(), "text": tok.decode(ids.tolist()) if tok else None}
 
-    return {"index": i, "call_id": call.id, "same_text": None, "window_start": lo,
-            "recorded": side(full[lo:hi]), "sent": side(prompt[lo:hi])}
+    return {
+        "index": i,
+        "call_id": call.id,
+        "same_text": None,
+        "window_start": lo,
+        "recorded": side(full[lo:hi]),
+        "sent": side(prompt[lo:hi]),
+    }
 
 
 def parquet_bytes(trajs: list[Trajectory]) -> bytes:
