@@ -31,7 +31,7 @@ from .requests import ChatRequest, parse_chat_request
 from .sampling import sampling_params
 from .session_trees import Entry, SessionTrees, Tree
 from .streamed import CLIENT_GONE, stream_chunks
-from .token_record import Generation, build_record
+from .token_record import Call, Generation, build_record
 
 
 class ClientGone(Exception):
@@ -118,105 +118,71 @@ class Gateway:
 
     # record
 
+    async def _begin(self, session_id: str, req: ChatRequest, tree: Tree) -> Call:
+        """The call's prompt and sampling (render errors are the harness's 400s)."""
+        started = time.time()
+        prompt = self.prompt(tree, req)
+        tail = self.tok.decode(prompt.ids[-16:].tolist())  # enough to see an opened block
+        params = await self.sampling(req, len(prompt.ids), tail)
+        return Call(session_id, tree, req, prompt, params, started, tail)
+
     async def record(
         self,
-        session_id: str,
-        tree: Tree,
-        prompt: Prompt,
-        params: SamplingParams,
-        gen: Generation,
+        call: Call,
         status: str,
-        message: dict | None,
-        error: str | None,
-        started: float,
+        message: dict | None = None,
+        error: str | None = None,
         extra: dict | None = None,
-        req: ChatRequest | None = None,
         response: dict | None = None,
     ) -> CallRecord:
         """Commit the call, then (and only then) add it to the session's tree. The write runs
         off the event loop; if the store fails, the harness gets a clean 503/507/404 and
         nothing can extend the call. A cancellation while the write runs lets it finish (and
         the tree follow it) before the cancellation goes on."""
-        rec, fut = self._commit(
-            session_id,
-            tree,
-            prompt,
-            params,
-            gen,
-            status,
-            message,
-            error,
-            started,
-            extra,
-            req,
-            response,
-        )
+        rec, fut = self._commit(call, status, message, error, extra, response)
         try:
             await asyncio.shield(fut)
         except STORE_ERRORS as exc:
             if isinstance(exc, SessionGone):
-                self.forget(session_id)
-            raise store_error(exc, session_id) from exc
+                self.forget(call.session_id)
+            raise store_error(exc, call.session_id) from exc
         return rec
 
-    def record_later(
-        self,
-        session_id: str,
-        tree: Tree,
-        prompt: Prompt,
-        params: SamplingParams,
-        gen: Generation,
-        status: str,
-        message: dict | None,
-        error: str | None,
-        started: float,
-        extra: dict | None = None,
-        req: ChatRequest | None = None,
-    ) -> None:
+    def record_later(self, call: Call, status: str, error: str | None) -> None:
         """Record a call nobody waits for (its harness is gone): the write runs on its own."""
-        self._commit(
-            session_id, tree, prompt, params, gen, status, message, error, started, extra, req
-        )
+        self._commit(call, status, None, error)
 
     def _commit(
         self,
-        session_id: str,
-        tree: Tree,
-        prompt: Prompt,
-        params: SamplingParams,
-        gen: Generation,
+        call: Call,
         status: str,
         message: dict | None,
         error: str | None,
-        started: float,
         extra: dict | None = None,
-        req: ChatRequest | None = None,
         response: dict | None = None,
     ) -> tuple[CallRecord, asyncio.Future]:
-        built = build_record(
-            self, session_id, tree, prompt, params, gen, status, message, error, started, extra, req
-        )
+        built = build_record(self, call, status, message, error, extra)
+        tree, hashes = call.tree, call.prompt.hashes
         fut = commit(
             self.store,
             built.record,
-            req.raw if req else None,
+            call.req.raw,
             response,
             tree.created,
-            then=lambda: tree.add(built.node, prompt.hashes, built.reply_hash, built.echo_hash),
+            then=lambda: tree.add(built.node, hashes, built.reply_hash, built.echo_hash),
         )
         return built.record, fut
 
     # the call
 
-    async def events(
-        self, session_id: str, prompt: Prompt, params: SamplingParams, gen: Generation, stream: bool
-    ) -> AsyncIterator[list[TokenEvent]]:
-        """Batches of engine events, accumulated into ``gen``; sets ``gen.finish``."""
+    async def events(self, call: Call, stream: bool) -> AsyncIterator[list[TokenEvent]]:
+        """Batches of engine events, accumulated into ``call.gen``; sets its ``finish``."""
         eog = self.tok.eog_token_ids
-        engine = self.engine.pick(session_id)  # the session's replica
+        gen, params = call.gen, call.params
+        engine = self.engine.pick(call.session_id)  # the session's replica
         gen.engine_url = engine.url
         began = time.perf_counter()
-        async for batch in engine.generate(prompt.ids, params, stream=stream):
+        async for batch in engine.generate(call.prompt.ids, params, stream=stream):
             if isinstance(batch, Finish):
                 batch.timings["engine_s"] = time.perf_counter() - began  # server.metrics
                 if batch.stop_string is None and len(gen.ids) and gen.ids[-1] in eog:
@@ -249,10 +215,6 @@ class Gateway:
             tool_calls=bool(req.tools),
             calls_before=calls_before(req.messages),
         )
-
-    def _tail(self, prompt: Prompt) -> str:
-        """The end of the prompt as text: enough to see an opened reasoning block."""
-        return self.tok.decode(prompt.ids[-16:].tolist())
 
     def _text_ids(self, gen: Generation) -> list[int]:
         ids = gen.ids.tolist()
@@ -321,56 +283,29 @@ class Gateway:
             self.control.bind(ticket)  # pause(abort) cancels this task
             if ticket.abort:
                 raise policy_abort()
-        started = time.time()
-        prompt = self.prompt(tree, req)
-        tail = self._tail(prompt)
-        params = await self.sampling(req, len(prompt.ids), tail)
-        gen = Generation()
+        call = await self._begin(session_id, req, tree)
+        gen = call.gen
         try:
-            async for _ in self.events(session_id, prompt, params, gen, stream=False):
+            async for _ in self.events(call, stream=False):
                 pass
         except EngineError as exc:
-            await self.record(
-                session_id, tree, prompt, params, gen, "error", None, str(exc), started, req=req
-            )
+            await self.record(call, "error", error=str(exc))
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
         except asyncio.CancelledError:
             if self.control.aborted():
-                await self.record(
-                    session_id,
-                    tree,
-                    prompt,
-                    params,
-                    gen,
-                    "aborted",
-                    None,
-                    POLICY_ABORT,
-                    started,
-                    req=req,
-                )
+                await self.record(call, "aborted", error=POLICY_ABORT)
                 raise policy_abort() from None
             if asyncio.current_task() in self._gone:
-                await self.record(
-                    session_id,
-                    tree,
-                    prompt,
-                    params,
-                    gen,
-                    "aborted",
-                    None,
-                    CLIENT_GONE,
-                    started,
-                    req=req,
-                )
+                await self.record(call, "aborted", error=CLIENT_GONE)
                 raise ClientGone(session_id) from None
             raise
         text = cc.cut_stop(self.tok.decode(self._text_ids(gen)), gen.finish)
-        parser = self.parser_for(req, tail)
+        parser = self.parser_for(req, call.tail)
         parser.feed(text)
         parser.finish()
         parsed = parser.result()
         message = parsed.to_openai()
-        assert gen.finish is not None  # _events raised otherwise
+        assert gen.finish is not None  # events() raised otherwise
         finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
         choice = {
             "index": 0,
@@ -383,21 +318,14 @@ class Gateway:
             else None,
         }
         rec = await self.record(
-            session_id,
-            tree,
-            prompt,
-            params,
-            gen,
+            call,
             "ok",
             message,
-            None,
-            started,
-            {"parse_status": parsed.parse_status},
-            req,
-            {"choices": [choice]},
+            extra={"parse_status": parsed.parse_status},
+            response={"choices": [choice]},
         )
         req.record = rec
-        return cc.completion(rec, started, req.model or self.model_name, choice)
+        return cc.completion(rec, call.started, req.model or self.model_name, choice)
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
         """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
@@ -407,11 +335,7 @@ class Gateway:
         async def prepare() -> AsyncGenerator[dict, None]:
             nonlocal entry
             entry = self.trees.hold(session_id)
-            started = time.time()
-            prompt = self.prompt(entry.tree, req)
-            tail = self._tail(prompt)
-            params = await self.sampling(req, len(prompt.ids), tail)
-            return stream_chunks(self, session_id, req, entry.tree, prompt, params, started, tail)
+            return stream_chunks(self, await self._begin(session_id, req, entry.tree))
 
         def release() -> None:
             if entry is not None:

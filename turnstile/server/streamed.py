@@ -9,14 +9,11 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from ..chat.detokenize import IncrementalDetokenizer
-from ..engines.base import EngineError, SamplingParams
+from ..engines.base import EngineError
 from . import chat_completions as cc
 from .admission import POLICY_ABORT, policy_abort
 from .errors import APIError
-from .prompting import Prompt
-from .requests import ChatRequest
-from .session_trees import Tree
-from .token_record import Generation
+from .token_record import Call
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -24,32 +21,23 @@ if TYPE_CHECKING:
 CLIENT_GONE = "the client disconnected"
 
 
-async def stream_chunks(
-    gw: Gateway,
-    session_id: str,
-    req: ChatRequest,
-    tree: Tree,
-    prompt: Prompt,
-    params: SamplingParams,
-    started: float,
-    tail: str,
-) -> AsyncGenerator[dict, None]:
+async def stream_chunks(gw: Gateway, call: Call) -> AsyncGenerator[dict, None]:
     """The chunks of a streamed token-in call: one pass per batch of engine events (the
     tokens that arrived together leave in one chunk, or a few when the parser splits content
     from a tool call); the call is recorded before the final chunk."""
-    gen = Generation()
-    parser = gw.parser_for(req, tail)
+    req, gen = call.req, call.gen
+    parser = gw.parser_for(req, call.tail)
     detok = IncrementalDetokenizer(gw.tok)
-    chunk = cc.ChunkMaker(started, req.model or gw.model_name, req.include_usage)
+    chunk = cc.ChunkMaker(call.started, req.model or gw.model_name, req.include_usage)
 
     yield chunk({"role": "assistant", "content": ""})
     eog = gw.tok.eog_token_ids
     status = "aborted"
     error: str | None = CLIENT_GONE
-    visible = cc.StopStrings(params.stop).visible
+    visible = cc.StopStrings(call.params.stop).visible
 
     try:
-        async for batch in gw.events(session_id, prompt, params, gen, stream=True):
+        async for batch in gw.events(call, stream=True):
             sampled = [ev for ev in batch if ev.token_id not in eog]
             text = visible("".join([detok.push(ev.token_id) for ev in sampled]))
             lp = (
@@ -70,9 +58,7 @@ async def stream_chunks(
         # the failure, so a read right after the error finds the call.
         status = "recorded"
         with contextlib.suppress(APIError):
-            await gw.record(
-                session_id, tree, prompt, params, gen, "error", None, str(exc), started, req=req
-            )
+            await gw.record(call, "error", error=str(exc))
         raise APIError(exc.status, str(exc), type_="engine_error") from exc
     except asyncio.CancelledError:
         if not gw.control.aborted():
@@ -83,26 +69,17 @@ async def stream_chunks(
         if status not in ("ok", "recorded"):
             # The harness did not get a whole response: keep the tokens, mark the call.
             # Nobody waits for this write (the stream may be being torn down).
-            gw.record_later(
-                session_id, tree, prompt, params, gen, status, None, error, started, req=req
-            )
+            gw.record_later(call, status, error)
     parsed = parser.result()
     message = parsed.to_openai()
-    assert gen.finish is not None  # _events raised otherwise
+    assert gen.finish is not None  # events() raised otherwise
     finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
     rec = await gw.record(
-        session_id,
-        tree,
-        prompt,
-        params,
-        gen,
+        call,
         "ok",
         message,
-        None,
-        started,
-        {"parse_status": parsed.parse_status},
-        req,
-        {"choices": [{"message": message, "finish_reason": finish_reason}]},
+        extra={"parse_status": parsed.parse_status},
+        response={"choices": [{"message": message, "finish_reason": finish_reason}]},
     )
     req.record = rec
     yield chunk({}, finish_reason)

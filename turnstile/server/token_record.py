@@ -33,6 +33,21 @@ class Generation:
 
 
 @dataclass
+class Call:
+    """One token-in call in the making: the session and tree it extends, its request, the
+    prompt built for it, its sampling, when it began, and what the engine returned so far."""
+
+    session_id: str
+    tree: Tree
+    req: ChatRequest
+    prompt: Prompt
+    params: SamplingParams
+    started: float
+    tail: str  # the prompt's end as text: does the generation prompt open a reasoning block?
+    gen: Generation = field(default_factory=Generation)
+
+
+@dataclass
 class Built:
     record: CallRecord
     node: Node  # added to the tree once the record is committed
@@ -70,21 +85,17 @@ def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) 
 
 def build_record(
     gw: Gateway,
-    session_id: str,
-    tree: Tree,
-    prompt: Prompt,
-    params: SamplingParams,
-    gen: Generation,
+    call: Call,
     status: str,
     message: dict | None,
     error: str | None,
-    started: float,
     extra: dict | None = None,
-    req: ChatRequest | None = None,
 ) -> Built:
+    session_id, tree, prompt, params = call.session_id, call.tree, call.prompt, call.params
+    gen, started, req = call.gen, call.started, call.req
     finish = gen.finish
     stop_token = finish.stop_token_id if finish else None
-    call_id = req.call_id if req is not None and req.call_id else new_id("call_")
+    call_id = req.call_id or new_id("call_")
     node = Node(call_id, prompt.parent, prompt.delta, gen.ids, message, stop_token)
     reply_hash = echo_hash = None
     if status == "ok" and message is not None:
@@ -126,7 +137,7 @@ def build_record(
             },
             started=started,
             timings=finish.timings if finish else None,
-            dialect=req.dialect if req is not None else "chat",
+            dialect=req.dialect,
         ),
         "engine_url": gen.engine_url,
         "engine_finish_reason": finish.engine_reason if finish else None,
