@@ -29,26 +29,35 @@ import openai
 import turnstile
 from turnstile import testbed
 from turnstile.auth import load_or_create_token
-from turnstile.cli import build_gateway
 from turnstile.converters import grpo_advantages
 from turnstile.converters.verl import to_verl_batch
 from turnstile.demo import _serve
 from turnstile.server.app import create_app
+from turnstile.wiring import build_gateway
 
-TASKS = [("What is 3 + 5?", "8"), ("What is 12 minus 4?", "8"), ("What is 2 times 6?", "12"),
-         ("What is 9 + 10?", "19")]
+TASKS = [
+    ("What is 3 + 5?", "8"),
+    ("What is 12 minus 4?", "8"),
+    ("What is 2 times 6?", "12"),
+    ("What is 9 + 10?", "19"),
+]
 QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct"
 
 
-async def rollout(session: turnstile.client.AsyncSession, question: str, answer: str,
-                  max_tokens: int) -> float:
+async def rollout(
+    session: turnstile.client.AsyncSession, question: str, answer: str, max_tokens: int
+) -> float:
     """The harness: plain OpenAI chat against the session's base URL, then the reward."""
     llm = openai.AsyncOpenAI(base_url=session.base_url, api_key="unused", max_retries=0)
     msgs: list[dict] = [{"role": "user", "content": question}]
     for follow_up in ("Answer with just the number.", None):
         r = await llm.chat.completions.create(
-            model="policy", messages=msgs, max_tokens=max_tokens, temperature=1.0,
-            seed=1000 * (session.sample_index or 0) + len(msgs))
+            model="policy",
+            messages=msgs,
+            max_tokens=max_tokens,
+            temperature=1.0,
+            seed=1000 * (session.sample_index or 0) + len(msgs),
+        )
         msgs.append(r.choices[0].message.model_dump(exclude_none=True))
         if follow_up:
             msgs.append({"role": "user", "content": follow_up})
@@ -62,14 +71,17 @@ async def rollout(session: turnstile.client.AsyncSession, question: str, answer:
     return reward
 
 
-async def collect(base: str, data: Path, groups: int, group_size: int, max_tokens: int
-                  ) -> list:
+async def collect(base: str, data: Path, groups: int, group_size: int, max_tokens: int) -> list:
     async with turnstile.AsyncClient(base, data=data) as ts:  # the trainer token under data
         jobs = []
         for g, (question, answer) in enumerate(TASKS[:groups]):
             for i in range(group_size):
-                s = await ts.session({"question": question, "answer": answer},
-                                     group_id=f"task-{g}", sample_index=i, task_id=f"task-{g}")
+                s = await ts.session(
+                    {"question": question, "answer": answer},
+                    group_id=f"task-{g}",
+                    sample_index=i,
+                    task_id=f"task-{g}",
+                )
                 jobs.append(rollout(s, question, answer, max_tokens))
         await asyncio.gather(*jobs)
         trajs = []
@@ -87,8 +99,11 @@ def main() -> None:
     ap.add_argument("--data", help="record store directory (default: a temporary one)")
     args = ap.parse_args()
 
-    model = testbed.smollm2_gguf() if args.model == "smollm2" else \
-        testbed.tiny_model("qwen2", QWEN25_TEMPLATE)
+    model = (
+        testbed.smollm2_gguf()
+        if args.model == "smollm2"
+        else testbed.tiny_model("qwen2", QWEN25_TEMPLATE)
+    )
     testbed.llama_server_binary()
     data = Path(args.data or tempfile.mkdtemp(prefix="turnstile-grpo-"))
     with testbed.llama_server(model, ctx=4096, parallel=4) as engine_url:
@@ -97,32 +112,44 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         server = _serve(create_app(gateway, base, token=load_or_create_token(data)[0]), port)
         try:
-            trajs = asyncio.run(collect(base, data, args.groups, args.group_size,
-                                        args.max_tokens))
+            trajs = asyncio.run(collect(base, data, args.groups, args.group_size, args.max_tokens))
         finally:
             server.should_exit = True
     tok = gateway.tok
-    pad_id = tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None \
-        else tok.eos_token_id
+    pad_id = (
+        tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else tok.eos_token_id
+    )
     adv = grpo_advantages(trajs)
     # This batch is the whole batch (no verl prompt batch to union with): write the GRPO uid.
     batch = to_verl_batch(trajs, pad_token_id=pad_id, with_uid=True)
 
     print(f"\n{len(trajs)} trajectories in {args.groups} groups, records in {data}\n")
-    print(f"{'group':<8} {'sample':>6} {'turns':>5} {'tokens':>6} {'sampled':>7} "
-          f"{'reward':>6} {'advantage':>9}")
+    print(
+        f"{'group':<8} {'sample':>6} {'turns':>5} {'tokens':>6} {'sampled':>7} "
+        f"{'reward':>6} {'advantage':>9}"
+    )
     for t, a in zip(trajs, adv, strict=True):
-        print(f"{t.group_id:<8} {t.sample_index:>6} {t.num_turns:>5} {len(t):>6} "
-              f"{int(t.loss_mask.sum()):>7} {t.reward:>6.2f} {a:>9.3f}")
+        print(
+            f"{t.group_id:<8} {t.sample_index:>6} {t.num_turns:>5} {len(t):>6} "
+            f"{int(t.loss_mask.sum()):>7} {t.reward:>6.2f} {a:>9.3f}"
+        )
     print("\nverl batch (DataProto tensors):")
     shapes = {k: list(v.shape) for k, v in batch["batch"].items()}
     for k, v in batch["batch"].items():
         print(f"  {k:<18} {str(tuple(v.shape)):<12} {v.dtype}")
     print("non-tensor: uid =", list(batch["non_tensor_batch"]["uid"]))
-    print("RESULT " + json.dumps({"shapes": shapes, "n": len(trajs),
-                                  "uids": list(batch["non_tensor_batch"]["uid"]),
-                                  "rewards": [t.reward for t in trajs],
-                                  "advantages": np.round(adv, 4).tolist()}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "shapes": shapes,
+                "n": len(trajs),
+                "uids": list(batch["non_tensor_batch"]["uid"]),
+                "rewards": [t.reward for t in trajs],
+                "advantages": np.round(adv, 4).tolist(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

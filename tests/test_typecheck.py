@@ -23,12 +23,25 @@ def test_mypy_finds_no_errors():
     assert r.returncode == 0, f"mypy failed:\n{r.stdout}\n{r.stderr}"
 
 
+TREES = ("turnstile", "tests", "benchmarks", "docs", "examples")  # every Python file of the repo
+
+
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
 def test_ruff_lints_and_formats_the_tree(command):
     """One formatter (ruff format, configured in pyproject.toml) and one linter, over every
     Python file of the repository: a change that is not formatted does not land."""
     r = subprocess.run(
-        [sys.executable, "-m", "ruff", *command, "turnstile", "tests", "benchmarks", "docs"],
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            *command,
+            "turnstile",
+            "tests",
+            "benchmarks",
+            "docs",
+            "examples",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
