@@ -16,6 +16,19 @@ from ..server.errors import APIError
 from ..server.request_fields import Fields
 from ..server.requests import function_tool
 
+# Sampling fields beyond the Responses API that vLLM accepts there too: what an RL harness needs
+# to make a rollout reproducible or bounded (a seed, a logit bias); passed on as Chat's.
+_EXTENSIONS = (
+    "seed",
+    "logit_bias",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "chat_template_kwargs",
+)
 # Fields that shape the prompt or the sampling, and become the internal request's.
 _USED = frozenset(
     {
@@ -36,31 +49,8 @@ _USED = frozenset(
         "top_logprobs",
         "include",
         "truncation",
-        *(
-            "seed",
-            "logit_bias",
-            "stop",
-            "top_k",
-            "min_p",
-            "repetition_penalty",
-            "frequency_penalty",
-            "presence_penalty",
-            "chat_template_kwargs",
-        ),
+        *_EXTENSIONS,
     }
-)
-# Sampling fields beyond the Responses API that vLLM accepts there too: what an RL harness needs
-# to make a rollout reproducible or bounded (a seed, a logit bias); passed on as Chat's.
-_EXTENSIONS = (
-    "seed",
-    "logit_bias",
-    "stop",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "chat_template_kwargs",
 )
 # Accepted, kept in the call record's info; they change no token.
 _INERT = frozenset(
