@@ -510,7 +510,7 @@ def make_gateway(data: Path, spec: dict):
     exactly), with the in-process engine."""
     from turnstile.chat.audit import Policy
     from turnstile.server.gateway import Gateway
-    from turnstile.store.sqlite import Store
+    from turnstile.store.store import Store
     from turnstile.wiring import build_renderer, detect_parser
 
     renderer, _ = build_renderer(str(tiny_qwen2()))

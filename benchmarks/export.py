@@ -24,7 +24,7 @@ import pyarrow.dataset as ds
 import synthetic  # beside this script (development tooling, not in the package)
 
 from turnstile.store.export import export, read_calls
-from turnstile.store.sqlite import Store
+from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
 
 

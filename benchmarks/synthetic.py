@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from turnstile.store.sqlite import Store
+from turnstile.store.store import Store
 
 
 def fill(

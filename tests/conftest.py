@@ -311,3 +311,13 @@ def turnstile(relay: Relay, tiny_qwen2: Path, turnstile_factory) -> Turnstile:
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator:
+    """A real PostgreSQL server (Debian's package), for the PostgreSQL record store."""
+    from beds.postgres import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.remove()

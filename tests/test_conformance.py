@@ -40,7 +40,7 @@ from turnstile.parsing.detect import detect_format
 from turnstile.server.errors import APIError
 from turnstile.server.gateway import Gateway
 from turnstile.server.requests import parse_chat_request
-from turnstile.store.sqlite import Store
+from turnstile.store.store import Store
 
 pytestmark = pytest.mark.timeout(900)
 

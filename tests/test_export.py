@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks import synthetic
 from turnstile.store.export import export, read_calls
-from turnstile.store.sqlite import Store
+from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
 
 SESSIONS, CALLS = 240, 30

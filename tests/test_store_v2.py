@@ -12,7 +12,7 @@ import pytest
 
 from turnstile.store.records import CallRecord
 from turnstile.store.schema import SchemaError
-from turnstile.store.sqlite import Store
+from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
 
 # The v1 schema exactly as Turnstile 0.1.0 wrote it (commit 8b9cf0b).

@@ -552,7 +552,7 @@ def test_bad_values_are_refused_and_old_ones_do_not_poison(tiny_qwen2, servers, 
 def test_export_is_atomic_and_tolerant_and_delete_keeps_late_calls(tmp_path, monkeypatch):
     from turnstile.store import export as ex
     from turnstile.store.records import CallRecord
-    from turnstile.store.sqlite import Store
+    from turnstile.store.store import Store
 
     st = Store(tmp_path / "data")
     from array import array

@@ -25,7 +25,7 @@ import pytest
 
 from turnstile.converters import areal, openrlhf, prime_rl, skyrl, slime, tinker, verl
 from turnstile.store.records import CallRecord
-from turnstile.store.sqlite import Store
+from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

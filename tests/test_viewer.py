@@ -230,7 +230,7 @@ def test_session_tokens_hover_and_segment_break(turnstile, relay, browser, no_en
 
 def test_view_serves_a_store_read_only_and_renders_lazily(browser, tmp_path: Path, tiny_qwen2):
     from benchmarks.synthetic import fill
-    from turnstile.store.sqlite import Store
+    from turnstile.store.store import Store
 
     store = Store(tmp_path / "data")
     total = fill(store, sessions=1, calls=2000, delta=20, completion=30, retry_every=10**9)

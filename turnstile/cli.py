@@ -104,13 +104,11 @@ def view(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .auth import AuthSetupError, server_token
-    from .store.sqlite import Store
+    from .store.database import sqlite_path
+    from .store.store import Store
     from .viewer.app import create_viewer_app
 
-    path = Path(args.data)
-    if not (
-        path if path.suffix in (".sqlite3", ".sqlite", ".db") else path / Store.FILENAME
-    ).is_file():
+    if not args.store and not sqlite_path(args.data).is_file():
         raise SystemExit(
             f"turnstile view: no record store under {args.data} (give the --data "
             "directory turnstile serve wrote to)"
@@ -125,9 +123,10 @@ def view(args: argparse.Namespace) -> None:
     except ValueError as exc:
         raise SystemExit(f"turnstile view: --model: {exc}") from None
     public = f"http://{args.host}:{args.port}"
-    app = create_viewer_app(Store(args.data), public, token=token, tokenizer=tok)
+    store = Store(args.store or args.data)
+    app = create_viewer_app(store, public, token=token, tokenizer=tok)
     print(
-        f"turnstile: viewer (read-only) at {public}/ui over {args.data}"
+        f"turnstile: viewer (read-only) at {public}/ui over {store.location}"
         + ("" if tok else "; tokens shown as IDs (give --model for their text)"),
         file=sys.stderr,
     )
@@ -213,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         default="turnstile-data",
         help="directory for the record store, created if missing (default: ./turnstile-data)",
+    )
+    s.add_argument(
+        "--store",
+        metavar="URL",
+        help="keep the records in PostgreSQL instead of --data's SQLite file "
+        "(postgresql://user@host/db; a fleet of gateways shares one; the token file stays "
+        "under --data)",
     )
     s.add_argument(
         "--max-body-mb",
@@ -350,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="turnstile-data",
         help="the record store directory (default: ./turnstile-data)",
     )
+    v.add_argument("--store", metavar="URL", help="a PostgreSQL record store instead of --data's")
     v.add_argument(
         "--model",
         help="GGUF / HF dir / hub id whose tokenizer decodes the tokens "

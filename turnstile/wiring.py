@@ -26,7 +26,7 @@ from .parsing.detect import FormatChoice, detect_format
 from .server.gateway import Gateway
 from .server.limits import Limits
 from .server.passthrough import PassthroughGateway
-from .store.sqlite import Store
+from .store.store import Store
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -72,7 +72,7 @@ def build_engine(kind: str, urls: str | list[str], options: dict | None = None) 
 def build_gateway(
     engine_url: str | list[str],
     model: str,
-    data: str | Path,
+    data: str | Path,  # the store: a directory, an SQLite file or a postgresql:// URL
     chat_template: str | None = None,
     model_name: str | None = None,
     patches: bool = True,
@@ -165,7 +165,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
         gateway = build_passthrough(
             urls,
             args.served_model_name or args.model,
-            args.data,
+            args.store or args.data,
             dialect,
             keep_bodies=args.keep_bodies,
             logprobs_mode=args.engine_logprobs_mode,
@@ -174,13 +174,14 @@ def server_from_args(args: argparse.Namespace) -> Server:
         )
         banner = [
             f"passthrough capture ({dialect} token-ID fields), model "
-            f"{gateway.model_name}, engine at {', '.join(urls)}, records in {args.data}"
+            f"{gateway.model_name}, engine at {', '.join(urls)}, records in "
+            f"{gateway.store.location}"
         ]
     else:
         gateway = build_gateway(
             urls,
             args.model,
-            args.data,
+            args.store or args.data,
             args.chat_template,
             args.served_model_name,
             patches=not args.no_template_patches,
@@ -194,7 +195,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
         p = gateway.parser
         banner = [
             f"model {gateway.model_name} (template {gateway.renderer.fingerprint}), "
-            f"engine {args.engine} at {', '.join(urls)}, records in {args.data}",
+            f"engine {args.engine} at {', '.join(urls)}, records in {gateway.store.location}",
             f"parsing {p.family or 'plain text'}: tool calls {p.tool_format}, "
             f"reasoning {p.reasoning_tags if p.reasoning else 'off'}",
             *gateway.policy.describe(),

@@ -19,7 +19,7 @@ from ..server.contract import AppGateway
 from ..server.errors import APIError
 from ..server.requests import ChatRequest, parse_chat_request
 from ..store.records import CallRecord, new_id
-from ..store.sqlite import Store
+from ..store.store import Store
 from .responses_request import bad, chat_body, check_fields, input_messages
 
 NAME = "responses"

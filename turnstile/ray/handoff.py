@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..store.sqlite import Store
+from ..store.store import Store
 from ..store.trajectories import Trajectory, stitch
 
 

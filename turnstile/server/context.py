@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..chat.loaded_tokenizer import LoadedTokenizer
-from ..store.sqlite import Store
+from ..store.store import Store
 from .contract import AppGateway
 from .errors import APIError
 from .limits import Limits

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..engines.base import EngineControl
-from ..store.sqlite import Store
+from ..store.store import Store
 from .admission import Chunks
 from .control import PolicyControl
 from .requests import ChatRequest

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
@@ -13,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..engines.base import EngineError
-from ..store.sqlite import SessionGone
+from ..store import database
+from ..store.store import SessionGone, UnstorableText
 from .context import context
 from .errors import APIError
 
@@ -58,6 +58,11 @@ async def on_store_error(request: Request, exc: Exception) -> Response:
     )
 
 
+async def on_unstorable_text(request: Request, exc: Exception) -> Response:
+    field = exc.field if isinstance(exc, UnstorableText) else None
+    return respond(request, APIError(400, str(exc), field))
+
+
 async def on_session_gone(request: Request, exc: Exception) -> Response:
     context(request).sessions.uncache(str(exc))
     return respond(
@@ -86,7 +91,8 @@ EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitab
     APIError: on_api_error,
     EngineError: on_engine_error,
     HTTPException: on_http_error,
-    sqlite3.Error: on_store_error,
+    **dict.fromkeys(database.ERRORS, on_store_error),
     SessionGone: on_session_gone,
+    UnstorableText: on_unstorable_text,
     Exception: on_unexpected,
 }

@@ -20,7 +20,7 @@ from ..parsing import Parser
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
 from ..store.records import CallRecord
-from ..store.sqlite import SessionGone, Store
+from ..store.store import SessionGone, Store
 from . import chat_completions as cc
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket

@@ -53,7 +53,7 @@ from ..engines.chat_dialects import strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
 from ..store.records import CallRecord
-from ..store.sqlite import Store
+from ..store.store import Store
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .capture_record import Call, build_record
 from .control import PolicyControl

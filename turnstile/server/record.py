@@ -9,18 +9,18 @@ sampling, the weight versions, usage and timings alike: :func:`call_info` builds
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import sys
 import time
 from collections.abc import Callable
 
 from ..engines.base import token_versions
+from ..store import database
 from ..store.records import CallRecord
-from ..store.sqlite import SessionGone, Store
+from ..store.store import SessionGone, Store
 from .errors import APIError
 
 # What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.
-STORE_ERRORS = (sqlite3.Error, OSError, SessionGone)
+STORE_ERRORS: tuple[type[Exception], ...] = (*database.ERRORS, OSError, SessionGone)
 
 
 def store_error(exc: BaseException, session_id: str) -> APIError:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..chat.history import Node, SessionTree
 from ..chat.render import Renderer
-from ..store.sqlite import Store
+from ..store.store import Store
 
 
 @dataclass

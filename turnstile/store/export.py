@@ -55,7 +55,7 @@ from .export_schema import (
 from .export_select import default_batch_name, partition_dir, select_sessions
 from .export_sinks import TableWriter
 from .records import INT32_MAX
-from .sqlite import Store
+from .store import Store
 from .trajectories import MODES, stitch
 
 _TableWriter = TableWriter  # the name tests patch

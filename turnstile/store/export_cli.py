@@ -8,7 +8,7 @@ import sys
 
 from .export import export
 from .export_schema import FORMATS, PARTITIONS, TABLES
-from .sqlite import Store
+from .store import Store
 from .trajectories import MODES
 
 
@@ -16,6 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data", default="turnstile-data", help="store directory (or .sqlite3 file) to read"
     )
+    p.add_argument("--store", metavar="URL", help="read a PostgreSQL record store instead")
     p.add_argument("--out", required=True, help="directory to write the tables under")
     p.add_argument(
         "--format", choices=FORMATS, default="parquet", help="file format (default: parquet)"
@@ -69,7 +70,7 @@ def cli(args: argparse.Namespace) -> None:
     """``turnstile export``: prints a JSON summary of what was written."""
     try:
         result = export(
-            args.data,
+            args.store or args.data,
             args.out,
             fmt=args.format,
             tables=[t for t in args.tables.split(",") if t],
@@ -88,7 +89,7 @@ def cli(args: argparse.Namespace) -> None:
         print(f"turnstile export: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     if args.delete and args.vacuum:
-        st = Store(args.data)
+        st = Store(args.store or args.data)
         st.vacuum()
         st.close()
     print(json.dumps(result.summary(), indent=2))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
 import numpy as np
 import orjson
 
+from .database import Row
 from .export_schema import EXPORT_SCHEMA_VERSION
 from .records import CallRecord, unpack_body
 from .trajectories import NO_VERSION, Trajectory
@@ -94,7 +94,7 @@ def session_row(s: dict, batch: str, versions: list[int]) -> dict:
 
 
 def call_columns(
-    rows: list[sqlite3.Row], infos: list[dict], s: dict, batch: str, bodies: dict[str, tuple] | None
+    rows: list[Row], infos: list[dict], s: dict, batch: str, bodies: dict[str, tuple] | None
 ) -> dict[str, Sequence]:
     """The ``calls`` table columns of one session's stored rows (blobs and JSON untouched)."""
     c = dict(zip(rows[0].keys(), zip(*rows, strict=True), strict=True))
@@ -144,7 +144,7 @@ def _body_text(blob: bytes | None) -> str | None:
     return None if blob is None else orjson.dumps(unpack_body(blob)).decode()
 
 
-def call_records(rows: list[sqlite3.Row], infos: list[dict]) -> list[CallRecord]:
+def call_records(rows: list[Row], infos: list[dict]) -> list[CallRecord]:
     """What stitching needs of each stored row (the message is not parsed)."""
     return [
         CallRecord(

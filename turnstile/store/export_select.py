@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from .sqlite import Store
+from .store import Store
 
 
 def safe_dir_name(name: str) -> str:
@@ -38,7 +38,7 @@ def select_sessions(
         for sid in session_ids:
             s = store.get_session(sid)
             if s is None:
-                raise KeyError(f"no session {sid!r} in {store.path}")
+                raise KeyError(f"no session {sid!r} in {store.location}")
             out.append(s)
         return out
     groups = list(group_ids) if group_ids is not None else [None]

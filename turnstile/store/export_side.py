@@ -3,26 +3,30 @@ read before them, and deletes that spare any session recorded on since."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable
 
+from .database import Database, Row
 from .schema import CALL_COLUMNS
 
 _TABLES = ("calls", "rewards", "bodies")  # a session's rows beside its own
 
 _SIGNATURE = (
-    "SELECT (SELECT count(*) FROM calls WHERE session_id = :s), "
-    "(SELECT max(created) FROM calls WHERE session_id = :s), "
-    "(SELECT count(*) FROM rewards WHERE session_id = :s), "
-    "(SELECT max(created) FROM rewards WHERE session_id = :s), "
+    "SELECT (SELECT count(*) FROM calls WHERE session_id = ?), "
+    "(SELECT max(created) FROM calls WHERE session_id = ?), "
+    "(SELECT count(*) FROM rewards WHERE session_id = ?), "
+    "(SELECT max(created) FROM rewards WHERE session_id = ?), "
     "(SELECT status || ':' || coalesce(termination_reason, '') FROM sessions "
-    "WHERE id = :s)"
+    "WHERE id = ?)"
 )
 
 
-def delete_ids(db: sqlite3.Connection, ids: list[str]) -> int:
+def _signature(db: Database, session_id: str) -> tuple:
+    return tuple(db.execute(_SIGNATURE, (session_id,) * 5).fetchone())
+
+
+def delete_ids(db: Database, ids: list[str]) -> int:
     """Delete sessions with their rows (inside the caller's transaction); how many."""
     n = 0
     for i in range(0, len(ids), 500):
@@ -35,33 +39,21 @@ def delete_ids(db: sqlite3.Connection, ids: list[str]) -> int:
 
 
 class ExportSide:
-    """Mixed into :class:`~.sqlite.Store` (its read connection and lock)."""
+    """Mixed into :class:`~.store.Store` (its read connection and lock)."""
 
-    _db: sqlite3.Connection
+    _db: Database
     _lock: threading.Lock
-
-    def _named(self) -> sqlite3.Cursor:
-        cur = self._db.cursor()
-        cur.row_factory = sqlite3.Row
-        return cur
 
     def delete_sessions(self, session_ids: Iterable[str]) -> int:
         """Delete many sessions (e.g. after export) in one transaction; returns how many."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                n = delete_ids(self._db, list(session_ids))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return n
+        with self._lock, self._db.transaction():
+            return delete_ids(self._db, list(session_ids))
 
     def signature(self, session_id: str) -> tuple:
         """What changes when anything is recorded on a session (calls, rewards, close): an
         export reads it before the rows, and deletes only sessions that still have it."""
         with self._lock:
-            return tuple(self._db.execute(_SIGNATURE, {"s": session_id}).fetchone())
+            return _signature(self._db, session_id)
 
     def delete_unchanged(self, signatures: dict[str, tuple]) -> tuple[int, list[str]]:
         """Delete the sessions whose :meth:`signature` is still the one given, in one
@@ -69,31 +61,19 @@ class ExportSide:
         ``(deleted, kept ids)``."""
         kept: list[str] = []
         gone: list[str] = []
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for sid, sig in signatures.items():
-                    now = tuple(db.execute(_SIGNATURE, {"s": sid}).fetchone())
-                    (gone if now == tuple(sig) else kept).append(sid)
-                n = delete_ids(db, gone)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        with self._lock, self._db.transaction():
+            for sid, sig in signatures.items():
+                (gone if _signature(self._db, sid) == tuple(sig) else kept).append(sid)
+            n = delete_ids(self._db, gone)
         return n, kept
 
-    def raw_calls(self, session_id: str) -> list[sqlite3.Row]:
+    def raw_calls(self, session_id: str) -> list[Row]:
         """The session's call rows as stored (blobs and JSON bytes untouched), for export;
         columns by name (``row["info"]``) or in table order."""
         with self._lock:
-            return (
-                self._named()
-                .execute(
-                    f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY seq",
-                    (session_id,),
-                )
-                .fetchall()
+            return self._db.named(
+                f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY seq",
+                (session_id,),
             )
 
     def bodies_of(self, session_id: str) -> dict[str, tuple[bytes | None, bytes | None]]:
@@ -115,4 +95,4 @@ class ExportSide:
     def vacuum(self) -> None:
         """Give the space of deleted sessions back to the file system (rewrites the file)."""
         with self._lock:
-            self._db.execute("VACUUM")
+            self._db.vacuum()

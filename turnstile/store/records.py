@@ -6,7 +6,6 @@ them back. Bodies are zlib-compressed JSON.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 import uuid
 import zlib
@@ -15,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from .database import Row
 
 INT32_MAX = 2**31 - 1  # sample_index is an int32 column in exports
 
@@ -103,7 +104,7 @@ def unpack_body(blob: bytes | None) -> object:
     return None if blob is None else orjson.loads(zlib.decompress(blob))
 
 
-def call_from_row(r: sqlite3.Row) -> CallRecord:
+def call_from_row(r: Row) -> CallRecord:
     """A stored ``calls`` row (read with the store's ``CALL_COLUMNS``) as a record."""
     hashes = r["prefix_hashes"] or b""
     message = r["message"]

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import orjson
 
+from .database import Row
 from .records import INT32_MAX
 
 # Metadata keys that name the first-class session fields when they are not given directly
@@ -46,7 +45,7 @@ def scalar_reward(named: dict[str, float]) -> float | None:
     return float(sum(named.values()))
 
 
-def session_from_row(r: sqlite3.Row, rewards: list[tuple]) -> dict:
+def session_from_row(r: Row, rewards: list[tuple]) -> dict:
     """A ``sessions`` row (read with the store's ``SESSION_COLUMNS``) with its reward rows."""
     named: dict[str, float] = {}
     per_call: dict[str, dict[str, float]] = {}

@@ -26,7 +26,7 @@ from ..server.errors import APIError
 from ..server.limits import Limits
 from ..server.routes_sessions import call_body, calls, list_sessions, session, trajectories
 from ..server.session_index import SessionIndex
-from ..store.sqlite import Store
+from ..store.store import Store
 
 
 async def read_only(request: Request) -> Response:

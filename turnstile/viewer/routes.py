@@ -123,7 +123,7 @@ async def viewer_sessions(request: Request) -> Response:
     """Sessions with what their calls add up to, filtered, counted and sorted."""
     ctx = context(request)
     q = list_query(dict(request.query_params))
-    rows = await run_in_threadpool(summaries, ctx.store.path)
+    rows = await run_in_threadpool(summaries, ctx.store)
     return json_response(select(rows, q))
 
 

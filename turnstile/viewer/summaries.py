@@ -1,33 +1,38 @@
 """Sessions as the viewer lists them: each session's row with what its calls add up to (calls,
 errors, new segments, tokens, model), filtered, counted and sorted.
 
-Read on a read-only connection of its own (``mode=ro``): a listing over many sessions never holds
-the store's lock, and the viewer cannot write through it."""
+Read on a read-only connection of its own (SQLite ``mode=ro``, a PostgreSQL read-only session):
+a listing over many sessions never holds the store's lock, and the viewer cannot write through
+it."""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
 
-import orjson
-
+from ..store.database import Database
 from ..store.schema import SESSION_COLUMNS
 from ..store.session_rows import session_from_row
+from ..store.store import Store
 
 SORTS = ("created", "reward", "calls", "errors", "segments", "sampled", "length")
 
 # One row per session that has calls. ``length``: the longest context a call ran with (its
 # reused prefix + prompt delta + completion), which is the longest merged sample's length.
 _CALLS = """
-SELECT session_id, count(*), sum(status = 'ok'), sum(status = 'error'), sum(status = 'aborted'),
-       sum(segment_reason IS NOT NULL AND segment_reason != 'first_call'),
+SELECT session_id, count(*), sum(CASE WHEN status = 'ok' THEN 1 ELSE 0 END),
+       sum(CASE WHEN status = 'error' THEN 1 ELSE 0 END),
+       sum(CASE WHEN status = 'aborted' THEN 1 ELSE 0 END),
+       sum(CASE WHEN segment_reason IS NOT NULL AND segment_reason != 'first_call'
+           THEN 1 ELSE 0 END),
        sum(CASE WHEN status = 'ok' THEN length(completion_ids) ELSE 0 END) / 4,
        max(CASE WHEN status = 'ok' THEN reused_prefix_len + (length(prompt_delta)
            + length(completion_ids)) / 4 ELSE 0 END),
-       max(created), json_group_array(DISTINCT json_extract(CAST(info AS TEXT), '$.model'))
+       max(created)
 FROM calls GROUP BY session_id
 """
+# length() is bytes for both databases' blobs (4 per token ID); the model names are read
+# from each call's info JSON, whose spelling differs (``SqlFacts.info_field``).
+_MODELS = "SELECT DISTINCT session_id, {model} FROM calls"
 _FIELDS = ("calls", "ok", "errors", "aborted", "segments", "sampled", "length", "last_call")
 
 
@@ -49,23 +54,21 @@ class Query:
     offset: int = 0
 
 
-def read_only(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-    db.row_factory = sqlite3.Row
-    return db
-
-
-def summaries(path: Path) -> list[dict]:
+def summaries(store: Store) -> list[dict]:
     """Every session as a dict: the API's session fields plus ``calls``, ``ok``, ``errors``,
     ``aborted``, ``segments`` (new segments after the first call), ``sampled`` (tokens sampled
     by ok calls), ``length``, ``last_call`` and ``models``."""
-    db = read_only(path)
+    db: Database = store.reader()
     try:
-        rows = db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY rowid").fetchall()
+        rows = db.named(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY rowid")
         rewards: dict[str, list[tuple]] = {}
         for r in db.execute("SELECT session_id, call_id, name, value FROM rewards"):
             rewards.setdefault(r[0], []).append(tuple(r))
         agg = {r[0]: r for r in db.execute(_CALLS)}
+        models: dict[str, list[str]] = {}
+        for sid, model in db.execute(_MODELS.format(model=db.facts.info_field.format(key="model"))):
+            if model:
+                models.setdefault(sid, []).append(model)
     finally:
         db.close()
     out = []
@@ -73,11 +76,11 @@ def summaries(path: Path) -> list[dict]:
         s = session_from_row(row, rewards.get(row["id"], []))
         a = agg.get(s["id"])
         s.update(
-            dict(zip(_FIELDS, a[1:9], strict=True))
+            dict(zip(_FIELDS[:7], map(int, a[1:8]), strict=True)) | {"last_call": a[8]}
             if a
             else dict.fromkeys(_FIELDS, 0) | {"last_call": None}
         )
-        s["models"] = sorted(m for m in orjson.loads(a[9]) if m) if a else []
+        s["models"] = sorted(models.get(s["id"], []))
         s["n_calls"] = s["calls"]
         out.append(s)
     return out

@@ -1,0 +1,1 @@
+"""Real servers the tests start themselves (beside llama-server, which the testbed builds)."""

@@ -1,0 +1,446 @@
+"""Durable records: sessions, their calls, rewards and (optionally) raw request/response bodies,
+in an SQLite file (WAL mode; the default) or a PostgreSQL database (a fleet of gateways).
+
+A call stores its prompt as a *delta* against its parent (the parent's prompt + completion is
+the reused prefix), so a long session costs storage for its new tokens only. Token IDs are
+packed int32 and logprobs float32 blobs: 4 bytes each, no JSON parsing to read them back.
+
+The server commits a call before its response reaches the harness, and only then lets later
+calls extend it. Durability (``synchronous``): ``full`` (the default) syncs the WAL on every
+commit, so an acknowledged call survives a killed process *and* an OS crash or power loss;
+``normal`` syncs at checkpoints only (PostgreSQL: ``synchronous_commit = off``): it survives a
+killed gateway, but the last commits can be lost if the database's machine itself goes down.
+
+The databases are behind ``database.Database`` (``sqlite``, ``postgres``); the call record and
+its blob packing are in ``records``, session dicts and rewards in ``session_rows``; this module
+is the ``Store``, written once for both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import orjson
+
+from ..auth import new_capability
+from .database import SQLITE_FILENAME, Database, connect, is_postgres
+from .export_side import ExportSide
+from .records import (
+    CallRecord,
+    call_from_row,
+    new_id,
+    pack_body,
+    pack_floats,
+    pack_ids,
+    unpack_body,
+)
+from .schema import CALL_COLUMNS, SESSION_COLUMNS
+from .session_rows import session_fields, session_from_row
+
+
+class SessionGone(LookupError):
+    """The session a call belongs to was deleted (or deleted and re-created) while it ran."""
+
+
+class UnstorableText(ValueError):
+    """Text that not every database can keep: PostgreSQL's ``text`` holds no NUL character,
+    so neither store takes one in an id, name or reason (the API answers 400)."""
+
+    def __init__(self, field: str):
+        self.field = field
+        super().__init__(f"Invalid {field!r}: text must not contain NUL characters (\\u0000).")
+
+
+def _text(field: str, value: str | None) -> str | None:
+    if value is not None and "\x00" in value:
+        raise UnstorableText(field)
+    return value
+
+
+def _absent(*keys: str | None) -> bool:
+    """A key no store can hold (so a lookup by it finds nothing, on either database)."""
+    return any(k is not None and "\x00" in k for k in keys)
+
+
+SYNCHRONOUS = ("full", "normal")
+
+_MARKS = ", ".join("?" for _ in CALL_COLUMNS.split(","))
+_INSERT_CALL = f"INSERT INTO calls ({CALL_COLUMNS}) VALUES ({_MARKS})"
+_INSERT_BODIES = (
+    "INSERT INTO bodies VALUES (?, ?, ?, ?) ON CONFLICT (call_id) DO UPDATE SET "
+    "session_id = excluded.session_id, request = excluded.request, response = excluded.response"
+)
+
+
+class Store(ExportSide):
+    """The records, on an SQLite file or a PostgreSQL database (``location``: a directory, a
+    ``.sqlite3`` file or a ``postgresql://`` URL). Thread-safe: one connection for reads and
+    one for call writes, each guarded by a lock (writes are short).
+
+    ``keep_bodies`` decides whether raw request/response bodies handed to :meth:`add_call` are
+    kept (zlib-compressed JSON, one row per call) or dropped; token records are always kept.
+    """
+
+    FILENAME = SQLITE_FILENAME
+
+    def __init__(
+        self,
+        location: str | Path,
+        keep_bodies: bool = False,
+        synchronous: str = "full",
+        busy_timeout: float = 5.0,
+    ):
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+        self.keep_bodies = keep_bodies
+        self.synchronous = synchronous
+        self._db: Database = connect(location, synchronous, busy_timeout)
+        self.location = self._db.location  # for messages (a URL without its password)
+        # the SQLite file (the viewer and the token file sit beside it); None on PostgreSQL
+        self.path: Path | None = None if is_postgres(location) else Path(self._db.location)
+        self._lock = threading.Lock()
+        self._db.open_schema()
+        # Calls are written on their own connection (from worker threads): a writer waiting
+        # out a lock held by another process never holds up the reads.
+        self._wdb: Database = connect(location, synchronous, busy_timeout)
+        self._wlock = threading.Lock()
+        # told of every committed call with the seconds its write took (server.metrics)
+        self.observers: list[Callable[[CallRecord, float], None]] = []
+        # added to every call's info (turnstile.ray: the gateway replica that recorded it)
+        self.record_fields: dict = {}
+
+    def reader(self) -> Database:
+        """A read-only connection of its own (close it after use): the viewer's listing."""
+        return self._db.reader()
+
+    def schema_version(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        with self._lock, self._wlock:
+            self._db.close()
+            self._wdb.close()
+
+    # sessions
+
+    def create_session(
+        self,
+        metadata: dict | None = None,
+        session_id: str | None = None,
+        *,
+        group_id: str | None = None,
+        sample_index: int | None = None,
+        task_id: str | None = None,
+    ) -> str:
+        """Create a session (idempotent on ``session_id``). Group/sample/task not given here
+        are taken from metadata keys (``group_id``/``group``, ``sample_index``,
+        ``task_id``/``task``) so that older clients' sessions are grouped too."""
+        sid = _text("id", session_id) or new_id("sess_")
+        _text("group_id", group_id)
+        _text("task_id", task_id)
+        meta = metadata or {}
+        f = session_fields(
+            meta, {"group_id": group_id, "sample_index": sample_index, "task_id": task_id}
+        )
+        _text("metadata.group_id", f["group_id"])
+        _text("metadata.task_id", f["task_id"])
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO sessions (id, created, metadata, group_id, sample_index, task_id, "
+                "capability) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (
+                    sid,
+                    time.time(),
+                    orjson.dumps(meta),
+                    f["group_id"],
+                    f["sample_index"],
+                    f["task_id"],
+                    new_capability(),
+                ),
+            )
+        return sid
+
+    def capabilities(self, session_ids: Iterable[str]) -> dict[str, str]:
+        """Session id → its harness capability (one is minted for a row that has none)."""
+        ids = [sid for sid in session_ids if not _absent(sid)]
+        out: dict[str, str] = {}
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                out.update(
+                    self._db.execute(
+                        "SELECT id, capability FROM sessions WHERE capability IS NOT NULL "
+                        f"AND id IN ({','.join('?' * len(chunk))})",
+                        chunk,
+                    ).fetchall()
+                )
+            for sid in ids:
+                if sid not in out:
+                    cap = new_capability()
+                    cur = self._db.execute(
+                        "UPDATE sessions SET capability = ? WHERE id = ? AND capability IS NULL",
+                        (cap, sid),
+                    )
+                    if cur.rowcount:
+                        out[sid] = cap
+        return out
+
+    def session_for_capability(self, capability: str) -> str | None:
+        """The id of the session a capability belongs to, or None."""
+        if _absent(capability):
+            return None
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id FROM sessions WHERE capability = ?", (capability,)
+            ).fetchone()
+        return row[0] if row else None
+
+    def get_session(self, session_id: str) -> dict | None:
+        """The session with its rewards (scalar + named, per session and per call)."""
+        if _absent(session_id):
+            return None
+        with self._lock:
+            found = self._db.named(
+                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+            )
+            if not found:
+                return None
+            row = found[0]
+            n_calls = self._db.execute(
+                "SELECT count(*) FROM calls WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
+            rewards = self._db.execute(
+                "SELECT session_id, call_id, name, value FROM rewards WHERE session_id = ?",
+                (session_id,),
+            ).fetchall()
+        out = session_from_row(row, rewards)
+        out["n_calls"] = n_calls
+        return out
+
+    def list_sessions(
+        self,
+        group_id: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        exported: bool | None = None,
+    ) -> tuple[list[dict], bool]:
+        """Sessions in creation order, filtered; ``after`` is the last id of the previous
+        page. Returns ``(sessions, has_more)``."""
+        if _absent(group_id, after):
+            return [], False
+        where, args = [], []
+        if group_id is not None:
+            where.append("group_id = ?")
+            args.append(group_id)
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if exported is not None:
+            where.append("exported IS NOT NULL" if exported else "exported IS NULL")
+        if after is not None:
+            where.append("rowid > coalesce((SELECT rowid FROM sessions WHERE id = ?), -1)")
+            args.append(after)
+        sql = f"SELECT {SESSION_COLUMNS} FROM sessions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY rowid LIMIT ?"
+        with self._lock:
+            rows = self._db.named(sql, (*args, limit + 1))
+            ids = [r["id"] for r in rows[:limit]]
+            rewards = self._rewards_for(ids)
+        sessions = [session_from_row(r, rewards.get(r["id"], [])) for r in rows[:limit]]
+        return sessions, len(rows) > limit
+
+    def _rewards_for(self, ids: list[str]) -> dict[str, list[tuple]]:
+        out: dict[str, list[tuple]] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            for r in self._db.execute(
+                "SELECT session_id, call_id, name, value FROM rewards WHERE session_id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                out.setdefault(r[0], []).append(r)
+        return out
+
+    def close_session(self, session_id: str, termination_reason: str | None = None) -> bool:
+        """Mark a rollout finished. Closing again keeps the first close time; a reason given
+        later replaces an earlier one. False if there is no such session."""
+        if _absent(session_id):
+            return False
+        _text("termination_reason", termination_reason)
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE sessions SET status = 'closed', closed = coalesce(closed, ?), "
+                "termination_reason = coalesce(?, termination_reason) WHERE id = ?",
+                (time.time(), termination_reason, session_id),
+            )
+        return cur.rowcount > 0
+
+    def set_rewards(
+        self, session_id: str, rewards: dict[str, float], call_id: str | None = None
+    ) -> None:
+        """Upsert named rewards on a session (or on one of its calls)."""
+        _text("call_id", call_id)
+        for name in rewards:
+            _text("rewards", name)
+        now = time.time()
+        rows = [(session_id, call_id or "", name, float(v), now) for name, v in rewards.items()]
+        with self._lock:
+            self._db.executemany(
+                "INSERT INTO rewards VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, call_id, "
+                "name) DO UPDATE SET value = excluded.value, created = excluded.created",
+                rows,
+            )
+
+    def has_call(self, session_id: str, call_id: str) -> bool:
+        if _absent(session_id, call_id):
+            return False
+        with self._lock:
+            return (
+                self._db.execute(
+                    "SELECT 1 FROM calls WHERE id = ? AND session_id = ?", (call_id, session_id)
+                ).fetchone()
+                is not None
+            )
+
+    def delete_session(self, session_id: str) -> bool:
+        """Delete a session with its calls, rewards and bodies, in one transaction."""
+        if _absent(session_id):
+            return False
+        with self._lock, self._db.transaction():
+            for table, col in (
+                ("calls", "session_id"),
+                ("rewards", "session_id"),
+                ("bodies", "session_id"),
+                ("sessions", "id"),
+            ):
+                cur = self._db.execute(f"DELETE FROM {table} WHERE {col} = ?", (session_id,))
+        return cur.rowcount > 0
+
+    # calls
+
+    def session_created(self, session_id: str) -> float | None:
+        """The session's creation time: it tells a re-created id from the one a call began in."""
+        if _absent(session_id):
+            return None
+        with self._lock:
+            row = self._db.execute(
+                "SELECT created FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def session_status(self, session_id: str) -> str | None:
+        """``open`` or ``closed`` (None: no such session), as any process left it."""
+        if _absent(session_id):
+            return None
+        with self._lock:
+            row = self._db.execute(
+                "SELECT status FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def call_count(self, session_id: str) -> int:
+        """How many calls the session has recorded (by any process writing this file)."""
+        if _absent(session_id):
+            return 0
+        with self._lock:
+            return self._db.execute(
+                "SELECT count(*) FROM calls WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
+
+    def add_call(
+        self,
+        c: CallRecord,
+        request_body: object = None,
+        response_body: object = None,
+        session_created: float | None = None,
+    ) -> None:
+        """Record a call; with ``keep_bodies`` also its raw request/response bodies, in the
+        same transaction (without it the bodies are dropped here).
+
+        With ``session_created`` (the session's creation time when the call began), the
+        session must still be that incarnation: a call that outlived a delete of its session
+        (by this server or by ``export --delete`` in another process) raises
+        :class:`SessionGone` and writes nothing, so a re-created id starts empty."""
+        if self.record_fields:
+            c.info.update(self.record_fields)
+        row = (
+            c.id,
+            c.session_id,
+            c.seq,
+            c.parent_id,
+            c.segment_reason,
+            c.reused_prefix_len,
+            pack_ids(c.prompt_delta),
+            pack_ids(c.completion_ids),
+            pack_floats(c.completion_logprobs),
+            c.finish_reason,
+            c.stop_token_id,
+            c.seam,
+            c.status,
+            None if c.error is None else c.error.replace("\x00", "\ufffd"),
+            orjson.dumps(c.message) if c.message is not None else None,
+            c.history_hash,
+            b"".join(c.prefix_hashes),
+            orjson.dumps(c.info),
+            c.created,
+        )
+        keep = self.keep_bodies and (request_body is not None or response_body is not None)
+        bodies = (
+            (c.id, c.session_id, pack_body(request_body), pack_body(response_body))
+            if keep
+            else None
+        )
+        began = time.perf_counter()
+        db = self._wdb
+        with self._wlock, db.transaction():
+            if session_created is not None:
+                row_s = db.execute(
+                    "SELECT created FROM sessions WHERE id = ?" + db.facts.share_lock,
+                    (c.session_id,),
+                ).fetchone()
+                if row_s is None or row_s[0] != session_created:
+                    raise SessionGone(c.session_id)
+            db.execute(_INSERT_CALL, row)
+            if bodies is not None:
+                db.execute(_INSERT_BODIES, bodies)
+        for observe in self.observers:
+            observe(c, time.perf_counter() - began)
+
+    def body(self, call_id: str) -> dict | None:
+        """``{"request": ..., "response": ...}`` as kept for a call, or None."""
+        if _absent(call_id):
+            return None
+        with self._lock:
+            row = self._db.execute(
+                "SELECT request, response FROM bodies WHERE call_id = ?", (call_id,)
+            ).fetchone()
+        if row is None:
+            return None
+        return {"request": unpack_body(row[0]), "response": unpack_body(row[1])}
+
+    def drop_bodies(self, session_id: str | None = None) -> int:
+        """Delete kept bodies (of one session, or all): they are the bulky part."""
+        with self._lock:
+            if session_id is None:
+                cur = self._db.execute("DELETE FROM bodies")
+            else:
+                cur = self._db.execute("DELETE FROM bodies WHERE session_id = ?", (session_id,))
+        return cur.rowcount
+
+    def calls(self, session_id: str) -> list[CallRecord]:
+        if _absent(session_id):
+            return []
+        with self._lock:
+            rows = self._db.named(
+                f"SELECT {CALL_COLUMNS} FROM calls WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            )
+        return [call_from_row(r) for r in rows]
