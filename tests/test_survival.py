@@ -10,6 +10,7 @@ import json
 import os
 import resource
 import secrets
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -222,14 +223,25 @@ async def _harness(
         turn += 1
 
 
-def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, servers, tmp_path):
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_sigkill_under_200_sessions_loses_nothing_acknowledged(
+    tiny_qwen2, servers, tmp_path, store, request
+):
     """200 concurrent rollouts (half streaming) against the fake; SIGKILL once 300 replies
     were acknowledged; restart. Every acknowledged reply is recorded intact, calls cut off
-    are aborted or absent, and every rollout continues exactly where its harness left it."""
+    are aborted or absent, and every rollout continues exactly where its harness left it.
+
+    ``postgres``: the node dies with its disk. The gateways keep their records in one
+    PostgreSQL database, and the rollouts continue on a second gateway with a data directory
+    of its own (another node), which has never seen these sessions."""
+    extra: tuple[str, ...] = ()
+    nodes = (tmp_path / "store", tmp_path / "store")
+    if store == "postgres":
+        extra = ("--store", request.getfixturevalue("postgres").database())
+        nodes = (tmp_path / "node-a", tmp_path / "node-b")
     with VLLMFake("0.33.0") as fake:
         fake.token_delay = 0.01  # calls are in flight when the kill lands
-        data = tmp_path / "store"
-        ts = servers(fake.url, tiny_qwen2, data)
+        ts = servers(fake.url, tiny_qwen2, nodes[0], *extra)
         sids = [ts.session(group_id="crash", sample_index=i)["id"] for i in range(200)]
         acked: dict[int, list] = {}
 
@@ -259,7 +271,10 @@ def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, serve
         asyncio.run(run())
         ts.proc.wait()
         n_acked = sum(len(v) for v in acked.values())
-        ts2 = servers(fake.url, tiny_qwen2, data)
+        if store == "postgres":  # the first node is gone with its files (it wrote no records)
+            assert not list(nodes[0].glob("*.sqlite3*"))
+            shutil.rmtree(nodes[0], ignore_errors=True)
+        ts2 = servers(fake.url, tiny_qwen2, nodes[1], *extra)
         streamed = 0
         for i, sid in enumerate(sids):
             calls = ts2.calls(sid)
@@ -300,7 +315,7 @@ def test_sigkill_under_200_sessions_loses_nothing_acknowledged(tiny_qwen2, serve
         assert n_acked >= 300 and streamed > 0
         before = [c["status"] for s in sids for c in ts2.calls(s)[:-1]]
         print(
-            f"\ncrash: {n_acked} replies acknowledged before SIGKILL; recorded: "
+            f"\ncrash ({store}): {n_acked} replies acknowledged before SIGKILL; recorded: "
             f"{before.count('ok')} ok, {before.count('aborted')} aborted, "
             f"{before.count('error')} error; 200/200 sessions continued exactly"
         )

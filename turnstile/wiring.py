@@ -26,6 +26,7 @@ from .parsing.detect import FormatChoice, detect_format
 from .server.gateway import Gateway
 from .server.limits import Limits
 from .server.passthrough import PassthroughGateway
+from .store.database import is_postgres
 from .store.store import Store
 
 if TYPE_CHECKING:
@@ -209,4 +210,15 @@ def server_from_args(args: argparse.Namespace) -> Server:
         limits=limits_from(args),
         tokenizer=None if isinstance(gateway, PassthroughGateway) else gateway.renderer.tok,
     )
+    if is_postgres(args.store or ""):
+        share(app, gateway)
     return Server(app, gateway, banner)
+
+
+def share(app: Starlette, gateway: Gateway | PassthroughGateway) -> None:
+    """Other gateways write this store too (a PostgreSQL store, turnstile.ray's replicas): a
+    session's status and a cached call tree's call count are read from the store per call, so
+    a session that moves to this gateway continues exactly from its last acknowledged call."""
+    app.state.turnstile.sessions.shared = True
+    if isinstance(gateway, Gateway):
+        gateway.trees.shared = True

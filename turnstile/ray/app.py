@@ -21,7 +21,7 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig
 
 from ..server.gateway import Gateway
-from ..wiring import Server, server_from_args
+from ..wiring import Server, server_from_args, share
 
 DEPLOYMENT = "turnstile"
 ROUTER = "turnstile.ray.routing:SessionRouter"  # imported by Serve's proxies
@@ -44,8 +44,7 @@ class GatewayReplica:
         gateway = self.server.gateway
         if not isinstance(gateway, Gateway):
             raise ValueError("turnstile.ray runs token-in gateways")
-        gateway.trees.shared = True  # other replicas write this store too
-        self.server.app.state.turnstile.sessions.shared = True  # and close its sessions
+        share(self.server.app, gateway)  # other replicas write this store too
         gateway.store.record_fields["replica"] = replica  # which replica recorded a call
 
     def __serve_build_asgi_app__(self) -> Any:
