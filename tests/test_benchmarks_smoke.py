@@ -21,6 +21,7 @@ SCRIPTS = {
     "soak.py": "RSS after close",
     "ray_scale.py": "1 vs 2 replicas vs one process",
     "profile_call.py": "Turnstile CPU per call",
+    "store_backends.py": "gateway+database pg/sqlite",
 }
 
 

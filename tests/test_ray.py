@@ -68,8 +68,15 @@ def gated_relay(upstream: str, gate: Gate) -> tuple[Relay, ThreadingHTTPServer]:
     return rel, server
 
 
-@pytest.fixture(scope="module")
-def fleet(tiny_qwen2: Path, llama_tiny: str, tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def fleet(
+    tiny_qwen2: Path,
+    llama_tiny: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+):
+    """Two gateway replicas on a head + worker; their records in the node's SQLite file, or
+    in one PostgreSQL database (nothing under --data: the fleet's store outlives any node)."""
     from ray.cluster_utils import Cluster
 
     from turnstile.cli import build_parser
@@ -77,6 +84,9 @@ def fleet(tiny_qwen2: Path, llama_tiny: str, tmp_path_factory: pytest.TempPathFa
 
     tmp = tmp_path_factory.mktemp("ray")
     gate = Gate()
+    store: tuple[str, ...] = ()
+    if request.param == "postgres":
+        store = ("--store", request.getfixturevalue("postgres").database())
     with testbed.llama_server(tiny_qwen2, ctx=8192, parallel=2, log=tmp / "llama-2.log") as second:
         relays = [gated_relay(u, gate) for u in (llama_tiny, second)]
         cluster = Cluster(
@@ -96,6 +106,7 @@ def fleet(tiny_qwen2: Path, llama_tiny: str, tmp_path_factory: pytest.TempPathFa
                 str(tmp / "data"),
                 "--public-url",
                 f"http://127.0.0.1:{port}",
+                *store,
             ]
         )
         args.trainer_token = TOKEN
@@ -105,7 +116,7 @@ def fleet(tiny_qwen2: Path, llama_tiny: str, tmp_path_factory: pytest.TempPathFa
                 "url": f"http://127.0.0.1:{port}",
                 "relays": [r for r, _ in relays],
                 "gate": gate,
-                "data": str(tmp / "data"),
+                "data": store[1] if store else str(tmp / "data"),
             }
         finally:
             gate.open.set()

@@ -47,7 +47,8 @@ def trajectories(
     group_id: str, data: str, mode: str = "merged", node_id: str | None = None
 ) -> list[ray.ObjectRef]:
     """Object refs of the group's samples, in sample-index order. ``data`` is the gateways'
-    ``--data`` directory on the node ``node_id`` (default: this one)."""
+    store: their ``--store`` PostgreSQL URL (read from any node: every replica's records are
+    there), or their ``--data`` directory on the node ``node_id`` (default: this one)."""
     node = node_id or ray.get_runtime_context().get_node_id()
     gen: Any = _read.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
