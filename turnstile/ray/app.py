@@ -94,7 +94,10 @@ def build_app(
         ray_actor_options={"num_cpus": replica_cpus},
         request_router_config={
             "request_router_class": ROUTER,
-            "request_router_kwargs": {"num_fallback_replicas": 2},
+            # strict affinity: a primary that is busy (or slow to answer Serve's queue-length
+            # probe on a loaded node) is waited for, not skipped; the ring itself moves a
+            # session when its replica leaves the set (died, scaled down)
+            "request_router_kwargs": {"num_fallback_replicas": 0},
         },
         **scaling,
     )
