@@ -4,10 +4,13 @@
 1. The store alone (in process): sessions of agent turns (a ~500-token prompt delta, a
    100-token completion with logprobs, the parsed message and a call's usual ``info``),
    written with ``Store.add_call`` from 1 and from 8 threads (a gateway's writer threads).
+   Agents run sessions of 20 calls. Token IDs, logprobs and hashes are random (incompressible).
    Per call: wall time of the commit (p50/p99), the writer's CPU, the database server's CPU
    (PostgreSQL's processes; SQLite has none), transactions committed (PostgreSQL's own
    ``pg_stat_database.xact_commit``; SQLite: WAL commit frames counted from the WAL file's
    frame headers), bytes appended to the write-ahead log, and the stored bytes.
+1b. A fleet's replicas: 1 and 4 processes, each its own ``Store``, writing one database at
+   once (SQLite: one file, one write lock across processes; PostgreSQL: one connection each).
 2. The gateway end to end: ``overhead.py``'s agent workload through a real Turnstile server
    in front of the fake engine, once with ``--data`` (SQLite) and once with ``--store``
    (PostgreSQL): the gateway's CPU per call, the database server's CPU per call, latency.
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import random
 import statistics
 import sys
 import threading
 import time
 from array import array
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -64,7 +70,13 @@ MESSAGE = {
 }
 
 
+TURNS = 20  # calls per agent session before it ends and a new one starts
+_rng = random.Random(0)
+
+
 def _record(sid: str, seq: int, parent: str | None, reused: int) -> CallRecord:
+    """A call as a gateway records it, with incompressible token IDs, logprobs and hashes
+    (PostgreSQL compresses large values: zeros or ranges would flatter it)."""
     delta, completion = 500, 100
     return CallRecord(
         id=f"{sid}-c{seq}",
@@ -73,17 +85,17 @@ def _record(sid: str, seq: int, parent: str | None, reused: int) -> CallRecord:
         parent_id=parent,
         segment_reason=None if parent else "first_call",
         reused_prefix_len=reused,
-        prompt_delta=array("i", range(1000 + seq, 1000 + seq + delta)),
-        completion_ids=array("i", range(5000, 5000 + completion)),
-        completion_logprobs=array("f", [-0.25] * completion),
+        prompt_delta=array("i", (_rng.randrange(151_000) for _ in range(delta))),
+        completion_ids=array("i", (_rng.randrange(151_000) for _ in range(completion))),
+        completion_logprobs=array("f", (-_rng.expovariate(2.0) for _ in range(completion))),
         finish_reason="tool_calls",
         stop_token_id=151645,
         seam="<|im_end|>\n",
         status="ok",
         error=None,
         message=MESSAGE,
-        history_hash=bytes(8),
-        prefix_hashes=[bytes(8)] * (seq + 1),
+        history_hash=_rng.randbytes(8),
+        prefix_hashes=[_rng.randbytes(8) for _ in range(2 * seq + 2)],  # one per message
         info=INFO,
         created=time.time(),
     )
@@ -128,9 +140,9 @@ def _server_cpu(pid: int | None) -> float:
 
 def store_alone(name: str, location: str, pg_pid: int | None, calls: int, threads: int) -> dict:
     store = Store(location)
-    sessions = [store.create_session({}, f"{name}-t{threads}-s{i}") for i in range(threads * 4)]
     if store.path is not None:  # the WAL is the log: keep every frame of the run to count
-        store._wdb.execute("PRAGMA wal_autocheckpoint=0")
+        for db in (store._db, store._wdb):  # (either connection's commit may checkpoint)
+            db.execute("PRAGMA wal_autocheckpoint=0")
         store._wdb.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         page = store._wdb.execute("PRAGMA page_size").fetchone()[0]
         size0 = store.path.stat().st_size
@@ -140,22 +152,29 @@ def store_alone(name: str, location: str, pg_pid: int | None, calls: int, thread
         commits0, lsn0, size0 = _pg_stats(location)
         noop = commits0 - noop0
         time.sleep(0.5)
-    cpu0, srv0 = time.process_time(), _server_cpu(pg_pid)
+    srv0 = _server_cpu(pg_pid)
+    cpu: list[float] = []
     lat: list[float] = []
     per_thread = calls // threads
 
     def writer(k: int) -> None:
-        mine = sessions[k::threads]
-        state = {sid: (None, 0) for sid in mine}
+        """4 agents taking turns, each a session of TURNS calls, then a new session."""
+        agents = [[f"{name}-t{threads}-w{k}-a{a}", None, 0, 0, 0] for a in range(4)]
+        for a in agents:
+            store.create_session({}, a[0] + "-0")
         for n in range(per_thread):
-            sid = mine[n % len(mine)]
-            parent, reused = state[sid]
-            seq = n // len(mine)
+            a = agents[n % 4]
+            base, parent, reused, seq, gen = a
+            sid = f"{base}-{gen}"
             rec = _record(sid, seq, parent, reused)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             store.add_call(rec, session_created=None)
+            cpu.append(time.thread_time() - c0)
             lat.append(time.perf_counter() - t0)
-            state[sid] = (rec.id, reused + 600)
+            a[1:4] = [rec.id, reused + 600, seq + 1]
+            if seq + 1 == TURNS:
+                a[1:5] = [None, 0, 0, gen + 1]
+                store.create_session({}, f"{base}-{gen + 1}")
 
     t0 = time.perf_counter()
     pool = [threading.Thread(target=writer, args=(k,)) for k in range(threads)]
@@ -165,7 +184,6 @@ def store_alone(name: str, location: str, pg_pid: int | None, calls: int, thread
         t.join()
     wall = time.perf_counter() - t0
     n = len(lat)
-    cpu = time.process_time() - cpu0
     srv = _server_cpu(pg_pid) - srv0
     if store.path is not None:
         commits, wal_bytes = _wal_commits(Path(str(store.path) + "-wal"), page)
@@ -183,12 +201,57 @@ def store_alone(name: str, location: str, pg_pid: int | None, calls: int, thread
         "calls": n,
         "p50 ms": statistics.median(lat) * 1000,
         "p99 ms": c.pct(lat, 99) * 1000,
-        "writer CPU ms": cpu / n * 1000,
+        "writer CPU ms": sum(cpu) / n * 1000,
         "db server CPU ms": srv / n * 1000,
         "calls/s": n / wall,
         "commits/call": commits / n,
         "log KB/call": wal_bytes / n / 1024,
         "stored KB/call": size / n / 1024,
+    }
+
+
+def _writer_process(location: str, tag: str, calls: int, out: Any) -> None:
+    store = Store(location)
+    base, parent, reused, seq, gen = tag, None, 0, 0, 0
+    store.create_session({}, f"{base}-0")
+    lat = []
+    start = time.time()  # (wall clock: comparable across the processes)
+    for _ in range(calls):
+        rec = _record(f"{base}-{gen}", seq, parent, reused)
+        t0 = time.perf_counter()
+        store.add_call(rec)
+        lat.append(time.perf_counter() - t0)
+        parent, reused, seq = rec.id, reused + 600, seq + 1
+        if seq == TURNS:
+            parent, reused, seq, gen = None, 0, 0, gen + 1
+            store.create_session({}, f"{base}-{gen}")
+    out.put((start, time.time(), lat))
+    store.close()
+
+
+def fleet_writes(name: str, location: str, procs: int, calls: int) -> dict:
+    """``procs`` gateway processes, each with its own Store, writing one database at once
+    (the replicas of a fleet): commits per second in total, and each commit's wall time."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    workers = [
+        ctx.Process(target=_writer_process, args=(location, f"{name}-p{procs}-{i}", calls, out))
+        for i in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    got = [out.get() for _ in workers]
+    for w in workers:
+        w.join()
+    lat = [x for _, _, ls in got for x in ls]
+    wall = max(g[1] for g in got) - min(g[0] for g in got)  # from the first write to the last
+    return {
+        "store": name,
+        "writer processes": procs,
+        "calls": len(lat),
+        "p50 ms": statistics.median(lat) * 1000,
+        "p99 ms": c.pct(lat, 99) * 1000,
+        "commits/s (all)": len(lat) / wall,
     }
 
 
@@ -253,6 +316,18 @@ def main() -> None:
                 pg = server.database()
                 rows.append(store_alone("postgres", pg, server.proc.pid, calls, threads))
             print(c.table(list(rows[0]), [list(r.values()) for r in rows], "## 1. The store alone"))
+            fleet = []
+            for procs in (1, 4):
+                n = (100 if args.quick else 1000) // procs
+                fleet.append(fleet_writes("sqlite", str(wd / f"fleet{procs}"), procs, n))
+                fleet.append(fleet_writes("postgres", server.database(), procs, n))
+            print(
+                c.table(
+                    list(fleet[0]),
+                    [list(r.values()) for r in fleet],
+                    "## 1b. Gateway processes writing one store at once (a fleet's replicas)",
+                )
+            )
             e2e = end_to_end(server.database(), server.proc.pid, args.quick, wd)
             head = ["target", "conc", "calls", "CPU ms/call", "p50 ms", "p99 ms", "calls/s"]
             table = [

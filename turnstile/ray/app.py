@@ -2,12 +2,11 @@
 one Turnstile gateway built from the same options as ``turnstile serve`` (``wiring``), calls
 of a session routed to one replica by :class:`~turnstile.ray.routing.SessionRouter`.
 
-The replicas share one record store: the SQLite file under ``--data``, written by every
-replica of the node (WAL, one transaction per call, as today). A replica whose session's
+The replicas share one record store: a PostgreSQL database (``--store``: replicas on any node)
+or the node's SQLite file under ``--data`` (replicas on one node). A replica whose session's
 calls were also recorded elsewhere (its replica died, or the ring moved the session) sees the
 store's call count differ from its cached tree and rebuilds the tree from the store, so the
-next call extends the last acknowledged call exactly (``docs/scale.md`` says why, and what a
-multi-node fleet needs instead).
+next call extends the last acknowledged call exactly (``docs/scale.md``).
 """
 
 from __future__ import annotations
