@@ -123,6 +123,14 @@ def test_bad_requests_name_the_field(turnstile):
     _error(http.delete(f"{url}/v1/sessions/nope"), 404, "session_id")
     _error(http.post(f"{url}/v1/sessions/nope/rewards", json={"reward": 1}), 404, "session_id")
     _error(http.get(f"{url}/v1/sessions/{sid}/calls/call_x/body"), 404, "call_id")
+    # NUL cannot be kept by every store (PostgreSQL's text): refused in what is stored as
+    # text, and nothing found by it
+    _error(http.post(f"{url}/v1/sessions", json={"group_id": "g\x00"}), 400, "group_id")
+    _error(http.post(f"{url}/v1/sessions", json={"id": "s\x00"}), 400, "id")
+    _error(post("/rewards", {"rewards": {"a\x00": 1}}), 400, "rewards")
+    _error(post("/close", {"termination_reason": "x\x00"}), 400, "termination_reason")
+    _error(http.get(f"{url}/v1/sessions/a%00b"), 404, "session_id")
+    assert http.get(f"{url}/v1/sessions", params={"group": "\x00"}).json()["data"] == []
     # Nothing above changed the session.
     s = http.get(f"{url}/v1/sessions/{sid}").json()
     assert s["rewards"] == {} and s["status"] == "open"
