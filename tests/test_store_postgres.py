@@ -47,7 +47,11 @@ call = st.tuples(
     ids,
     st.sampled_from(["ok", "error", "aborted"]),
     st.none() | st.dictionaries(text, json_value, max_size=2),
-    st.dictionaries(text, json_value, max_size=3),
+    st.builds(  # a call's info: sometimes the model the viewer lists sessions by
+        lambda model, rest: rest | ({"model": model} if model else {}),
+        st.none() | st.sampled_from(["m1", "m2", "m\x00"]),
+        st.dictionaries(text, json_value, max_size=3),
+    ),
     st.none() | text,
     st.booleans(),  # with bodies
 )

@@ -165,8 +165,6 @@ class PostgresDatabase:
         return self.conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor:
-        if self.conn.info.transaction_status in _IN_TRANSACTION:
-            return self.conn.execute(_pg(sql), params)  # inside transaction(): no retry
         return self._retried(lambda conn: conn.execute(_pg(sql), params))
 
     def _retried(self, run: Callable[[psycopg.Connection], T]) -> T:
@@ -174,6 +172,8 @@ class PostgresDatabase:
         (the database restarted since it was last used). Outside a transaction the store's
         statements are idempotent (upserts, coalescing updates, deletes, reads), and a
         transaction is only retried when its BEGIN failed, i.e. before it did anything."""
+        if self.conn.info.transaction_status in _IN_TRANSACTION:
+            return run(self.conn)  # a statement inside transaction(): never retried alone
         try:
             return run(self._live())
         except psycopg.OperationalError:

@@ -67,8 +67,8 @@ def summaries(store: Store) -> list[dict]:
         agg = {r[0]: r for r in db.execute(_CALLS)}
         models: dict[str, list[str]] = {}
         for sid, model in db.execute(_MODELS.format(model=db.facts.info_field.format(key="model"))):
-            if model:
-                models.setdefault(sid, []).append(model)
+            if model:  # (PostgreSQL's reads NUL as U+FFFD: the listing shows it so on both)
+                models.setdefault(sid, []).append(model.replace("\x00", "\ufffd"))
     finally:
         db.close()
     out = []
