@@ -261,6 +261,9 @@ class NemoGym(VenvPeer):
     name = "nemo-gym"
     script = "_peer_nemo_gym.py"
 
+    async def records(self, http, session: dict):  # noqa: ANN001
+        return session.get("records", [])
+
 
 class Tokin(VenvPeer):
     name = "tokin"
@@ -351,16 +354,20 @@ class Agent:
             body["stream"] = True
         t0 = time.perf_counter()
         try:
-            text = await self._post(http, self.target.url(s), body, self.target.session_headers(s))
+            msg = await self._post(http, self.target.url(s), body, self.target.session_headers(s))
         except Exception as exc:  # noqa: BLE001 - counted and reported
             print(f"    {self.target.name} error: {type(exc).__name__}: {exc}"[:300], flush=True)
             self.session = None
             return False
         lat.append(time.perf_counter() - t0)
         s["calls"] += 1
+        if "generation_token_ids" in msg:  # nemo-gym: the record comes back in the response
+            s.setdefault("records", []).append(
+                (msg["prompt_token_ids"], [int(t) for t in msg["generation_token_ids"]])
+            )
         self.msgs = [
             *self.msgs,
-            {"role": "assistant", "content": text},
+            {"role": "assistant", "content": msg["content"]},
             {"role": "user", "content": FOLLOW_UP.format(n=8 + s["calls"])},
         ]
         if s["calls"] == TURNS:
@@ -368,12 +375,12 @@ class Agent:
         return True
 
     @staticmethod
-    async def _post(http, url: str, body: dict, headers: dict) -> str:  # noqa: ANN001
+    async def _post(http, url: str, body: dict, headers: dict) -> dict:  # noqa: ANN001
         if not body.get("stream"):
             r = await http.post(url, json=body, headers=headers)
             if r.status_code != 200:
                 raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
-            return r.json()["choices"][0]["message"]["content"]
+            return r.json()["choices"][0]["message"]
         text = ""
         async with http.stream("POST", url, json=body, headers=headers) as r:
             if r.status_code != 200:
@@ -384,7 +391,7 @@ class Agent:
                 ev = json.loads(line[6:])
                 for ch in ev.get("choices") or []:
                     text += (ch.get("delta") or {}).get("content") or ""
-        return text
+        return {"role": "assistant", "content": text}
 
 
 def make_http(conc: int):
