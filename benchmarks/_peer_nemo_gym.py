@@ -7,7 +7,7 @@ server_client=...)`` with the global config dict stubbed empty, then ``setup_web
 configured as ``configs/vllm_model_for_training.yaml`` does for training
 (``return_token_id_information: true``), except ``uses_reasoning_parser: false`` (the engine
 runs no reasoning parser). ``run_webserver()`` is not used: it needs a head server, Ray and a
-Hydra config, none of which take part in a call. Served with uvicorn + uvloop, one worker.
+Hydra config, none of which take part in a call.
 
 nemo-gym returns what it captured in the response (``message.prompt_token_ids``,
 ``generation_token_ids``, ``generation_log_probs``); the caller keeps it, so ``peers.py``
@@ -55,21 +55,24 @@ def main() -> None:
         global_config_dict=OmegaConf.create({}),
     )
     server = VLLMModel(config=config, server_client=client)
+    # As run_webserver() builds it: the routes, liveness, the exception middleware.
     app = server.setup_webserver()
+    server.setup_liveness(app)
+    server.setup_exception_middleware(app)
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({})
 
     app.add_route("/health", health, methods=["GET"])
+    # run_webserver()'s uvicorn settings (one worker; loop and HTTP parser left to uvicorn:
+    # uvloop, and h11 as nemo-gym does not install httptools).
     uvicorn.run(
         app,
         host="127.0.0.1",
         port=a.port,
         log_level="warning",
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        backlog=4096,
+        timeout_graceful_shutdown=0.5,
+        timeout_keep_alive=30,
     )
 
 
