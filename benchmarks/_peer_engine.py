@@ -389,6 +389,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--reply-tokens", type=int, default=64)
+    p.add_argument(
+        "--keep-alive", type=float, default=5.0, help="idle connection timeout, s (vLLM's: 5)"
+    )
     a = p.parse_args()
     import uvicorn
 
@@ -401,6 +404,7 @@ def main() -> None:
         http="httptools",
         access_log=False,
         backlog=4096,
+        timeout_keep_alive=a.keep_alive,
     )
 
 

@@ -52,14 +52,17 @@ import _common as c  # noqa: E402
 HERE = Path(__file__).resolve().parent
 TURNS = 4
 LOADGEN_CPU, PROXY_CPU = 0, 1
-ALL = ["relay", "turnstile", "agentlightning", "nemo-gym", "tokin"]
+ALL = ["relay", "turnstile", "agentlightning", "agentlightning-1", "nemo-gym", "tokin"]
 # What each peer's venv holds (setup_peer_venvs.sh); its python is bin/python there.
 VENVS = {
     "agentlightning": "peer-agentlightning",
+    "agentlightning-1": "peer-agentlightning-1",
     "nemo-gym": "peer-nemo-gym",
     "tokin": "peer-tokin",
 }
 NO_STREAM = {
+    "agentlightning-1": "its proxy answers stream=true with 400 'Streaming responses are not "
+    "supported' (agentlightning/server/proxy.py)",
     "nemo-gym": "its vllm_model server takes non-streaming requests only "
     "(NeMoGymChatCompletionCreateParamsNonStreaming)",
     "tokin": "tokin has no streaming path (a library: the caller gets whole responses)",
@@ -215,6 +218,76 @@ class AgentLightning(Target):
         return [(x["prompt_ids"], x["response_ids"]) for x in recs]
 
 
+class AgentLightning1(Target):
+    """agentlightning 1.0.2: a rewrite without LiteLLM. Its server (``python -m
+    agentlightning.server``, as shipped: FastAPI on uvicorn, Hydra config) proxies
+    ``/proxy/rollout/{r}/attempt/{a}/mode/train/openai/v1/chat/completions`` to a registered
+    model server with ``return_token_ids`` and ``logprobs`` added, and records each call's
+    request and response bodies as a ``model_request`` event of the rollout."""
+
+    name = "agentlightning-1"
+
+    def __init__(self, engine: str, wd: Path):
+        super().__init__()
+        port = c.free_port()
+        s = c.Server(
+            [
+                str(venv_python(self.name)),
+                "-m",
+                "agentlightning.server",
+                "host=127.0.0.1",
+                f"port={port}",
+                f"default_proxy.model_name={c.MODEL_NAME}",
+                f"hydra.run.dir={wd / 'agl1-hydra'}",
+            ],
+            f"http://127.0.0.1:{port}/healthz",
+            PROXY_CPU,
+            wd / "agentlightning-1.log",
+            timeout=240,
+        )
+        self.servers = [s]
+        self.base = f"http://127.0.0.1:{port}"
+        import urllib.request
+
+        req = urllib.request.Request(
+            self.base + "/api/models",
+            json.dumps([{"model": c.MODEL_NAME, "endpoint": engine + "/v1"}]).encode(),
+            {"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+        self.pool: list[dict] = []
+
+    async def prepare(self, http, n: int) -> None:  # noqa: ANN001
+        """Rollouts made before a cell (the trainer's work; not charged to calls)."""
+        while len(self.pool) < n:
+            k = min(256, n - len(self.pool))
+            r = await http.post(self.base + "/api/rollouts", json=[{"input": {}}] * k)
+            r.raise_for_status()
+            # A rollout's events are read for its default attempt, "0" (agentlightning.schemas).
+            self.pool += [{"rollout_id": x["rollout_id"], "attempt_id": "0"} for x in r.json()]
+
+    async def new_session(self, http) -> dict:  # noqa: ANN001
+        if not self.pool:
+            await self.prepare(http, 1)
+        return self.pool.pop()
+
+    def url(self, session: dict) -> str:
+        return (
+            f"{self.base}/proxy/rollout/{session['rollout_id']}/attempt/"
+            f"{session['attempt_id']}/mode/train/openai/v1/chat/completions"
+        )
+
+    async def records(self, http, session: dict):  # noqa: ANN001
+        # The training view of the events (format=triplet: what its trainer reads).
+        r = await http.get(
+            f"{self.base}/api/rollouts/{session['rollout_id']}/events",
+            params={"event_type": "model_request", "format": "triplet"},
+        )
+        r.raise_for_status()
+        return [(e["data"]["prompt_token_ids"], e["data"]["response_token_ids"]) for e in r.json()]
+
+
 class VenvPeer(Target):
     """nemo-gym and tokin: a launcher of ours in the peer's venv serving chat completions,
     with ``/bench/records?session=S`` for what the peer recorded."""
@@ -274,6 +347,7 @@ CLASSES = {
     "relay": Relay,
     "turnstile": Turnstile,
     "agentlightning": AgentLightning,
+    "agentlightning-1": AgentLightning1,
     "nemo-gym": NemoGym,
     "tokin": Tokin,
 }
@@ -407,7 +481,7 @@ async def run_cell(target: Target, stream: bool, conc: int, per_agent: int, base
     async with make_http(conc) as http:
         agents = [Agent(target, base) for _ in range(conc)]
         # Warm-up: every agent's connection and first session; agents staggered over turns.
-        if isinstance(target, AgentLightning):
+        if isinstance(target, (AgentLightning, AgentLightning1)):
             await target.prepare(http, conc * (per_agent // TURNS + 3) + 4)
 
         async def stagger(i: int, a: Agent) -> None:
@@ -609,6 +683,12 @@ def main() -> None:
     p.add_argument("--modes", default="plain,stream")
     p.add_argument("--targets", default=",".join(ALL))
     p.add_argument("--sessions", type=int, default=None, help="exactness sessions (3; quick 1)")
+    p.add_argument(
+        "--engine-keep-alive",
+        type=float,
+        default=5.0,
+        help="the engine's idle keep-alive timeout, s (vLLM's default: 5)",
+    )
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args()
     concs = [int(x) for x in (args.conc or ("2" if args.quick else "1,32,256")).split(",")]
@@ -623,7 +703,7 @@ def main() -> None:
     print(
         f"pinning: load generator (httpx) and fake engine on core {LOADGEN_CPU}, each target "
         f"on core {PROXY_CPU}; sessions of {TURNS} turns, 64-token drifting replies; "
-        f"concurrency {concs}; modes {modes}"
+        f"concurrency {concs}; modes {modes}; engine keep-alive {args.engine_keep_alive:g} s"
     )
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")
@@ -632,7 +712,14 @@ def main() -> None:
     with c.workdir("peers") as wd:
         port = c.free_port()
         engine_srv = c.Server(
-            [sys.executable, str(HERE / "_peer_engine.py"), "--port", str(port)],
+            [
+                sys.executable,
+                str(HERE / "_peer_engine.py"),
+                "--port",
+                str(port),
+                "--keep-alive",
+                str(args.engine_keep_alive),
+            ],
             f"http://127.0.0.1:{port}/health",
             LOADGEN_CPU,
             wd / "engine.log",
@@ -670,7 +757,7 @@ def version_of(name: str) -> str:
 
     if name in ("relay", "turnstile"):
         return f"this checkout, Python {sys.version.split()[0]}"
-    pkg = {"agentlightning": "agentlightning", "nemo-gym": "nemo-gym", "tokin": "tokin"}[name]
+    pkg = {"nemo-gym": "nemo-gym", "tokin": "tokin"}.get(name, "agentlightning")
     code = (
         "import sys, importlib.metadata as m; "
         f"print(m.version('{pkg}'), 'on Python', sys.version.split()[0])"

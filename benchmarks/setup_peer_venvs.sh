@@ -2,7 +2,8 @@
 # The peers that benchmarks/peers.py compares Turnstile with, each in a venv of its own under
 # ~/.cache/turnstile/ (never the project venv or the bench venv: their pins would fight):
 #
-#   peer-agentlightning  agentlightning 0.3.0 (the newest for Python 3.11; >= 1.0 needs 3.12)
+#   peer-agentlightning  agentlightning 0.3.0 (the newest for Python 3.11; LiteLLM's proxy)
+#   peer-agentlightning-1  agentlightning 1.0.2 (the newest; Python >= 3.12; its own server)
 #   peer-nemo-gym        nemo-gym 0.4.0 (every release needs Python >= 3.12)
 #   peer-tokin           tokin 0.0.1 (its only release; Python >= 3.12, transformers >= 5.6)
 #
@@ -13,13 +14,14 @@
 # ~/.cache/turnstile/cpython-3.13.5 (~10 minutes on 2 cores). Debian's build dependencies
 # come from apt. Nothing here downloads anything but Debian and PyPI packages.
 #
-#   bash benchmarks/setup_peer_venvs.sh [agentlightning] [nemo-gym] [tokin]   # default: all
+#   bash benchmarks/setup_peer_venvs.sh [agentlightning] [agentlightning-1] [nemo-gym] [tokin]
+#   (default: all)
 set -euo pipefail
 cache="${TURNSTILE_CACHE:-$HOME/.cache/turnstile}"
 py313="$cache/cpython-3.13.5/bin/python3.13"
 pip_q=(install -q --disable-pip-version-check)
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(agentlightning nemo-gym tokin)
+[ ${#want[@]} -gt 0 ] || want=(agentlightning agentlightning-1 nemo-gym tokin)
 
 build_python() {
   [ -x "$py313" ] && return
@@ -46,6 +48,12 @@ for peer in "${want[@]}"; do
       venv="$cache/peer-agentlightning"
       [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
       "$venv/bin/pip" "${pip_q[@]}" 'agentlightning==0.3.0' 'litellm==1.108.7'
+      ;;
+    agentlightning-1)
+      build_python
+      venv="$cache/peer-agentlightning-1"
+      [ -x "$venv/bin/python" ] || "$py313" -m venv "$venv"
+      "$venv/bin/pip" "${pip_q[@]}" 'agentlightning==1.0.2'
       ;;
     nemo-gym)
       build_python
