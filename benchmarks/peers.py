@@ -14,6 +14,8 @@ Set-up (printed with the results):
   ``turnstile`` (this checkout, token-in to ``/inference/v1/generate``),
   ``agentlightning`` (0.3.0's ``LLMProxy``: the LiteLLM proxy + its ``return_token_ids``
   callback + OpenTelemetry spans into an in-memory LightningStore, ``_peer_agentlightning.py``),
+  ``agentlightning-1`` (1.0.2, a rewrite: its own FastAPI server, ``python -m
+  agentlightning.server``, recording each call's bodies as rollout events),
   ``nemo-gym`` (0.4.0's ``vllm_model`` server with ``return_token_id_information``:
   logprobs with token IDs + a ``/tokenize`` call per request, ``_peer_nemo_gym.py``),
   ``tokin`` (0.0.1 ships no server: its capture core - ``Session``/``Rollout`` and the Qwen
@@ -698,7 +700,7 @@ def main() -> None:
     skipped = {n: why for n in names if (why := unavailable(n))}
     names = [n for n in names if n not in skipped]
     c.pin(LOADGEN_CPU)
-    print("# Peers that capture tokens: Turnstile vs agentlightning, nemo-gym, tokin")
+    print("# Peers that capture tokens: Turnstile vs agentlightning (0.3, 1.0), nemo-gym, tokin")
     print(f"machine: {c.machine()}")
     print(
         f"pinning: load generator (httpx) and fake engine on core {LOADGEN_CPU}, each target "
