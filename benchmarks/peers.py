@@ -44,6 +44,7 @@ import os
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -729,9 +730,13 @@ def main() -> None:
         engine = f"http://127.0.0.1:{port}"
         targets: list[Target] = []
         try:
-            for n in names:
+            export_tokenizer(wd)
+            # Started side by side (agentlightning 0.3.0 alone takes ~20 s to start).
+            with ThreadPoolExecutor(len(names) or 1) as pool:
+                futures = {n: pool.submit(CLASSES[n], engine, wd) for n in names}
+            for n, fut in futures.items():
                 try:
-                    targets.append(CLASSES[n](engine, wd))
+                    targets.append(fut.result())
                 except Exception as exc:  # noqa: BLE001 - reported
                     log = wd / f"{n}.log"
                     tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
