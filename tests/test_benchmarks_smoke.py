@@ -38,3 +38,30 @@ def test_benchmark_quick(script: str) -> None:
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert SCRIPTS[script] in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_peers_quick() -> None:
+    """peers.py with the targets that need only the project venv (the peers' own venvs come
+    from benchmarks/setup_peer_venvs.sh): the engine's drifting reply and the exactness check."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "peers.py"),
+            "--quick",
+            "--targets",
+            "relay,turnstile",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "record completion = sampled" in r.stdout, r.stdout[-3000:]
+    # Turnstile's records equal what the engine received and sampled, and every turn's prompt
+    # carries the previous turn's sampled IDs (4 calls, 3 continuations, per mode).
+    rows = [x for x in r.stdout.splitlines() if x.startswith("| turnstile ")]
+    exact = [x for x in rows if "/3 " in x]
+    assert len(exact) == 2 and all("4/4" in x and "3/3" in x for x in exact), r.stdout[-3000:]
