@@ -64,11 +64,38 @@ BUILDS = {
 
 
 def llama_build() -> str:
-    """Which llama-server build to use: ``$TURNSTILE_LLAMA_BUILD``, default ``native``."""
-    kind = os.environ.get("TURNSTILE_LLAMA_BUILD", "native")
+    """Which llama-server build to use: ``$TURNSTILE_LLAMA_BUILD``, else ``native`` if it runs
+    here, else ``portable``. (A VM's CPU may list features the VM does not let a process use,
+    e.g. AMX: the native build uses them and dies of SIGILL on a quantized model.)"""
+    kind = os.environ.get("TURNSTILE_LLAMA_BUILD") or ("native" if _native_runs() else "portable")
     if kind not in BUILDS:
         raise ValueError(f"TURNSTILE_LLAMA_BUILD={kind!r}: expected one of {sorted(BUILDS)}")
     return kind
+
+
+def _native_runs() -> bool:
+    """Whether the native build answers a completion on a quantized model (SmolLM2 Q4_1) on
+    this machine; probed once per CPU (its /proc/cpuinfo flags), the answer kept in the cache."""
+    flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if "flags" in ln), "")
+    stamp = cache_dir() / "build" / f"native-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+    if stamp.exists():
+        return stamp.read_text() == "runs"
+    binary, port = llama_server_binary("native"), free_port()
+    cmd = [str(binary), "-m", str(smollm2_gguf()), "--port", str(port), "-c", "512", "-t", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=120)
+        body = b'{"prompt": "Hello", "n_predict": 4}'
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/completion", body, 60) as r:
+            runs = r.status == 200
+    except (RuntimeError, OSError):
+        runs = False
+    finally:
+        proc.kill()
+        proc.wait()
+    stamp.write_text("runs" if runs else f"fails (exit {proc.returncode}): using portable")
+    _log(f"native llama-server {'runs' if runs else 'fails'} here ({stamp})")
+    return runs
 
 
 def cache_dir() -> Path:
@@ -143,10 +170,10 @@ def templates_dir() -> Path:
     return models_dir() / "templates"
 
 
-def llama_server_binary() -> Path:
+def llama_server_binary(kind: str | None = None) -> Path:
     """``llama-server`` built from the vendored source (about 4-8 minutes on 2 cores, once per
     build kind; the compiler's output goes to a log file beside the build)."""
-    kind = llama_build()
+    kind = kind or llama_build()
     build = cache_dir() / "build" / ("llama" if kind == "native" else f"llama-{kind}")
     binary = build / "bin" / "llama-server"
     if binary.exists():
