@@ -9,6 +9,7 @@ sampling, the weight versions, usage and timings alike: :func:`call_info` builds
 from __future__ import annotations
 
 import asyncio
+import atexit
 import queue
 import sqlite3
 import sys
@@ -58,7 +59,8 @@ class _Writer:
     loop. The store serialises its writes under one lock anyway, so a thread pool adds
     nothing but its hand-off: ``run_in_executor`` (submit, work item, wrapped future) cost
     ~35 us of CPU per write against ~17 us here (a round trip measured on uvloop). The
-    thread ends after a few idle seconds and is started again by the next write."""
+    thread ends after a few idle seconds and is started again by the next write; at exit the
+    writes already handed to it are finished first (as the executor's threads were joined)."""
 
     IDLE_S = 5.0
 
@@ -66,6 +68,7 @@ class _Writer:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = False
+        self._thread: threading.Thread | None = None
 
     def submit(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], object]) -> asyncio.Future:
         fut = loop.create_future()
@@ -73,19 +76,34 @@ class _Writer:
         with self._lock:
             if not self._running:
                 self._running = True
-                threading.Thread(target=self._run, name="turnstile-store", daemon=True).start()
+                self._thread = threading.Thread(
+                    target=self._run, name="turnstile-store", daemon=True
+                )
+                self._thread.start()
         return fut
+
+    def drain(self) -> None:
+        """Finish the writes handed over so far, then end the thread."""
+        with self._lock:
+            thread = self._thread if self._running else None
+            if thread is not None:
+                self._q.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _run(self) -> None:
         while True:
             try:
-                loop, fut, fn = self._q.get(timeout=self.IDLE_S)
+                item = self._q.get(timeout=self.IDLE_S)
             except queue.Empty:
+                item = None
+            if item is None:  # idle, or drained
                 with self._lock:
                     if self._q.empty():
                         self._running = False
                         return
                 continue
+            loop, fut, fn = item
             try:
                 result, exc = fn(), None
             except BaseException as e:  # noqa: BLE001 - handed to the waiting call
@@ -94,7 +112,7 @@ class _Writer:
                 loop.call_soon_threadsafe(_settle, fut, result, exc)
             except RuntimeError:  # the loop is closed: nobody waits for this write
                 pass
-            loop = fut = fn = result = exc = None  # hold nothing (the store) while idle
+            item = loop = fut = fn = result = exc = None  # hold nothing (the store) while idle
 
 
 def _settle(fut: asyncio.Future, result: object, exc: BaseException | None) -> None:
@@ -108,6 +126,12 @@ def _settle(fut: asyncio.Future, result: object, exc: BaseException | None) -> N
 
 _writers: weakref.WeakKeyDictionary[Store, _Writer] = weakref.WeakKeyDictionary()
 _writers_lock = threading.Lock()
+
+
+@atexit.register
+def _drain_all() -> None:
+    for w in list(_writers.values()):
+        w.drain()
 
 
 def _writer(store: Store) -> _Writer:
