@@ -11,13 +11,18 @@ the Jinja render itself on an agent's history. Our inputs are parsed JSON alread
 is the identity; ``tests/test_template_fast_path.py`` renders every template in the corpus both
 ways and requires identical text. If the pinned transformers ever lacks the pieces, the public
 function is used.
+
+The compiled template's ``tojson`` filter (``json.dumps``, called for every tool and every
+tool call's arguments on each render) is memoised: see :func:`memo_tojson`.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 from transformers.utils.chat_template_utils import render_jinja_template
 
 try:  # the pieces of render_jinja_template, see the module docstring
@@ -98,7 +103,7 @@ class ChatTemplate:
     ) -> str:
         """``render_jinja_template`` for inputs that are plain JSON already."""
         if self._compiled is None:
-            self._compiled = _compile_jinja_template(self.source)
+            self._compiled = _with_memo_tojson(_compile_jinja_template(self.source), self.source)
         return self._compiled.render(
             messages=_alias_reasoning_fields(self.messages(messages)),
             tools=tools or None,
@@ -106,3 +111,47 @@ class ChatTemplate:
             add_generation_prompt=add_generation_prompt,
             **variables,
         )
+
+
+MEMO_SIZE = 4096  # tojson results kept per template (cleared when full)
+
+
+def memo_tojson(tojson: Callable[..., str]) -> Callable[..., str]:
+    """``tojson`` answering from a cache keyed by the value's orjson text and the arguments.
+
+    The same tools and tool calls are written on every render of a rollout (a delta renders
+    the stand-in twice), and ``json.dumps`` costs ~10 us each. Equal orjson text means an
+    equal JSON value of the same types (``1``, ``1.0`` and ``true`` differ), so the first
+    answer is the answer: except that orjson writes NaN and infinities as ``null``, so a value
+    whose text holds ``null`` is never kept. Anything orjson cannot write (non-string keys,
+    big integers, lone surrogates, other objects) goes to ``tojson`` uncached, and whatever
+    ``tojson`` refuses it still refuses (nothing is kept from a call that raised)."""
+    cache: dict[tuple, str] = {}
+
+    def memo(x: Any, *args: Any, **kwargs: Any) -> str:
+        try:
+            key = (orjson.dumps(x), args, tuple(sorted(kwargs.items())))
+            hit = cache.get(key)
+        except (orjson.JSONEncodeError, TypeError):
+            return tojson(x, *args, **kwargs)
+        if hit is None:
+            hit = tojson(x, *args, **kwargs)
+            if b"null" not in key[0]:
+                if len(cache) >= MEMO_SIZE:
+                    cache.clear()
+                cache[key] = hit
+        return hit
+
+    return memo
+
+
+def _with_memo_tojson(compiled: Any, source: str) -> Any:
+    """The template compiled again in an overlay of its (shared, cached) environment whose
+    ``tojson`` is memoised: filters are bound when a template is compiled."""
+    env = compiled.environment
+    tojson = env.filters.get("tojson")
+    if tojson is None:  # pragma: no cover - depends on the transformers version
+        return compiled
+    overlay = env.overlay()
+    overlay.filters = {**env.filters, "tojson": memo_tojson(tojson)}
+    return overlay.from_string(source)

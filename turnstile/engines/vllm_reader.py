@@ -55,7 +55,7 @@ class Reader:
                 continue
             events = self._events(choice)
             self.pending.extend(events)
-            self.ids.extend(ev.token_id for ev in events)
+            self.ids.extend([ev.token_id for ev in events])
             if choice.get("weight_versions"):
                 self.weight_versions = choice["weight_versions"]
             if choice.get("finish_reason") is not None:
@@ -78,6 +78,8 @@ class Reader:
             ids = choice.get("token_ids")
             if ids is None:
                 ids = [_entry_id(e) for e in entries]
+            elif k <= 0 and (fast := _plain_events(ids, entries)) is not None:
+                return fast
             out = []
             n = len(entries)
             for i, tid in enumerate(ids):
@@ -165,6 +167,23 @@ class Reader:
             weight_versions=[dict(s) for s in spans] if spans else None,
             logprob_kind=self.engine.logprob_kind,
         )
+
+
+def _plain_events(ids: list, entries: list) -> list[TokenEvent] | None:
+    """The loop below in one pass, for the usual answer (0.32+, no top-k): an entry with an
+    integer ``token_id`` for every sampled token, in order. None when the answer is anything
+    else (the loop then handles it entry by entry)."""
+    if len(entries) != len(ids):
+        return None
+    try:
+        if [int(e["token_id"]) for e in entries] != ids:
+            return None
+        return [
+            TokenEvent(int(t), math.nan if (v := e.get("logprob")) is None else float(v))
+            for t, e in zip(ids, entries, strict=True)
+        ]
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _num(v: object) -> float:

@@ -108,7 +108,7 @@ def harness_session(request: Request) -> str | None:
             code="session_not_found",
         )
     if is_trainer(request):
-        if request.url.path.endswith("/models"):
+        if request.scope["path"].endswith("/models"):  # (request.url builds a URL: ~40 us)
             return None
         named = request.headers.get("x-session-id") or DEFAULT_SESSION
         if "/" in named or named in (".", ".."):  # ids must be addressable

@@ -9,8 +9,12 @@ sampling, the weight versions, usage and timings alike: :func:`call_info` builds
 from __future__ import annotations
 
 import asyncio
+import atexit
+import queue
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from ..engines.base import token_versions
@@ -50,6 +54,96 @@ def store_error(exc: BaseException, session_id: str) -> APIError:
     )
 
 
+class _Writer:
+    """One thread that runs a store's writes in order and resolves each call's future on its
+    loop. The store serialises its writes under one lock anyway, so a thread pool adds
+    nothing but its hand-off: ``run_in_executor`` (submit, work item, wrapped future) cost
+    ~35 us of CPU per write against ~17 us here (a round trip measured on uvloop). The
+    thread ends after a few idle seconds and is started again by the next write; at exit the
+    writes already handed to it are finished first (as the executor's threads were joined)."""
+
+    IDLE_S = 5.0
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], object]) -> asyncio.Future:
+        fut = loop.create_future()
+        self._q.put((loop, fut, fn))
+        with self._lock:
+            if not self._running:
+                self._running = True
+                self._thread = threading.Thread(
+                    target=self._run, name="turnstile-store", daemon=True
+                )
+                self._thread.start()
+        return fut
+
+    def drain(self) -> None:
+        """Finish the writes handed over so far, then end the thread."""
+        with self._lock:
+            thread = self._thread if self._running else None
+            if thread is not None:
+                self._q.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._q.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                item = None
+            if item is None:  # idle, or drained
+                with self._lock:
+                    if self._q.empty():
+                        self._running = False
+                        return
+                continue
+            loop, fut, fn = item
+            try:
+                result, exc = fn(), None
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting call
+                result, exc = None, e
+            try:
+                loop.call_soon_threadsafe(_settle, fut, result, exc)
+            except RuntimeError:  # the loop is closed: nobody waits for this write
+                pass
+            item = loop = fut = fn = result = exc = None  # hold nothing (the store) while idle
+
+
+def _settle(fut: asyncio.Future, result: object, exc: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+_writers: weakref.WeakKeyDictionary[Store, _Writer] = weakref.WeakKeyDictionary()
+_writers_lock = threading.Lock()
+
+
+@atexit.register
+def _drain_all() -> None:
+    for w in list(_writers.values()):
+        w.drain()
+
+
+def _writer(store: Store) -> _Writer:
+    w = _writers.get(store)
+    if w is None:
+        with _writers_lock:
+            w = _writers.get(store)
+            if w is None:
+                w = _writers[store] = _Writer()
+    return w
+
+
 def commit(
     store: Store,
     rec: CallRecord,
@@ -61,9 +155,8 @@ def commit(
     """Write ``rec`` off the event loop (a locked store waits there, not in the loop). ``then``
     runs on the loop once the row is committed: the in-memory tree follows the store, never
     leads it. A failed write of a call nobody waits for is reported on stderr."""
-    loop = asyncio.get_running_loop()
-    fut = loop.run_in_executor(
-        None,
+    fut = _writer(store).submit(
+        asyncio.get_running_loop(),
         lambda: store.add_call(
             rec,
             request_body=request_body,
