@@ -104,7 +104,12 @@ def connect(location: str | Path, synchronous: str = "full", busy_timeout: float
     """A connection to the store at ``location``: a ``postgresql://`` URL, or an SQLite file or
     the directory that holds ``turnstile.sqlite3``."""
     if is_postgres(location):
-        from .postgres import PostgresDatabase
+        try:
+            from .postgres import PostgresDatabase
+        except ImportError as exc:
+            raise RuntimeError(
+                f"a PostgreSQL store needs psycopg ({exc}): pip install 'turnstile[postgres]'"
+            ) from exc
 
         return PostgresDatabase(str(location), synchronous)
     from .sqlite import SqliteDatabase
