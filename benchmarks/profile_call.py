@@ -22,6 +22,7 @@ import asyncio
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -92,6 +93,8 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
 
         def start_spy() -> subprocess.Popen | None:
             exe = c.bench_venv() / "bin" / "py-spy"
+            if not exe.exists():  # the test venv has it too
+                exe = Path(sys.executable).parent / "py-spy"
             if args.quick or not exe.exists():
                 return None
             p = subprocess.Popen(
@@ -189,6 +192,7 @@ def main() -> None:
         "waiting for the GIL as running; C code that drops it is left out)",
     )
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
     args = p.parse_args()
     if args.quick:
         args.calls, args.long = 8, (8 if args.long else None)
@@ -212,6 +216,8 @@ def main() -> None:
             print("(no profile: --quick, or py-spy missing from the bench venv)")
             return
         total, parts = fold(spy_out)
+        if args.raw:
+            shutil.copyfile(spy_out, args.raw)
     rows = [[name, n / total * 100, ms * n / total] for name, n in parts.most_common()]
     print(c.table(["part of the call", "% of samples", "ms per call"], rows))
     print(f"({total} samples)")
