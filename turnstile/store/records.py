@@ -104,6 +104,32 @@ def unpack_body(blob: bytes | None) -> object:
     return None if blob is None else orjson.loads(zlib.decompress(blob))
 
 
+def call_row(c: CallRecord) -> tuple:
+    """A record as its ``calls`` row, in ``CALL_COLUMNS`` order (the inverse of
+    :func:`call_from_row`); NUL in the engine's error text becomes U+FFFD."""
+    return (
+        c.id,
+        c.session_id,
+        c.seq,
+        c.parent_id,
+        c.segment_reason,
+        c.reused_prefix_len,
+        pack_ids(c.prompt_delta),
+        pack_ids(c.completion_ids),
+        pack_floats(c.completion_logprobs),
+        c.finish_reason,
+        c.stop_token_id,
+        c.seam,
+        c.status,
+        None if c.error is None else c.error.replace("\x00", "\ufffd"),
+        orjson.dumps(c.message) if c.message is not None else None,
+        c.history_hash,
+        b"".join(c.prefix_hashes),
+        orjson.dumps(c.info),
+        c.created,
+    )
+
+
 def call_from_row(r: Row) -> CallRecord:
     """A stored ``calls`` row (read with the store's ``CALL_COLUMNS``) as a record."""
     hashes = r["prefix_hashes"] or b""

@@ -20,29 +20,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import orjson
 
 from ..auth import new_capability
+from .call_writes import CallWrite, call_rows, write_calls
 from .database import SQLITE_FILENAME, Database, connect, is_postgres
 from .export_side import ExportSide
 from .records import (
     CallRecord,
     call_from_row,
     new_id,
-    pack_body,
-    pack_floats,
-    pack_ids,
     unpack_body,
 )
 from .schema import CALL_COLUMNS, SESSION_COLUMNS
 from .session_rows import session_fields, session_from_row
-
-
-class SessionGone(LookupError):
-    """The session a call belongs to was deleted (or deleted and re-created) while it ran."""
 
 
 class UnstorableText(ValueError):
@@ -66,13 +60,6 @@ def _absent(*keys: str | None) -> bool:
 
 
 SYNCHRONOUS = ("full", "normal")
-
-_MARKS = ", ".join("?" for _ in CALL_COLUMNS.split(","))
-_INSERT_CALL = f"INSERT INTO calls ({CALL_COLUMNS}) VALUES ({_MARKS})"
-_INSERT_BODIES = (
-    "INSERT INTO bodies VALUES (?, ?, ?, ?) ON CONFLICT (call_id) DO UPDATE SET "
-    "session_id = excluded.session_id, request = excluded.request, response = excluded.response"
-)
 
 
 class Store(ExportSide):
@@ -369,50 +356,25 @@ class Store(ExportSide):
         session must still be that incarnation: a call that outlived a delete of its session
         (by this server or by ``export --delete`` in another process) raises
         :class:`SessionGone` and writes nothing, so a re-created id starts empty."""
-        if self.record_fields:
-            c.info.update(self.record_fields)
-        row = (
-            c.id,
-            c.session_id,
-            c.seq,
-            c.parent_id,
-            c.segment_reason,
-            c.reused_prefix_len,
-            pack_ids(c.prompt_delta),
-            pack_ids(c.completion_ids),
-            pack_floats(c.completion_logprobs),
-            c.finish_reason,
-            c.stop_token_id,
-            c.seam,
-            c.status,
-            None if c.error is None else c.error.replace("\x00", "\ufffd"),
-            orjson.dumps(c.message) if c.message is not None else None,
-            c.history_hash,
-            b"".join(c.prefix_hashes),
-            orjson.dumps(c.info),
-            c.created,
-        )
-        keep = self.keep_bodies and (request_body is not None or response_body is not None)
-        bodies = (
-            (c.id, c.session_id, pack_body(request_body), pack_body(response_body))
-            if keep
-            else None
-        )
+        (error,) = self.add_calls([CallWrite(c, request_body, response_body, session_created)])
+        if error is not None:
+            raise error
+
+    def add_calls(self, writes: Sequence[CallWrite]) -> list[BaseException | None]:
+        """Record several calls in one transaction: one commit and one sync for all (a group
+        commit; each as :meth:`add_call`). A call's own failure (its session gone) is its entry
+        in the answer, rolled back to its savepoint, and the others are written; a failure of
+        the transaction itself (the lock, the disk, the connection) is raised: nothing was."""
+        rows = [call_rows(w, self.keep_bodies, self.record_fields) for w in writes]
         began = time.perf_counter()
-        db = self._wdb
-        with self._wlock, db.transaction():
-            if session_created is not None:
-                row_s = db.execute(
-                    "SELECT created FROM sessions WHERE id = ?" + db.facts.share_lock,
-                    (c.session_id,),
-                ).fetchone()
-                if row_s is None or row_s[0] != session_created:
-                    raise SessionGone(c.session_id)
-            db.execute(_INSERT_CALL, row)
-            if bodies is not None:
-                db.execute(_INSERT_BODIES, bodies)
-        for observe in self.observers:
-            observe(c, time.perf_counter() - began)
+        with self._wlock:
+            errors = write_calls(self._wdb, rows)
+        took = time.perf_counter() - began
+        for w, error in zip(writes, errors, strict=True):
+            if error is None:
+                for observe in self.observers:
+                    observe(w.record, took)
+        return errors
 
     def body(self, call_id: str) -> dict | None:
         """``{"request": ..., "response": ...}`` as kept for a call, or None."""

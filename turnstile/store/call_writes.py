@@ -1,0 +1,79 @@
+"""How calls reach the database: each call's rows, and a batch of them written in one
+transaction (a group commit: one commit, one sync for every call in it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .database import Database
+from .records import CallRecord, call_row, pack_body
+from .schema import CALL_COLUMNS
+
+
+class SessionGone(LookupError):
+    """The session a call belongs to was deleted (or deleted and re-created) while it ran."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallWrite:
+    """One call for :meth:`Store.add_calls`, with what :meth:`Store.add_call` takes."""
+
+    record: CallRecord
+    request_body: object = None
+    response_body: object = None
+    session_created: float | None = None
+
+
+_MARKS = ", ".join("?" for _ in CALL_COLUMNS.split(","))
+_INSERT_CALL = f"INSERT INTO calls ({CALL_COLUMNS}) VALUES ({_MARKS})"
+_INSERT_BODIES = (
+    "INSERT INTO bodies VALUES (?, ?, ?, ?) ON CONFLICT (call_id) DO UPDATE SET "
+    "session_id = excluded.session_id, request = excluded.request, response = excluded.response"
+)
+
+CallRows = tuple[str, tuple, tuple | None, float | None]
+
+
+def call_rows(w: CallWrite, keep_bodies: bool, record_fields: dict) -> CallRows:
+    """A call's session, its ``calls`` row, its ``bodies`` row (kept or not) and the session
+    incarnation it must find."""
+    c = w.record
+    if record_fields:
+        c.info.update(record_fields)
+    bodies = None
+    if keep_bodies and (w.request_body is not None or w.response_body is not None):
+        bodies = (c.id, c.session_id, pack_body(w.request_body), pack_body(w.response_body))
+    return c.session_id, call_row(c), bodies, w.session_created
+
+
+def write_calls(db: Database, rows: Sequence[CallRows]) -> list[BaseException | None]:
+    """Write ``rows`` in one transaction, each in a savepoint: a call's failure (its session
+    gone, its id taken) rolls back to it and is that call's entry in the answer; the others
+    are written. A failure of the transaction itself (the lock, the disk, the connection) is
+    raised: then nothing was written."""
+    errors: list[BaseException | None] = [None] * len(rows)
+    with db.transaction():
+        for i, row in enumerate(rows):
+            db.execute("SAVEPOINT call")
+            try:
+                _write(db, *row)
+            except Exception as exc:  # noqa: BLE001 - this call's answer
+                db.execute("ROLLBACK TO SAVEPOINT call")
+                errors[i] = exc
+            db.execute("RELEASE SAVEPOINT call")
+    return errors
+
+
+def _write(
+    db: Database, session_id: str, row: tuple, bodies: tuple | None, created: float | None
+) -> None:
+    if created is not None:
+        got = db.execute(
+            "SELECT created FROM sessions WHERE id = ?" + db.facts.share_lock, (session_id,)
+        ).fetchone()
+        if got is None or got[0] != created:
+            raise SessionGone(session_id)
+    db.execute(_INSERT_CALL, row)
+    if bodies is not None:
+        db.execute(_INSERT_BODIES, bodies)
