@@ -22,6 +22,7 @@ SCRIPTS = {
     "ray_scale.py": "1 vs 2 replicas vs one process",
     "profile_call.py": "Turnstile CPU per call",
     "store_backends.py": "gateway+database pg/sqlite",
+    "group_commit.py": "group / per call: CPU",
 }
 
 
