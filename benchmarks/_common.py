@@ -4,7 +4,7 @@ processes, CPU accounting from /proc, the agent workload and table printing.
 Run as a script it starts one server (the benchmarks spawn these, pinned with ``taskset``)::
 
     python benchmarks/_common.py fake --port P --spec SPEC.json [--pace-ms 10]
-    python benchmarks/_common.py relay-aiohttp|relay-httpx --port P --upstream URL
+    python benchmarks/_common.py relay-aiohttp|relay-httpx|floor --port P --upstream URL
     python benchmarks/_common.py turnstile --port P --engine-url URL --data DIR
 """
 
@@ -206,10 +206,15 @@ def set_pace(fake_url: str, ms: float) -> None:
         r.read()
 
 
-def start_relay(kind: str, upstream: str, cpu: int | None, log: Path) -> tuple[Server, str]:
+def start_relay(
+    kind: str, upstream: str, cpu: int | None, log: Path, data: Path | None = None
+) -> tuple[Server, str]:
+    """A relay (``relay-aiohttp``, ``relay-httpx``) or the floor recorder (``floor``; its
+    records under ``data``)."""
     port = free_port()
+    extra = ["--data", str(data)] if data else []
     s = Server(
-        [sys.executable, str(HERE), kind, "--port", str(port), "--upstream", upstream],
+        [sys.executable, str(HERE), kind, "--port", str(port), "--upstream", upstream, *extra],
         f"http://127.0.0.1:{port}/health",
         cpu,
         log,
@@ -821,7 +826,7 @@ def _serve_main(argv: list[str]) -> None:
     import uvicorn
 
     p = argparse.ArgumentParser()
-    p.add_argument("kind", choices=["fake", "relay-aiohttp", "relay-httpx", "turnstile"])
+    p.add_argument("kind", choices=["fake", "relay-aiohttp", "relay-httpx", "turnstile", "floor"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--spec")
     p.add_argument("--pace-ms", type=float, default=0.0)
@@ -833,6 +838,10 @@ def _serve_main(argv: list[str]) -> None:
         app = _fake_app(json.loads(Path(a.spec).read_text()), a.pace_ms / 1000)
     elif a.kind == "turnstile":
         app = _turnstile_app(a.engine_url, a.data, a.port)
+    elif a.kind == "floor":
+        from _floor import floor_app
+
+        app = floor_app(a.upstream.rstrip("/"), tiny_qwen2(), a.data)
     else:
         app = _relay_app(a.upstream.rstrip("/"), a.kind)
     # The same server settings as `turnstile serve`.

@@ -10,7 +10,9 @@ Set-up (printed with the results):
   ``relay-aiohttp`` and ``relay-httpx`` (a bare ASGI app on uvicorn+uvloop+httptools that reads
   and parses the body once and forwards it), ``turnstile`` (the real gateway: Qwen2 tokenizer,
   Qwen2.5 template, parsing, SQLite records, vLLM adapter; served like ``turnstile serve``)
-  and ``litellm`` (the LiteLLM 1.110.2 proxy, one worker, from the bench venv);
+  ``litellm`` (the LiteLLM 1.110.2 proxy, one worker, from the bench venv) and ``floor``
+  (``_floor.py``: the least a token-recording proxy must do, written as leanly as possible:
+  the yardstick for what part of Turnstile's cost is the job itself);
 - the load generator is the official ``openai`` client (AsyncOpenAI) driving agent sessions of
   4 turns (each turn resends the history plus the assistant's tool call and the tool's
   output; mean request ~4.9 KB), at concurrency 1, 32 and 256;
@@ -239,6 +241,7 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
             direct = next((r for r in crow if r["target"] == "direct"), None)
             relays = [r for r in crow if r["target"].startswith("relay")]
             floor = min((r["cpu_ms"] for r in relays), default=float("nan"))
+            recorder = next((r["cpu_ms"] for r in crow if r["target"] == "floor"), None)
             for r in crow:
                 if r["target"] == "direct":
                     continue
@@ -252,6 +255,7 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                         r["errors"],
                         r["cpu_ms"],
                         r["cpu_ms"] / floor if floor == floor else float("nan"),
+                        *([r["cpu_ms"] / recorder] if recorder else []),
                         add50,
                         add99,
                         r["rps"],
@@ -271,6 +275,7 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                     "errors",
                     "CPU ms/call",
                     "x fastest relay",
+                    *(["x floor"] if any(r["target"] == "floor" for r in mrows) else []),
                     "added p50 ms",
                     "added p99 ms",
                     "calls/s",
@@ -287,7 +292,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few calls per cell, no LiteLLM")
     p.add_argument("--conc", default=None, help="concurrencies, e.g. 1,32,256")
     p.add_argument("--modes", default="plain,stream,paced")
-    p.add_argument("--targets", default="direct,relay-aiohttp,relay-httpx,turnstile,litellm")
+    p.add_argument("--targets", default="direct,relay-aiohttp,relay-httpx,floor,turnstile,litellm")
     p.add_argument("--pace-ms", type=float, default=None, help="10 (1 with --quick)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument(
@@ -341,8 +346,9 @@ def main() -> None:
             for name in names:
                 if name == "direct":
                     targets.append(Target(name, fake_url, None))
-                elif name.startswith("relay"):
-                    s, url = c.start_relay(name, fake_url, PROXY_CPU, wd / f"{name}.log")
+                elif name.startswith("relay") or name == "floor":
+                    (wd / name).mkdir()
+                    s, url = c.start_relay(name, fake_url, PROXY_CPU, wd / f"{name}.log", wd / name)
                     servers.append(s)
                     targets.append(Target(name, url, s))
                 elif name == "turnstile":
