@@ -39,7 +39,7 @@ async def stream_chunks(gw: Gateway, call: Call) -> AsyncGenerator[dict, None]:
     try:
         async for batch in gw.events(call, stream=True):
             sampled = [ev for ev in batch if ev.token_id not in eog]
-            text = visible("".join([detok.push(ev.token_id) for ev in sampled]))
+            text = visible(detok.push_many([ev.token_id for ev in sampled]) if sampled else "")
             lp = (
                 [cc.logprob_entry(gw.tok, ev.token_id, ev.logprob, ev.top or []) for ev in sampled]
                 if req.logprobs and sampled
