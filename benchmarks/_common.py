@@ -542,6 +542,28 @@ def echo(message: dict) -> dict:
 # servers
 
 
+async def asgi_lifespan(receive, send, startup=None, shutdown=None) -> None:  # noqa: ANN001
+    """Answer an ASGI ``lifespan`` scope for the bare apps here, running their set-up."""
+    while True:
+        msg = await receive()
+        step = startup if msg["type"] == "lifespan.startup" else shutdown
+        if step is not None:
+            await step()
+        await send({"type": msg["type"] + ".complete"})
+        if msg["type"] == "lifespan.shutdown":
+            return
+
+
+async def asgi_body(receive) -> bytes:  # noqa: ANN001
+    """A request's whole body."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 def _fake_app(spec: dict, pace: float):
     """A fast fake engine: vLLM 0.33's ``/inference/v1/generate`` (token-in: the reply's token
     IDs with logprobs, whole or one SSE event per token) and an OpenAI ``/v1/chat/completions``
@@ -668,18 +690,9 @@ def _fake_app(spec: dict, pace: float):
 
     async def app(scope, receive, send):  # noqa: ANN001
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
+            return await asgi_lifespan(receive, send)
         path = scope["path"]
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await asgi_body(receive)
         if path == "/pace":  # the benchmark switches pacing between modes
             state["pace"] = float(orjson.loads(body)["ms"]) / 1000
             path = "/health"
@@ -750,21 +763,8 @@ def _relay_app(upstream: str, kind: str):
 
     async def app(scope, receive, send):  # noqa: ANN001
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await startup()
-                else:
-                    await shutdown()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+            return await asgi_lifespan(receive, send, startup, shutdown)
+        body = await asgi_body(receive)
         if scope["path"] == "/health":
             await send({"type": "http.response.start", "status": 200, "headers": ok_h})
             await send({"type": "http.response.body", "body": b"{}"})

@@ -39,6 +39,8 @@ TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 def floor_app(upstream: str, model_dir: Path, data: str | None = None):  # noqa: ANN201
+    from _common import asgi_body, asgi_lifespan
+
     from turnstile.chat.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(model_dir)).tokenizer
@@ -100,25 +102,18 @@ def floor_app(upstream: str, model_dir: Path, data: str | None = None):  # noqa:
             ),
         )
 
-    async def app(scope, receive, send):  # noqa: ANN001, C901
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    import aiohttp
+    async def startup() -> None:
+        import aiohttp
 
-                    state["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-                else:
-                    await state["s"].close()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        state["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def shutdown() -> None:
+        await state["s"].close()
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        if scope["type"] == "lifespan":
+            return await asgi_lifespan(receive, send, startup, shutdown)
+        body = await asgi_body(receive)
         if scope["path"] == "/health":
             await send({"type": "http.response.start", "status": 200, "headers": json_h})
             await send({"type": "http.response.body", "body": b"{}"})
