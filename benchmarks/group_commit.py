@@ -1,5 +1,5 @@
 """Group commit: the gateway's store writer with one transaction per call vs the calls that
-queued behind a commit written in one transaction (``Store.add_calls``), side by side in one
+queued behind a commit written in one transaction (``Store.write``), side by side in one
 run, on the SQLite file and on PostgreSQL (loopback, fsync on).
 
 The writer is driven as the gateway drives it: N agents on one event loop, each awaiting

@@ -1,5 +1,5 @@
 """Group commit: the calls that queue up while one is committing are written in one
-transaction (``Store.add_calls``), on SQLite and on PostgreSQL.
+transaction (``Store.write``), on SQLite and on PostgreSQL.
 
 The truth each batch is checked against is the one-call-per-transaction path
 (``Store.add_call``, what every other test of the store exercises): the same writes applied
@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from turnstile.server.errors import APIError
 from turnstile.server.record import commit, committed
-from turnstile.store.call_writes import CallWrite
 from turnstile.store.records import CallRecord
 from turnstile.store.store import Store
+from turnstile.store.writes import CallWrite
 
 SIDS = ["a", "b", "c"]
 
@@ -99,7 +99,7 @@ def _check(location_a: str, location_b: str, plan: list[list[tuple]]) -> None:
         for batch in plan:
             ga = _writes(grouped, batch, base, {s: t[0] for s, t in born.items()})
             sa = _writes(single, batch, base, {s: t[1] for s, t in born.items()})
-            got = [type(e).__name__ if e else None for e in grouped.add_calls(ga)]
+            got = [type(e).__name__ if e else None for e in grouped.write(ga)]
             want = []
             for w in sa:
                 try:
@@ -157,13 +157,13 @@ def test_the_writer_groups_and_acknowledges_only_committed_calls(tmp_path: Path)
     sid = "s"
     store.create_session({}, sid)
     batches: list[int] = []
-    real = store.add_calls
+    real = store.write
 
     def counted(writes):  # noqa: ANN001, ANN202 - the real method, its batch sizes noted
         batches.append(len(writes))
         return real(writes)
 
-    store.add_calls = counted  # type: ignore[method-assign]
+    store.write = counted  # type: ignore[method-assign]
     reader = sqlite3.connect(tmp_path / Store.FILENAME)
     seen: list[bool] = []
 

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnstile.store.call_writes import SessionGone
 from turnstile.store.export import export
 from turnstile.store.records import CallRecord
 from turnstile.store.store import Store, UnstorableText
+from turnstile.store.writes import SessionGone
 from turnstile.viewer.summaries import summaries
 
 SIDS = [f"s{i}" for i in range(4)]

@@ -388,6 +388,61 @@ def test_store_locked_for_35_s(tiny_qwen2, servers, tmp_path):
         assert ts.in_flight() == 0
 
 
+def test_new_sessions_wait_for_a_locked_store_off_the_loop(tiny_qwen2, servers, tmp_path):
+    """A session created on first use (``X-Session-Id``) or by the trainer is committed by the
+    store's writer, not on the event loop: with the write lock held by another process, both
+    wait there (then a clean 503 after the busy wait) while the loop keeps answering; with
+    the lock gone the same requests create the sessions and the call is recorded in its."""
+    with VLLMFake("0.33.0") as fake:
+        ts = servers(fake.url, tiny_qwen2)
+        url = f"{ts.url}/v1/chat/completions"
+        named = {**AUTH, "x-session-id": "first-use"}
+        msgs = [{"role": "user", "content": "one"}]
+        holder = _hold_write_lock(ts.data / "turnstile.sqlite3", 12)
+        try:
+            out: dict = {}
+            calls = [
+                threading.Thread(
+                    target=lambda: out.update(
+                        call=httpx.post(url, json=_body(msgs, 1), headers=named, timeout=60)
+                    )
+                ),
+                threading.Thread(
+                    target=lambda: out.update(
+                        created=httpx.post(
+                            ts.url + "/v1/sessions",
+                            json={"id": "by-trainer"},
+                            headers=AUTH,
+                            timeout=60,
+                        )
+                    )
+                ),
+            ]
+            for t in calls:
+                t.start()
+            time.sleep(1.0)  # both are waiting for the lock by now
+            for _ in range(3):  # the loop is not blocked while they wait
+                t0 = time.monotonic()
+                r = httpx.get(ts.url + "/admin/status", headers=AUTH, timeout=10)
+                assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+                time.sleep(0.5)
+            for t in calls:
+                t.join(60)
+            assert _error(out["call"], 503)["code"] == "store_busy"
+            assert _error(out["created"], 503)["code"] == "store_busy"
+            assert len(fake.rec.sent) == 0  # the call never reached the engine
+            assert holder.poll() is None  # all of this happened while the lock was held
+        finally:
+            holder.wait(60)
+        r = httpx.post(url, json=_body(msgs, 1), headers=named, timeout=60)
+        assert r.status_code == 200, r.text
+        [call] = ts.calls("first-use")
+        assert call["status"] == "ok"
+        r = httpx.post(ts.url + "/v1/sessions", json={"id": "by-trainer"}, headers=AUTH, timeout=60)
+        assert r.status_code == 201, r.text
+        assert ts.calls("by-trainer") == []
+
+
 def _ignore_sigxfsz() -> None:
     # a write past RLIMIT_FSIZE then fails with EFBIG instead of killing the process
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -88,7 +88,7 @@ def trainer(handler: Handler) -> Handler:
     return guarded
 
 
-def harness_session(request: Request) -> str | None:
+async def harness_session(request: Request) -> str | None:
     """The session a harness-facing request acts on (None: /v1/models as the trainer).
     The key in ``/s/<key>/v1`` is a capability (the trainer may also use a session id);
     on ``/v1/...`` the session is the bearer capability's, or, for the trainer, the one
@@ -117,7 +117,7 @@ def harness_session(request: Request) -> str | None:
                 "Invalid 'X-Session-Id': a session id has no '/' and is not '.' or '..'.",
                 "X-Session-Id",
             )
-        return sessions.ensure(named)
+        return await sessions.ensure(named)
     cred = bearer(request)
     sid = sessions.session_for(cred) if cred else None
     if sid is None:

@@ -13,8 +13,8 @@ from starlette.responses import Response
 
 from ..engines.base import EngineError
 from ..store import database
-from ..store.call_writes import SessionGone
 from ..store.store import UnstorableText
+from ..store.writes import SessionGone
 from .context import context
 from .errors import APIError
 

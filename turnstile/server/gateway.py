@@ -19,9 +19,9 @@ from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEve
 from ..parsing import Parser
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
-from ..store.call_writes import SessionGone
 from ..store.records import CallRecord
 from ..store.store import Store
+from ..store.writes import SessionGone
 from . import chat_completions as cc
 from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
 from .control import PolicyControl, Ticket

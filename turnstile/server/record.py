@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 from ..engines.base import token_versions
 from ..store import database
-from ..store.call_writes import CallWrite, SessionGone
 from ..store.records import CallRecord
 from ..store.store import Store
+from ..store.writes import CallWrite, SessionGone, SessionWrite
 from .errors import APIError
 
 # What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.
@@ -62,7 +62,7 @@ class _Writer:
     ~35 us of CPU per write against ~17 us here (a round trip measured on uvloop).
 
     Group commit: the writes that queued up while one was committing go to the store
-    together (``Store.add_calls``: one transaction, one sync), and each future is resolved
+    together (``Store.write``: one transaction, one sync), and each future is resolved
     only after that commit, so the promise (an answered call is on disk) is unchanged. One
     call alone is written as before. The thread ends after a few idle seconds and is started
     again by the next write; at exit the writes already handed to it are finished first."""
@@ -77,7 +77,7 @@ class _Writer:
         self._thread: threading.Thread | None = None
 
     def submit(
-        self, loop: asyncio.AbstractEventLoop, store: Store, write: CallWrite
+        self, loop: asyncio.AbstractEventLoop, store: Store, write: CallWrite | SessionWrite
     ) -> asyncio.Future:
         fut = loop.create_future()
         self._q.put((store, loop, fut, write))
@@ -132,7 +132,7 @@ class _Writer:
     def _write(batch: list) -> None:
         store = batch[0][0]
         try:
-            errors = store.add_calls([write for *_, write in batch])
+            errors = store.write([write for *_, write in batch])
         except BaseException as e:  # noqa: BLE001 - the transaction failed: every call's answer
             errors = [e] * len(batch)
         settled: dict[asyncio.AbstractEventLoop, list] = {}
@@ -208,6 +208,25 @@ def commit(
 
     fut.add_done_callback(done)
     return fut
+
+
+async def create_session(
+    store: Store,
+    metadata: dict,
+    session_id: str | None = None,
+    *,
+    group_id: str | None = None,
+    sample_index: int | None = None,
+    task_id: str | None = None,
+) -> str:
+    """Create a session (idempotent on its id) through the store's writer, with the writes
+    queued beside it: a locked store or a slow sync waits there, not on the event loop."""
+    w = store.session_write(
+        metadata, session_id, group_id=group_id, sample_index=sample_index, task_id=task_id
+    )
+    fut = _writer(store).submit(asyncio.get_running_loop(), store, w)
+    await committed(fut, w.session_id)
+    return w.session_id
 
 
 async def committed(fut: asyncio.Future, session_id: str) -> None:

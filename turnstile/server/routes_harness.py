@@ -24,7 +24,7 @@ async def call(request: Request, dialect: Dialect) -> Response:
     require_json(request)
     ctx = context(request)
     gateway = ctx.gateway
-    sid = harness_session(request)
+    sid = await harness_session(request)
     assert sid is not None
     ctx.sessions.require_open(sid)
     body = await read_json(request, ctx.max_body)
@@ -63,7 +63,7 @@ async def count_tokens(request: Request) -> Response:
     dialect = ctx.dialects["messages"]
     request.state.error_body = dialect.error
     require_json(request)
-    sid = harness_session(request)
+    sid = await harness_session(request)
     assert sid is not None
     body = await read_json(request, ctx.max_body)
     check_limits(body, ctx.limits)
@@ -74,7 +74,7 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    harness_session(request)
+    await harness_session(request)
     gateway = context(request).gateway
     return json_response(
         {
@@ -97,7 +97,7 @@ async def stored_response(request: Request) -> Response:
     from ..dialects import responses as r
 
     ctx = context(request)
-    sid = harness_session(request)
+    sid = await harness_session(request)
     assert sid is not None
     rid = request.path_params["rid"]
     rec = next(

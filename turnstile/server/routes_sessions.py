@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..store.trajectories import MODES, stitch
+from . import record
 from .context import AppContext, context, json_response, read_json
 from .errors import APIError
 from .validation import int_param, number, session_fields
@@ -58,7 +59,7 @@ async def create_session(request: Request) -> Response:
             "Invalid 'id': expected a non-empty string without '/' (and not '.' or '..').",
             "id",
         )
-    sid = ctx.store.create_session(meta, sid, **fields)
+    sid = await record.create_session(ctx.store, meta, sid, **fields)
     # an id that exists already keeps its state: a closed rollout stays closed
     ctx.sessions.uncache(sid)
     ctx.sessions.require(sid)

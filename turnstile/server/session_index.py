@@ -10,6 +10,7 @@ from typing import Any
 
 from ..auth import CAPABILITY_PREFIX
 from .errors import APIError
+from .record import create_session
 
 
 class SessionIndex:
@@ -55,10 +56,11 @@ class SessionIndex:
                 type_="invalid_request_error",
             )
 
-    def ensure(self, sid: str) -> str:
-        """The session ``sid``, created on first use (``X-Session-Id``)."""
+    async def ensure(self, sid: str) -> str:
+        """The session ``sid``, created on first use (``X-Session-Id``) through the store's
+        writer (its commit waits off the loop, grouped with the calls' records)."""
         if sid not in self.known:
-            self.store.create_session({"created_by": "x-session-id"}, sid)
+            await create_session(self.store, {"created_by": "x-session-id"}, sid)
             self.require(sid)  # an existing one may be closed (e.g. before a restart)
         return sid
 

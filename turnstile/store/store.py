@@ -26,7 +26,6 @@ from pathlib import Path
 import orjson
 
 from ..auth import new_capability
-from .call_writes import CallWrite, call_rows, write_calls
 from .database import SQLITE_FILENAME, Database, connect, is_postgres
 from .export_side import ExportSide
 from .records import (
@@ -37,6 +36,7 @@ from .records import (
 )
 from .schema import CALL_COLUMNS, SESSION_COLUMNS
 from .session_rows import session_fields, session_from_row
+from .writes import CallWrite, SessionWrite, call_rows, write_batch
 
 
 class UnstorableText(ValueError):
@@ -124,9 +124,28 @@ class Store(ExportSide):
         sample_index: int | None = None,
         task_id: str | None = None,
     ) -> str:
-        """Create a session (idempotent on ``session_id``). Group/sample/task not given here
-        are taken from metadata keys (``group_id``/``group``, ``sample_index``,
+        """Create a session (idempotent on ``session_id``); its id. Group/sample/task not
+        given here are taken from metadata keys (``group_id``/``group``, ``sample_index``,
         ``task_id``/``task``) so that older clients' sessions are grouped too."""
+        w = self.session_write(
+            metadata, session_id, group_id=group_id, sample_index=sample_index, task_id=task_id
+        )
+        (error,) = self.write([w])
+        if error is not None:
+            raise error
+        return w.session_id
+
+    def session_write(
+        self,
+        metadata: dict | None = None,
+        session_id: str | None = None,
+        *,
+        group_id: str | None = None,
+        sample_index: int | None = None,
+        task_id: str | None = None,
+    ) -> SessionWrite:
+        """What :meth:`create_session` writes (checked here: :class:`UnstorableText`), for a
+        writer that groups it with other writes (``server.record``)."""
         sid = _text("id", session_id) or new_id("sess_")
         _text("group_id", group_id)
         _text("task_id", task_id)
@@ -136,21 +155,16 @@ class Store(ExportSide):
         )
         _text("metadata.group_id", f["group_id"])
         _text("metadata.task_id", f["task_id"])
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO sessions (id, created, metadata, group_id, sample_index, task_id, "
-                "capability) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                (
-                    sid,
-                    time.time(),
-                    orjson.dumps(meta),
-                    f["group_id"],
-                    f["sample_index"],
-                    f["task_id"],
-                    new_capability(),
-                ),
-            )
-        return sid
+        row = (
+            sid,
+            time.time(),
+            orjson.dumps(meta),
+            f["group_id"],
+            f["sample_index"],
+            f["task_id"],
+            new_capability(),
+        )
+        return SessionWrite(sid, row)
 
     def capabilities(self, session_ids: Iterable[str]) -> dict[str, str]:
         """Session id → its harness capability (one is minted for a row that has none)."""
@@ -356,22 +370,24 @@ class Store(ExportSide):
         session must still be that incarnation: a call that outlived a delete of its session
         (by this server or by ``export --delete`` in another process) raises
         :class:`SessionGone` and writes nothing, so a re-created id starts empty."""
-        (error,) = self.add_calls([CallWrite(c, request_body, response_body, session_created)])
+        (error,) = self.write([CallWrite(c, request_body, response_body, session_created)])
         if error is not None:
             raise error
 
-    def add_calls(self, writes: Sequence[CallWrite]) -> list[BaseException | None]:
-        """Record several calls in one transaction: one commit and one sync for all (a group
-        commit; each as :meth:`add_call`). A call's own failure (its session gone) is its entry
-        in the answer, rolled back to its savepoint, and the others are written; a failure of
-        the transaction itself (the lock, the disk, the connection) is raised: nothing was."""
-        rows = [call_rows(w, self.keep_bodies, self.record_fields) for w in writes]
+    def write(self, writes: Sequence[CallWrite | SessionWrite]) -> list[BaseException | None]:
+        """Write sessions and calls in one transaction: one commit and one sync for all (a
+        group commit; each as :meth:`create_session` / :meth:`add_call`, in order). One's own
+        failure (a call's session gone) is its entry in the answer, rolled back to its
+        savepoint, and the others are written; a failure of the transaction itself (the lock,
+        the disk, the connection) is raised: nothing was written."""
+        keep, fields = self.keep_bodies, self.record_fields
+        items = [w if isinstance(w, SessionWrite) else call_rows(w, keep, fields) for w in writes]
         began = time.perf_counter()
         with self._wlock:
-            errors = write_calls(self._wdb, rows)
+            errors = write_batch(self._wdb, items)
         took = time.perf_counter() - began
         for w, error in zip(writes, errors, strict=True):
-            if error is None:
+            if error is None and isinstance(w, CallWrite):
                 for observe in self.observers:
                     observe(w.record, took)
         return errors

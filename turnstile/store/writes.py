@@ -1,5 +1,6 @@
-"""How calls reach the database: each call's rows, and a batch of them written in one
-transaction (a group commit: one commit, one sync for every call in it)."""
+"""What the gateway writes, and how it reaches the database: calls (with their rows) and
+sessions created on first use, a batch of them in one transaction (a group commit: one
+commit, one sync for all), each in a savepoint of its own."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class SessionGone(LookupError):
 
 @dataclass(frozen=True, slots=True)
 class CallWrite:
-    """One call for :meth:`Store.add_calls`, with what :meth:`Store.add_call` takes."""
+    """One call for :meth:`Store.write`, with what :meth:`Store.add_call` takes."""
 
     record: CallRecord
     request_body: object = None
@@ -31,6 +32,20 @@ _INSERT_BODIES = (
     "INSERT INTO bodies VALUES (?, ?, ?, ?) ON CONFLICT (call_id) DO UPDATE SET "
     "session_id = excluded.session_id, request = excluded.request, response = excluded.response"
 )
+
+INSERT_SESSION = (
+    "INSERT INTO sessions (id, created, metadata, group_id, sample_index, task_id, "
+    "capability) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWrite:
+    """A session's row (``Store.session_write`` builds it): created if its id is new."""
+
+    session_id: str
+    row: tuple
+
 
 CallRows = tuple[str, tuple, tuple | None, float | None]
 
@@ -47,25 +62,30 @@ def call_rows(w: CallWrite, keep_bodies: bool, record_fields: dict) -> CallRows:
     return c.session_id, call_row(c), bodies, w.session_created
 
 
-def write_calls(db: Database, rows: Sequence[CallRows]) -> list[BaseException | None]:
-    """Write ``rows`` in one transaction, each in a savepoint: a call's failure (its session
-    gone, its id taken) rolls back to it and is that call's entry in the answer; the others
-    are written. A failure of the transaction itself (the lock, the disk, the connection) is
-    raised: then nothing was written."""
-    errors: list[BaseException | None] = [None] * len(rows)
+def write_batch(
+    db: Database, items: Sequence[CallRows | SessionWrite]
+) -> list[BaseException | None]:
+    """Write ``items`` (in order) in one transaction, each in a savepoint: one's failure (a
+    call's session gone, its id taken) rolls back to it and is its entry in the answer; the
+    others are written. A failure of the transaction itself (the lock, the disk, the
+    connection) is raised: then nothing was written."""
+    errors: list[BaseException | None] = [None] * len(items)
     with db.transaction():
-        for i, row in enumerate(rows):
-            db.execute("SAVEPOINT call")
+        for i, item in enumerate(items):
+            db.execute("SAVEPOINT item")
             try:
-                _write(db, *row)
-            except Exception as exc:  # noqa: BLE001 - this call's answer
-                db.execute("ROLLBACK TO SAVEPOINT call")
+                if isinstance(item, SessionWrite):
+                    db.execute(INSERT_SESSION, item.row)
+                else:
+                    _write_call(db, *item)
+            except Exception as exc:  # noqa: BLE001 - this item's answer
+                db.execute("ROLLBACK TO SAVEPOINT item")
                 errors[i] = exc
-            db.execute("RELEASE SAVEPOINT call")
+            db.execute("RELEASE SAVEPOINT item")
     return errors
 
 
-def _write(
+def _write_call(
     db: Database, session_id: str, row: tuple, bodies: tuple | None, created: float | None
 ) -> None:
     if created is not None:
