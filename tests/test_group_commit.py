@@ -1,5 +1,5 @@
-"""Group commit: the calls that queue up while one is committing are written in one
-transaction (``Store.write``), on SQLite and on PostgreSQL.
+"""Group commit: the calls and new sessions that queue up while one is committing are written
+in one transaction (``Store.write``), on SQLite and on PostgreSQL.
 
 The truth each batch is checked against is the one-call-per-transaction path
 (``Store.add_call``, what every other test of the store exercises): the same writes applied
@@ -26,7 +26,7 @@ from turnstile.server.errors import APIError
 from turnstile.server.record import commit, committed
 from turnstile.store.records import CallRecord
 from turnstile.store.store import Store
-from turnstile.store.writes import CallWrite
+from turnstile.store.writes import CallWrite, SessionWrite
 
 SIDS = ["a", "b", "c"]
 
@@ -55,25 +55,40 @@ def _record(n: int, sid: str, call_id: str, tokens: list[int]) -> CallRecord:
     )
 
 
-# A batch: each write names a session (maybe deleted, or deleted and re-created, since the
-# call began), an id (maybe one already written, in this batch or before), tokens, bodies.
-write = st.tuples(
-    st.sampled_from(SIDS),
+# A batch: calls and new sessions. A call names a session (one created before, one created in
+# this batch or an earlier one, or one not created yet; maybe deleted since the call began),
+# an id (maybe one already written, in this batch or before), tokens, bodies.
+NEW = ["d", "e"]
+call_write = st.tuples(
+    st.just("call"),
+    st.sampled_from(SIDS + NEW),
     st.integers(0, 5),  # call id: collisions on purpose
     st.lists(st.integers(0, 2**31 - 1), max_size=12),
     st.booleans(),  # bodies
-    st.sampled_from(["live", "deleted", "recreated"]),
+    st.sampled_from(["live", "deleted"]),
 )
-batches = st.lists(st.lists(write, min_size=1, max_size=8), min_size=1, max_size=3)
+session_write = st.tuples(st.just("session"), st.sampled_from(NEW))
+batches = st.lists(
+    st.lists(st.one_of(call_write, call_write, session_write), min_size=1, max_size=8),
+    min_size=1,
+    max_size=3,
+)
 
 
-def _writes(store: Store, batch: list[tuple], base: int, born: dict) -> list[CallWrite]:
-    out = []
-    for i, (sid, cid, tokens, bodies, fate) in enumerate(batch):
+def _writes(
+    store: Store, batch: list[tuple], base: int, born: dict
+) -> list[CallWrite | SessionWrite]:
+    """The batch's writes for ``store``; ``born`` (session -> created) follows its sessions."""
+    out: list[CallWrite | SessionWrite] = []
+    for i, item in enumerate(batch):
+        if item[0] == "session":
+            w = store.session_write({"n": base + i}, item[1])
+            born.setdefault(item[1], w.row[1])  # a second create of an id changes nothing
+            out.append(w)
+            continue
+        _, sid, cid, tokens, bodies, fate = item
         n = base + i
-        created = born[sid]
-        if fate == "deleted":
-            created = -1.0  # an incarnation that no longer exists
+        created = -1.0 if fate == "deleted" else born.get(sid, -1.0)
         req = {"messages": [{"role": "user", "content": str(n)}]} if bodies else None
         rec = _record(n, sid, f"call{cid}", tokens)
         out.append(CallWrite(rec, req, {"id": n} if bodies else None, created))
@@ -82,7 +97,10 @@ def _writes(store: Store, batch: list[tuple], base: int, born: dict) -> list[Cal
 
 def _contents(store: Store) -> dict:
     return {
-        "calls": {s: [c.to_json() for c in store.calls(s)] for s in SIDS},
+        "sessions": {
+            s: (x or {}).get("metadata") for s in SIDS + NEW if (x := store.get_session(s))
+        },
+        "calls": {s: [c.to_json() for c in store.calls(s)] for s in SIDS + NEW},
         "bodies": {f"call{i}": store.body(f"call{i}") for i in range(6)},
     }
 
@@ -90,26 +108,42 @@ def _contents(store: Store) -> dict:
 def _check(location_a: str, location_b: str, plan: list[list[tuple]]) -> None:
     grouped, single = Store(location_a, keep_bodies=True), Store(location_b, keep_bodies=True)
     try:
-        born = {}
+        born_g: dict = {}
+        born_s: dict = {}
         for s in SIDS:
             grouped.create_session({}, s)
             single.create_session({}, s)
-            born[s] = (grouped.session_created(s), single.session_created(s))
+            born_g[s], born_s[s] = grouped.session_created(s), single.session_created(s)
         base = 0
         for batch in plan:
-            ga = _writes(grouped, batch, base, {s: t[0] for s, t in born.items()})
-            sa = _writes(single, batch, base, {s: t[1] for s, t in born.items()})
+            ga = _writes(grouped, batch, base, born_g)
             got = [type(e).__name__ if e else None for e in grouped.write(ga)]
             want = []
-            for w in sa:
+            for w in _writes(single, batch, base, born_s):  # one at a time, as before
                 try:
-                    single.add_call(w.record, w.request_body, w.response_body, w.session_created)
+                    if isinstance(w, SessionWrite):  # create_session's own write, alone
+                        (error,) = single.write([w])
+                        if error is not None:
+                            raise error
+                    else:
+                        single.add_call(
+                            w.record, w.request_body, w.response_body, w.session_created
+                        )
                     want.append(None)
                 except Exception as exc:  # noqa: BLE001 - compared by type
                     want.append(type(exc).__name__)
             assert got == want, batch
             base += len(batch)
         assert _contents(grouped) == _contents(single)
+        # and what the plan says, not only what the one-at-a-time path did
+        first: dict = {}
+        n = 0
+        for batch in plan:
+            for item in batch:
+                if item[0] == "session":
+                    first.setdefault(item[1], {"n": n})
+                n += 1
+        assert _contents(grouped)["sessions"] == {**dict.fromkeys(SIDS, {}), **first}
     finally:
         grouped.close()
         single.close()

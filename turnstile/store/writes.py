@@ -33,7 +33,7 @@ _INSERT_BODIES = (
     "session_id = excluded.session_id, request = excluded.request, response = excluded.response"
 )
 
-INSERT_SESSION = (
+_INSERT_SESSION = (
     "INSERT INTO sessions (id, created, metadata, group_id, sample_index, task_id, "
     "capability) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
@@ -75,7 +75,7 @@ def write_batch(
             db.execute("SAVEPOINT item")
             try:
                 if isinstance(item, SessionWrite):
-                    db.execute(INSERT_SESSION, item.row)
+                    db.execute(_INSERT_SESSION, item.row)
                 else:
                     _write_call(db, *item)
             except Exception as exc:  # noqa: BLE001 - this item's answer
