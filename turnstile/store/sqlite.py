@@ -19,7 +19,9 @@ from .schema import open_schema
 FACTS = SqlFacts(
     name="sqlite",
     share_lock="",
-    info_field="json_extract(CAST(info AS TEXT), '$.{key}')",
+    # SQLite's json_extract ends a string at an escaped NUL ("m\u0000" reads "m"); read as
+    # U+FFFD, as PostgreSQL's spelling does (found by the differential test)
+    info_field="json_extract(replace(CAST(info AS TEXT), '\\u0000', '\\ufffd'), '$.{key}')",
     blob_length="length({col})",
 )
 
