@@ -12,6 +12,7 @@ from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
 from .engines import KINDS
+from .engines.http import ENGINE_TIMEOUT_S
 from .parsing import tool_formats
 from .server.limits import Limits
 from .wiring import build_renderer, server_from_args
@@ -146,6 +147,17 @@ def testbed_command(args: argparse.Namespace) -> None:
         print(f"{k}: {v}")
 
 
+def _seconds(value: str) -> float:
+    """A positive number of seconds (argparse type)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {value!r}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.func(args)
@@ -184,6 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="GGUF file, Hugging Face model directory, or hub id in the local cache "
         "(passthrough: the model name to report, as the engine serves it)",
+    )
+    s.add_argument(
+        "--engine-timeout",
+        type=_seconds,
+        default=ENGINE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long one engine call may take, from sending it to its last token (a "
+        "call that runs past it is a 504 to the harness, recorded as an error, and the "
+        f"engine is told to stop it; default: {ENGINE_TIMEOUT_S:g})",
     )
     s.add_argument("--chat-template", help="Jinja file overriding the model's template")
     s.add_argument(

@@ -21,6 +21,7 @@ from .chat.tokenizer import load_tokenizer
 from .engines import make_engine
 from .engines.base import Engine
 from .engines.capture import CaptureEngine, capture_engine
+from .engines.http import ENGINE_TIMEOUT_S
 from .engines.pool import ReplicaPool
 from .parsing.detect import FormatChoice, detect_format
 from .server.gateway import Gateway
@@ -113,11 +114,18 @@ def build_passthrough(
     logprobs_mode: str | None = None,
     original_logprobs: bool = False,
     synchronous: str = "full",
+    timeout: float = ENGINE_TIMEOUT_S,
 ) -> PassthroughGateway:
     """An engine-rendered capture gateway in front of one engine, or a replica pool."""
     urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
     replicas: list[CaptureEngine] = [
-        capture_engine(u, dialect, logprobs_mode=logprobs_mode, original_logprobs=original_logprobs)
+        capture_engine(
+            u,
+            dialect,
+            logprobs_mode=logprobs_mode,
+            original_logprobs=original_logprobs,
+            timeout=timeout,
+        )
         for u in urls
     ]
     engine = replicas[0] if len(replicas) == 1 else ReplicaPool(replicas)
@@ -127,13 +135,13 @@ def build_passthrough(
 
 def engine_options(args: argparse.Namespace) -> dict:
     """The token-in adapter's options from ``serve``'s flags."""
-    options: dict = {}
+    options: dict = {"timeout": args.engine_timeout}
     if args.engine == "vllm":
-        options = {"api": args.vllm_api}
+        options["api"] = args.vllm_api
         if args.engine_logprobs_mode:
             options["logprobs_mode"] = args.engine_logprobs_mode
     elif args.engine == "sglang" and args.sglang_original_logprobs:
-        options = {"original_logprobs": True}
+        options["original_logprobs"] = True
     return options
 
 
@@ -172,6 +180,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
             logprobs_mode=args.engine_logprobs_mode,
             original_logprobs=args.sglang_original_logprobs,
             synchronous=args.synchronous,
+            timeout=args.engine_timeout,
         )
         banner = [
             f"passthrough capture ({dialect} token-ID fields), model "

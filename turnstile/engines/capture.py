@@ -20,7 +20,7 @@ import orjson
 
 from .base import PROCESSED_LOGPROBS, EngineError, SamplingParams
 from .chat_dialects import Asked, ChatDialect, SGLangChat, VLLMChat
-from .http import HTTPEngine, error_message, json_object
+from .http import ENGINE_TIMEOUT_S, HTTPEngine, error_message, json_object, timed_out
 from .sglang import SGLangServer
 from .vllm import VLLMServer
 
@@ -281,7 +281,8 @@ class CaptureEngine(HTTPEngine):
 
     async def open_chat(self, body: dict) -> aiohttp.ClientResponse:
         """POST the chat request; the open response on 200 (the caller closes it), else the
-        engine's error as :class:`EngineHTTPError`, or 503 when it cannot be reached."""
+        engine's error as :class:`EngineHTTPError`, 504 past the engine timeout (a
+        non-streamed answer's headers come with its end), or 503 when it cannot be reached."""
         try:
             resp = await self.session.post(
                 self.url + CHAT,
@@ -289,6 +290,8 @@ class CaptureEngine(HTTPEngine):
                 headers={"content-type": "application/json"},
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if timed_out(exc):
+                raise self._failed(exc) from exc
             raise EngineError(f"{self.label} at {self.url} is unreachable: {exc}", 503) from exc
         if resp.status == 200:
             return resp
@@ -361,7 +364,7 @@ def capture_engine(
     *,
     logprobs_mode: str | None = None,
     original_logprobs: bool = False,
-    timeout: float = 600.0,
+    timeout: float = ENGINE_TIMEOUT_S,
 ) -> VLLMCaptureEngine | SGLangCaptureEngine:
     """The capture engine for ``dialect`` at ``url``. ``logprobs_mode``: vLLM's
     ``--logprobs-mode`` when known; ``original_logprobs``: SGLang returns logprobs before

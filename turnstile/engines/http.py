@@ -169,6 +169,14 @@ class GenerationReader(Protocol):
 
 
 KEEPALIVE_S = 2.0  # idle engine connections are reused for this long, well under 5 s
+ENGINE_TIMEOUT_S = 600.0  # the longest one engine call may take (serve's --engine-timeout)
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether a failed engine call ran past the adapter's timeout (the whole call's, or a
+    read's), not into a connection that could not be made (aiohttp's connect timeout is a
+    TimeoutError too, but means the engine is unreachable)."""
+    return isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
 
 
 class HTTPEngine(EngineBase):
@@ -180,7 +188,11 @@ class HTTPEngine(EngineBase):
 
     url: str
 
-    def __init__(self, url: str, timeout: float = 600.0):
+    def __init__(self, url: str, timeout: float = ENGINE_TIMEOUT_S):
+        """``timeout``: seconds one generation may take, from sending it to its last byte;
+        past it the call fails with 504 (:meth:`_failed`) and the engine is told to stop."""
+        if not timeout > 0:
+            raise ValueError(f"the engine timeout must be a positive number of seconds: {timeout}")
         self.url = url.rstrip("/")
         self.context_length = 0
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
@@ -276,10 +288,21 @@ class HTTPEngine(EngineBase):
             ended = True
             raise
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineError(f"{self.label} at {self.url} failed: {exc}", 502) from exc
+            raise self._failed(exc) from exc
         finally:
-            if not ended:
+            if not ended:  # given up, timed out or failed: stop the engine's work too
                 self._give_up(resp, abort)
+
+    def _failed(self, exc: BaseException) -> EngineError:
+        """A generation's transport failure as the harness's status: past the timeout a 504
+        (the call is recorded as an error), any other failure a 502."""
+        if timed_out(exc):
+            return EngineError(
+                f"{self.label} at {self.url} did not finish the call within "
+                f"{self._timeout.total:g} s (the engine timeout, serve's --engine-timeout)",
+                504,
+            )
+        return EngineError(f"{self.label} at {self.url} failed: {exc}", 502)
 
     async def _post_admin(self, path: str, body: object = None) -> str:
         status, raw = await self._request("POST", path, body, timeout=30)

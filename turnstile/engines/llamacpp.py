@@ -29,7 +29,7 @@ from .base import (
     logprob_unfitness,
     wire_ids,
 )
-from .http import HTTPEngine
+from .http import ENGINE_TIMEOUT_S, HTTPEngine, timed_out
 
 _STOP_REASON = {"eos": "stop", "word": "stop", "limit": "length"}
 
@@ -38,7 +38,7 @@ class LlamaCppEngine(HTTPEngine):
     name = "llama-cpp"
     label = "llama-server"
 
-    def __init__(self, url: str, timeout: float = 600.0):
+    def __init__(self, url: str, timeout: float = ENGINE_TIMEOUT_S):
         super().__init__(url, timeout)
         self.model_path = ""
 
@@ -124,17 +124,12 @@ class LlamaCppEngine(HTTPEngine):
             if events:
                 yield events
             yield _finish(data, events)
-        except aiohttp.ClientError as exc:
-            ended = True
-            raise EngineError(f"llama-server at {self.url} failed: {exc}", 502) from exc
-        except TimeoutError as exc:
-            # the whole generation ran past the adapter's timeout (a non-streamed request
-            # sends nothing until it is done): a clean 504, the call recorded as an error
-            raise EngineError(
-                f"llama-server at {self.url} did not finish the generation "
-                f"within {self._timeout.total:.0f} s",
-                504,
-            ) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # past the adapter's timeout (a non-streamed request sends nothing until it is
+            # done) a clean 504, the call recorded as an error, and the connection dropped so
+            # that llama-server stops the task; any other failure a 502
+            ended = not timed_out(exc)
+            raise self._failed(exc) from exc
         finally:
             if not ended:
                 self._give_up(resp, None)

@@ -36,7 +36,7 @@ from .base import (
     logprob_unfitness,
     wire_ids,
 )
-from .http import HTTPEngine, gateway_status, json_object, new_request_id
+from .http import ENGINE_TIMEOUT_S, HTTPEngine, gateway_status, json_object, new_request_id
 
 
 class SGLangServer(HTTPEngine):
@@ -46,7 +46,9 @@ class SGLangServer(HTTPEngine):
 
     label = "SGLang"
 
-    def __init__(self, url: str, *, original_logprobs: bool = False, timeout: float = 600.0):
+    def __init__(
+        self, url: str, *, original_logprobs: bool = False, timeout: float = ENGINE_TIMEOUT_S
+    ):
         """``original_logprobs``: the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``."""
         super().__init__(url, timeout)
         self.original_logprobs = original_logprobs

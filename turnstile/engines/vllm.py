@@ -44,6 +44,7 @@ from .base import (
     wire_ids,
 )
 from .http import (
+    ENGINE_TIMEOUT_S,
     HTTPEngine,
     error_message,
     new_request_id,
@@ -67,7 +68,9 @@ class VLLMServer(HTTPEngine):
 
     label = "vLLM"
 
-    def __init__(self, url: str, *, logprobs_mode: str | None = None, timeout: float = 600.0):
+    def __init__(
+        self, url: str, *, logprobs_mode: str | None = None, timeout: float = ENGINE_TIMEOUT_S
+    ):
         """``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
         super().__init__(url, timeout)
         if logprobs_mode is not None and logprobs_mode not in LOGPROBS_MODES:
@@ -133,7 +136,7 @@ class VLLMEngine(VLLMServer):
         *,
         api: str = "auto",
         logprobs_mode: str | None = None,
-        timeout: float = 600.0,
+        timeout: float = ENGINE_TIMEOUT_S,
     ):
         """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
         "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
