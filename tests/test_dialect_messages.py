@@ -166,7 +166,7 @@ def test_messages_errors_have_anthropics_shape(turnstile):
     cases = [
         ({"messages": user}, "max_tokens"),
         ({"max_tokens": 5, "messages": []}, "messages"),
-        ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
             "messages.0.content.0.type",
@@ -175,10 +175,31 @@ def test_messages_errors_have_anthropics_shape(turnstile):
             {
                 "max_tokens": 5,
                 "messages": user,
-                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+                "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
             },
-            "tools.0",
+            "context_management.edits.0",
         ),
+        (
+            {
+                "max_tokens": 5,
+                "messages": user,
+                "context_management": {
+                    "edits": [
+                        {
+                            "type": "clear_thinking_20251015",
+                            "keep": {"type": "thinking_turns", "value": 1},
+                        }
+                    ]
+                },
+            },
+            "context_management.edits.0",
+        ),
+        ({"max_tokens": 5, "messages": user, "output_config": {"verbosity": 1}}, "output_config"),
+        (
+            {"max_tokens": 5, "messages": user, "output_config": {"effort": "huge"}},
+            "output_config.effort",
+        ),
+        ({"max_tokens": 5, "messages": user, "thinking": {"type": "sometimes"}}, "thinking"),
         ({"max_tokens": 5, "messages": user, "tool_choice": {"type": "maybe"}}, "tool_choice"),
         ({"max_tokens": 5, "messages": user, "frobnicate": 1}, "frobnicate"),
     ]
@@ -197,3 +218,53 @@ def test_messages_errors_have_anthropics_shape(turnstile):
     with pytest.raises(anthropic.AuthenticationError) as info:
         client.messages.create(model="t", max_tokens=3, messages=user)
     assert info.value.body["error"]["type"] == "authentication_error"
+
+
+def test_claude_codes_defaults_are_accepted_for_what_they_do(
+    turnstile, relay, tiny_qwen2, no_end_bias
+):
+    """What Claude Code sends on its defaults: a context edit that keeps everything and
+    ``metadata`` (kept in the record), ``output_config.effort`` and adaptive ``thinking``
+    (template variables), a system message mid-conversation (rendered where it stands), a
+    server tool (left out, with a warning). The next call still extends the first exactly."""
+    session = turnstile.session()
+    client = anthropic.Anthropic(
+        base_url=session["anthropic_base_url"], api_key="unused", max_retries=0
+    )
+    defaults = dict(
+        model="tiny",
+        system=SYSTEM,
+        tools=[*TOOLS, {"type": "web_search_20250305", "name": "web_search"}],
+        metadata={"user_id": '{"device_id":"d1"}'},
+        thinking={"type": "adaptive"},
+        extra_body={
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"},
+            "seed": 3,
+            "logit_bias": no_end_bias,
+        },
+    )
+    msgs: list[dict] = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "system", "content": "Answer in one word."},
+    ]
+    r1 = client.messages.create(**defaults, messages=msgs, max_tokens=6)
+    msgs += [
+        {"role": "assistant", "content": _blocks(r1.content)},
+        {"role": "user", "content": "And Oslo?"},
+    ]
+    client.messages.create(**defaults, messages=msgs, max_tokens=6)
+    calls = turnstile.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert [c["segment_reason"] for c in calls] == ["first_call", None]
+    options = calls[0]["request_options"]
+    assert options["context_management"]["edits"][0]["keep"] == "all"
+    assert options["metadata"] == {"user_id": '{"device_id":"d1"}'}
+    assert any("'web_search_20250305'" in w for w in calls[0]["warnings"])
+    a, b = relay.completions()
+    n = len(a.request["prompt"])
+    assert b.request["prompt"][: n + len(a.response["tokens"])] == (
+        a.request["prompt"] + a.response["tokens"]
+    )
+    text = load_tokenizer(str(tiny_qwen2)).decode(a.request["prompt"])
+    assert "<|im_start|>system\nAnswer in one word.<|im_end|>" in text
+    assert '"name": "web_search"' not in text and '"name": "get_weather"' in text

@@ -157,8 +157,9 @@ def test_responses_errors_name_the_responses_field(turnstile):
     cases = [
         ({}, "input"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"input": "hi", "tools": [{"type": "custom", "name": "patch"}]}, "tools[0].type"),
+        ({"input": [{"type": "item_reference", "id": "msg_nope_0"}]}, "input[0].id"),
+        ({"input": [{"type": "frobnicate"}]}, "input[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
             "input[0].content[0]",
@@ -192,4 +193,60 @@ def test_responses_chain_is_private_to_its_session(turnstile):
     with pytest.raises(openai.BadRequestError):
         _client(a).responses.create(
             model="t", input="more", max_output_tokens=3, previous_response_id=unstored.id
+        )
+
+
+def test_codex_and_ai_sdk_shapes_extend_exactly(turnstile, relay, no_end_bias):
+    """What Codex and the AI SDK send on their defaults: a namespace of tools (flattened under
+    the names Codex calls them by, answered with the namespace), a hosted tool (left out, with
+    a warning), ``client_metadata`` (kept), a developer message, and on the next turn the
+    earlier output by ``item_reference`` (resolved from this session's records): the second
+    call extends the first token for token."""
+    session = turnstile.session()
+    client = _client(session)
+    tools = [
+        {
+            "type": "namespace",
+            "name": "weather_v1",
+            "description": "Weather tools.",
+            "tools": [{**TOOLS[0], "type": "function"}],
+        },
+        {"type": "web_search", "external_web_access": False},
+    ]
+    first = [
+        {"role": "developer", "content": INSTRUCTIONS},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    r1 = client.responses.create(
+        model="tiny",
+        input=first,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+        extra_body={"seed": 3, "client_metadata": {"thread_id": "t-1"}},
+    )
+    [fc] = [o.to_dict() for o in r1.output if o.type == "function_call"]
+    assert (fc["namespace"], fc["name"]) == ("weather_v1", "get_weather")
+    out = {"type": "function_call_output", "call_id": fc["call_id"], "output": "18 C"}
+    client.responses.create(
+        model="tiny",
+        input=[*first, {"type": "item_reference", "id": fc["id"]}, out],
+        tools=tools,
+        max_output_tokens=8,
+        extra_body={"seed": 4, "logit_bias": no_end_bias},
+    )
+    calls = turnstile.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert [c["segment_reason"] for c in calls] == ["first_call", None]
+    assert calls[0]["request_options"]["client_metadata"] == {"thread_id": "t-1"}
+    assert any("'web_search' was left out" in w for w in calls[0]["warnings"])
+    a, b = relay.completions()
+    assert b.request["prompt"][: len(a.request["prompt"])] == a.request["prompt"]
+    n = len(a.request["prompt"])
+    assert b.request["prompt"][n : n + len(a.response["tokens"])] == a.response["tokens"]
+    # a reference to another session's item is not found here
+    other = _client(turnstile.session())
+    with pytest.raises(openai.BadRequestError, match="no item with id"):
+        other.responses.create(
+            model="tiny", input=[{"type": "item_reference", "id": fc["id"]}], max_output_tokens=2
         )

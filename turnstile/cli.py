@@ -396,10 +396,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.set_defaults(func=view)
 
-    d = sub.add_parser("demo", help="SmolLM2 on llama-server, a few sessions, what was recorded")
+    d = sub.add_parser(
+        "demo", help="SmolLM2 on llama-server: a few sessions and a tool round, what was recorded"
+    )
     d.add_argument("--data", help="record store directory (default: a temporary one)")
     d.add_argument(
-        "--sessions", type=int, default=4, help="how many agent sessions to run (default: 4)"
+        "--sessions",
+        type=int,
+        default=4,
+        help="how many chat sessions to run before the tool round (default: 4)",
     )
     d.set_defaults(func=demo_command)
 

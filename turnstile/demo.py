@@ -1,9 +1,11 @@
 """``turnstile demo``: the whole path on the embedded default, on a CPU.
 
-llama-server runs SmolLM2-135M-Instruct; Turnstile sits in front of it with a local SQLite
-store; the official ``openai`` client drives a few multi-turn sessions (one streamed) through
-each session's base URL. Then, per session, what was recorded, and how many turns would have
-drifted had the returned text been re-tokenized instead.
+llama-server runs SmolLM2-135M-Instruct, served with the Qwen2.5 chat template (SmolLM2's own
+never renders ``tools``); Turnstile sits in front of it with a local SQLite store; the official
+``openai`` client drives a few multi-turn sessions (one streamed) and one tool round (a forced
+call, its result sent back, the model's answer) through each session's base URL. Then, per
+session, what was recorded, and how many turns would have drifted had the returned text been
+re-tokenized instead.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import argparse
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import orjson
 import uvicorn
@@ -21,6 +24,7 @@ from starlette.applications import Starlette
 
 from . import testbed
 from .auth import load_or_create_token
+from .chat.loaded_tokenizer import LoadedTokenizer
 from .server.app import create_app
 from .server.gateway import Gateway
 from .store.trajectories import trajectories
@@ -28,9 +32,36 @@ from .wiring import build_gateway
 
 if TYPE_CHECKING:  # the client is imported when the demo runs
     import openai
-    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.chat import (
+        ChatCompletionFunctionToolParam,
+        ChatCompletionMessageParam,
+        ChatCompletionNamedToolChoiceParam,
+    )
 
 MODEL = "SmolLM2-135M-Instruct"
+TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"  # a real template that renders tools
+
+# The tool round: the call is forced (a named function, enforced with a grammar; the city an
+# enum), so it is whole within its token cap on any machine.
+TOOLS: list[dict] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            },
+        },
+    }
+]
+TOOL_TASK = [
+    {"role": "system", "content": "You are a helpful assistant. Use the tools."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+TOOL_RESULT = "18 C, sunny"
 
 CONVERSATIONS = [
     [
@@ -75,33 +106,102 @@ def run(args: argparse.Namespace) -> None:
     testbed.llama_server_binary()
     data = Path(args.data or tempfile.mkdtemp(prefix="turnstile-demo-"))
     with testbed.llama_server(model, ctx=8192, parallel=2) as engine_url:
-        gateway = build_gateway(engine_url, str(model), data, model_name=MODEL)
+        gateway = build_gateway(
+            engine_url,
+            str(model),
+            data,
+            chat_template=str(testbed.templates_dir() / TEMPLATE),
+            model_name=MODEL,
+        )
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
         token = load_or_create_token(data)[0]  # as `turnstile serve` does: DATA/turnstile.token
         server = _serve(
             create_app(gateway, base, token=token, tokenizer=gateway.renderer.tok), port
         )
+
+        def session(task: str) -> tuple[str, openai.OpenAI]:
+            s = httpx.post(
+                base + "/v1/sessions",
+                json={"metadata": {"task": task, "group": "demo"}},
+                headers={"authorization": f"Bearer {token}"},
+            ).json()
+            return s["id"], openai.OpenAI(base_url=s["base_url"], api_key="unused")
+
         try:
-            sessions = []
+            sessions: list[Session] = []
             for i, user_turns in enumerate(CONVERSATIONS[: args.sessions]):
-                s = httpx.post(
-                    base + "/v1/sessions",
-                    json={"metadata": {"task": f"demo-{i}", "group": "demo"}},
-                    headers={"authorization": f"Bearer {token}"},
-                ).json()
-                client = openai.OpenAI(base_url=s["base_url"], api_key="unused")
+                sid, client = session(f"demo-{i}")
                 stream = i == 1
                 msgs: list[ChatCompletionMessageParam] = []
                 for turn in user_turns:
                     msgs.append({"role": "user", "content": turn})
                     text = _ask(client, msgs, i, stream)
                     msgs.append({"role": "assistant", "content": text})
-                sessions.append((s["id"], stream, msgs))
+                sessions.append(Session(sid, "stream" if stream else "plain", msgs))
+            sid, client = session("demo-tools")
+            msgs = _tool_round(client, _no_markup(gateway.tok))
+            sessions.append(Session(sid, "tools", msgs, TOOLS))
             _report(gateway, sessions, data)
         finally:
             server.should_exit = True
             time.sleep(0.3)
+
+
+@dataclass
+class Session:
+    id: str
+    mode: str  # plain | stream | tools
+    msgs: list  # the conversation as the harness ended it
+    tools: list[dict] | None = None
+
+
+def _no_markup(tok: LoadedTokenizer) -> dict[str, int]:
+    """A logit bias that keeps the answer plain text (a 135M model imitates the template's
+    ``<tool_call>``/``<tool_response>`` tags): -100 on every ordinary token holding a "<"."""
+    keep = set(tok.tokenizer.get_added_tokens_decoder()) | set(tok.eog_token_ids)
+    return {
+        str(i): -100
+        for i in range(tok.tokenizer.get_vocab_size())
+        if i not in keep and "<" in tok.decode([i])
+    }
+
+
+def _tool_round(client: openai.OpenAI, no_markup: dict[str, int]) -> list:
+    """A forced call, its result sent back, the model's answer: two calls, the second
+    extending the first's recorded tokens."""
+    msgs: list = list(TOOL_TASK)
+    tools = cast("list[ChatCompletionFunctionToolParam]", TOOLS)
+    named: ChatCompletionNamedToolChoiceParam = {
+        "type": "function",
+        "function": {"name": "get_weather"},
+    }
+    forced = client.chat.completions.create(
+        model=MODEL,
+        messages=msgs,
+        tools=tools,
+        tool_choice=named,
+        max_tokens=128,  # the grammar's longest spelling of the call fits
+        temperature=1.0,
+        seed=7,
+        logprobs=True,
+    ).choices[0]
+    call = forced.message.tool_calls[0] if forced.message.tool_calls else None
+    if call is None:
+        raise SystemExit(f"demo: the forced call was not parsed ({forced.finish_reason})")
+    msgs.append(forced.message.model_dump(exclude_none=True))
+    msgs.append({"role": "tool", "tool_call_id": call.id, "content": TOOL_RESULT})
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=msgs,
+        tools=tools,
+        max_tokens=48,
+        temperature=1.0,
+        seed=7,
+        logit_bias=no_markup,
+    ).choices[0]
+    msgs.append(answer.message.model_dump(exclude_none=True))
+    return msgs
 
 
 def _ask(
@@ -131,7 +231,7 @@ def _ask(
     )
 
 
-def _report(gateway: Gateway, sessions: list, data: Path) -> None:
+def _report(gateway: Gateway, sessions: list[Session], data: Path) -> None:
     tok = gateway.tok
     template = gateway.renderer.template
     eog = tok.eog_token_ids
@@ -141,29 +241,35 @@ def _report(gateway: Gateway, sessions: list, data: Path) -> None:
         print(f"  {line}")
     print()
     header = (
-        f"{'session':<30} {'mode':<9} {'calls':>5} {'tokens':>6} {'sampled':>7} "
-        f"{'reused':>6} {'segments':>8} {'drifted turns':>13} {'naive = exact':>13}"
+        f"{'session':<30} {'mode':<9} {'calls':>5} {'chained':>7} {'tool calls':>10} "
+        f"{'tokens':>6} {'sampled':>7} {'reused':>6} {'segments':>8} {'drifted turns':>13} "
+        f"{'naive = exact':>13}"
     )
     print(header)
     print("-" * len(header))
-    for sid, stream, msgs in sessions:
-        calls = gateway.store.calls(sid)
+    for session in sessions:
+        calls = gateway.store.calls(session.id)
         trajs = trajectories(calls)
         traj = trajs[0]
         drifted = 0
         for c in calls:
             sampled = [t for t in c.completion_ids.tolist() if t not in eog]
             drifted += tok.encode(tok.decode(sampled)) != sampled
-        naive = tok.encode(template.render(msgs, add_generation_prompt=False))
+        naive = tok.encode(
+            template.render(session.msgs, session.tools, add_generation_prompt=False)
+        )
         exact = traj["token_ids"]
         same = naive[: len(exact)] == exact
         reused = sum(c.reused_prefix_len for c in calls)
+        chained = sum(c.parent_id is not None for c in calls)
+        tool_calls = sum(len((c.message or {}).get("tool_calls") or ()) for c in calls)
         print(
-            f"{sid:<30} {'stream' if stream else 'plain':<9} {len(calls):>5} "
+            f"{session.id:<30} {session.mode:<9} {len(calls):>5} {chained:>7} {tool_calls:>10} "
             f"{len(exact):>6} {sum(traj['loss_mask']):>7} {reused:>6} {len(trajs):>8} "
             f"{drifted:>8} of {len(calls):<2} {'yes' if same else 'NO':>13}"
         )
-    sid = sessions[0][0]
+    _report_tool_round(gateway, sessions[-1])
+    sid = sessions[0].id
     last = gateway.store.calls(sid)[-1].to_json()
     print("\nThe last call of the first session, as recorded (GET /v1/sessions/<id>/calls):")
     shown = {
@@ -171,7 +277,28 @@ def _report(gateway: Gateway, sessions: list, data: Path) -> None:
     }
     print(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode())
     print(
-        "\n'drifted turns': sampled completions whose text re-encodes to different IDs.\n"
+        "\n'chained': calls whose prompt is their parent's recorded tokens + the new messages'\n"
+        "delta (the rest started a segment: the first call).\n"
+        "'drifted turns': sampled completions whose text re-encodes to different IDs.\n"
         "'naive = exact': whether re-rendering and re-tokenizing the final conversation gives\n"
         "the tokens the model actually saw and sampled."
     )
+
+
+def _report_tool_round(gateway: Gateway, session: Session) -> None:
+    """The tool round's two calls: what was forced, what came back, what extended what."""
+    forced, answer = gateway.store.calls(session.id)[:2]
+    fn = ((forced.message or {}).get("tool_calls") or [{}])[0].get("function") or {}
+    grammar = "grammar" in (forced.info.get("sampling") or {})
+    text = " ".join(str((answer.message or {}).get("content") or "").split())
+    print(f"\nThe tool round ({session.id}; the template renders the tools):")
+    print(
+        f"  {forced.id}  forced {fn.get('name')}({fn.get('arguments')})"
+        f"{' under a grammar' if grammar else ''}: {len(forced.completion_ids)} sampled tokens"
+    )
+    print(f"  {'tool':<29}  {TOOL_RESULT!r} sent back")
+    print(
+        f"  {answer.id}  extends {answer.parent_id}: its {answer.reused_prefix_len} recorded "
+        f"tokens + {len(answer.prompt_delta)} new"
+    )
+    print(f"  {'':<29}  answers {text[:64]!r}{'...' if len(text) > 64 else ''}")

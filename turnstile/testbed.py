@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -352,6 +353,49 @@ def llama_server(
             out.close()
 
 
+# The coding agents and agent SDKs the harness tests run as their users do (npm registry,
+# pinned; tests/test_coding_agents.py).
+NODE_HARNESSES = {
+    "@anthropic-ai/claude-code": "2.1.197",
+    "@openai/codex": "0.169.0",
+    "ai": "6.0.325",
+    "@ai-sdk/openai": "3.0.141",
+    "@ai-sdk/anthropic": "3.0.140",
+    "zod": "4.1.12",
+}
+
+
+def node_harnesses() -> Path:
+    """A ``node_modules`` folder's parent holding :data:`NODE_HARNESSES`, installed with the
+    machine's npm once per set of pins (Claude Code's own postinstall puts its native binary
+    in place); ``node_modules/.bin`` has ``claude`` and ``codex``."""
+    pins = json.dumps(NODE_HARNESSES, sort_keys=True)
+    root = cache_dir() / f"node-{hashlib.sha256(pins.encode()).hexdigest()[:12]}"
+    done = root / ".installed"
+    if done.exists():
+        return root
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("the coding-agent tests need node and npm (Node.js 20 or later)")
+    root.mkdir(parents=True, exist_ok=True)
+    manifest = {"name": "turnstile-harnesses", "private": True, "dependencies": NODE_HARNESSES}
+    (root / "package.json").write_text(json.dumps(manifest, indent=1))
+    _log(f"installing {', '.join(NODE_HARNESSES)} with npm into {root}")
+    log = root / "npm.log"
+    with log.open("wb") as out:
+        rc = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--foreground-scripts"],
+            cwd=root,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        ).returncode
+    if rc != 0 or not (root / "node_modules" / ".bin" / "claude").exists():
+        tail = log.read_text(errors="replace").splitlines()[-20:]
+        raise RuntimeError("npm install of the harnesses failed:\n" + "\n".join(tail))
+    done.touch()
+    return root
+
+
 CHROMIUM = (Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"))
 
 
@@ -422,4 +466,5 @@ def provision() -> dict[str, Path]:
         "templates": templates_dir(),
         "smollm2": smollm2_gguf(),
         "tiny-qwen2": tiny_model("qwen2", "Qwen-Qwen2.5-7B-Instruct"),
+        "node-harnesses": node_harnesses(),
     }

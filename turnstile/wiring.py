@@ -218,6 +218,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
         token=args.trainer_token,
         limits=limits_from(args),
         tokenizer=None if isinstance(gateway, PassthroughGateway) else gateway.renderer.tok,
+        keepalive=args.keepalive,
     )
     if is_postgres(args.store or ""):
         share(app, gateway)

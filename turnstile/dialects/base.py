@@ -14,6 +14,8 @@ class Dialect(Protocol):
     and answers in the internal (Chat Completions) shape; a dialect translates both ways."""
 
     name: str
+    # what a stream sends while it has nothing to say (an SSE comment, Anthropic's ping)
+    keepalive: bytes
 
     def parse(self, body: object, session_id: str) -> ChatRequest:
         """The internal request (APIError 400 naming the dialect's field otherwise)."""

@@ -14,6 +14,7 @@ from ..server.requests import ChatRequest
 
 class ChatDialect:
     name = "chat"
+    keepalive = b": keep-alive\n\n"
 
     def __init__(self, gateway: AppGateway):
         self.gateway = gateway

@@ -39,16 +39,22 @@ def parse(body: Any) -> ChatRequest:
         )
     inert = check_fields(body)
     try:
-        req = parse_chat_request(chat_body(body))
+        chat, notes = chat_body(body)
+        req = parse_chat_request(chat)
     except APIError as exc:
-        names = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
+        names = {
+            "stop": "stop_sequences",
+            "max_completion_tokens": "max_tokens",
+            "reasoning_effort": "output_config.effort",
+            "response_format": "output_config.format",
+        }
         param = exc.param or ""
         if param in names:
             raise APIError(
                 400, exc.message.replace(param, names[param]), names[param], exc.code
             ) from None
         raise
-    req.raw, req.dialect, req.inert = body, NAME, inert
+    req.raw, req.dialect, req.inert, req.notes = body, NAME, inert, notes
     req.call_id = new_id("call_")
     return req
 
@@ -146,6 +152,7 @@ def _sse(kind: str, data: dict) -> bytes:
 
 class MessagesDialect:
     name = NAME
+    keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # as Anthropic's API sends it
 
     def __init__(self, gateway: AppGateway):
         self.gateway = gateway

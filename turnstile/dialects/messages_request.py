@@ -31,6 +31,8 @@ _USED = frozenset(
         "tools",
         "tool_choice",
         "thinking",
+        "output_config",
+        "context_management",
         # beyond Anthropic's API, as Turnstile's Chat dialect takes them (reproducible rollouts)
         "seed",
         "logit_bias",
@@ -41,9 +43,18 @@ _INERT = frozenset({"metadata", "service_tier"})
 _UNSUPPORTED = {
     "container": "code-execution containers are not supported.",
     "mcp_servers": "MCP servers are not supported; give the tools as 'tools'.",
-    "context_management": "server-side context management is not supported: Turnstile never "
-    "edits the context (the recorded tokens would no longer match).",
 }
+# Context edits that remove nothing the model would see: accepted (kept in the record's
+# request options). Any other edit would make the prompt differ from the conversation the
+# harness holds; it is refused with how to turn it off.
+_KEEPING_EDITS = {"clear_thinking_20251015": ("keep", "all")}
+_EDIT_REFUSED = (
+    "would remove earlier context server-side, and the recorded tokens would no longer be the "
+    "conversation the harness holds; Turnstile applies no context edits. Turn them off in the "
+    "harness (Claude Code: CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS=1), or leave only edits "
+    "that keep everything, such as {'type': 'clear_thinking_20251015', 'keep': 'all'}."
+)
+_EFFORTS = frozenset({"low", "medium", "high", "max", "xhigh"})
 
 FIELDS = Fields(_USED, _INERT, _UNSUPPORTED)
 
@@ -52,8 +63,9 @@ def bad(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param, code="invalid_request_error")
 
 
-def _text(blocks: Any, where: str) -> str:
-    """A string, or text blocks joined (a system prompt, a tool result)."""
+def _text(blocks: Any, where: str, system: bool = False) -> str:
+    """A string, or text blocks joined (a system prompt's with newlines, a tool result's as
+    they are)."""
     if isinstance(blocks, str):
         return blocks
     if not isinstance(blocks, list):
@@ -63,7 +75,7 @@ def _text(blocks: Any, where: str) -> str:
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             raise bad(f"{where}.{j}", "only text blocks are supported here.")
         out.append(b["text"])
-    return "\n".join(out) if where == "system" else "".join(out)
+    return "\n".join(out) if where.endswith("system") or system else "".join(out)
 
 
 def _assistant(content: Any, where: str) -> dict:
@@ -156,32 +168,42 @@ def messages(body: dict) -> list[dict]:
             out += _user(m.get("content"), where)
         elif role == "assistant":
             out.append(_assistant(m.get("content"), where))
+        elif role == "system":
+            # a system message mid-conversation (Claude Code sends them; beta
+            # mid-conversation-system): rendered where it stands, as the template renders one
+            out.append(
+                {"role": "system", "content": _text(m.get("content"), f"{where}.content", True)}
+            )
         else:
-            raise bad(f"{where}.role", f"{role!r} is not 'user' or 'assistant'.")
+            raise bad(f"{where}.role", f"{role!r} is not 'user', 'assistant' or 'system'.")
     return out
 
 
-def _tools(value: Any) -> list[dict] | None:
+def _tools(value: Any) -> tuple[list[dict] | None, list[str]]:
+    """Chat tools, and a note per server tool left out (Anthropic runs those itself; no
+    engine can, so the model is not shown them)."""
     if value is None:
-        return None
+        return None, []
     if not isinstance(value, list):
         raise bad("tools", "expected a list.")
-    out = []
+    out, notes = [], []
     for i, t in enumerate(value):
-        if (
-            not isinstance(t, dict)
-            or t.get("type") not in (None, "custom")
-            or not isinstance(t.get("name"), str)
-        ):
-            raise bad(
-                f"tools.{i}",
-                "only client tools ({'name', 'input_schema'}) are supported, not server tools.",
+        if not isinstance(t, dict):
+            raise bad(f"tools.{i}", "expected a tool object.")
+        kind = t.get("type")
+        if kind not in (None, "custom"):
+            notes.append(
+                f"tools.{i}: the server tool {kind!r} ({t.get('name')!r}) was left out of the "
+                "prompt: only client tools run behind Turnstile"
             )
+            continue
+        if not isinstance(t.get("name"), str):
+            raise bad(f"tools.{i}.name", "expected a string.")
         schema = t.get("input_schema")
         if not isinstance(schema, dict):
             raise bad(f"tools.{i}.input_schema", "expected a JSON Schema object.")
         out.append(function_tool(t["name"], t.get("description"), schema))
-    return out or None
+    return out or None, notes
 
 
 def _tool_choice(value: Any) -> tuple[Any, bool | None]:
@@ -207,11 +229,70 @@ def _tool_choice(value: Any) -> tuple[Any, bool | None]:
 
 
 def check_fields(body: dict) -> dict:
-    return FIELDS.sort(body, lambda key, why: bad(key, why or "Extra inputs are not permitted"))
+    inert = FIELDS.sort(body, lambda key, why: bad(key, why or "Extra inputs are not permitted"))
+    edits = _context_edits(body.get("context_management"))
+    if edits is not None:
+        inert["context_management"] = edits
+    return inert
 
 
-def chat_body(body: dict) -> dict:
-    """The Chat Completions body of a Messages request."""
+def _context_edits(value: Any) -> dict | None:
+    """``context_management`` if every edit in it keeps the context whole (400 otherwise)."""
+    if value is None:
+        return None
+    edits = value.get("edits") if isinstance(value, dict) else None
+    if not isinstance(edits, list) or set(value) - {"edits"}:
+        raise bad("context_management", "expected {'edits': [...]}.")
+    for i, edit in enumerate(edits):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        keeping = _KEEPING_EDITS.get(kind) if isinstance(kind, str) else None
+        if keeping is None or edit.get(keeping[0]) != keeping[1]:
+            raise bad(f"context_management.edits.{i}", f"the edit {kind!r} {_EDIT_REFUSED}")
+    return value
+
+
+def _thinking(value: Any) -> bool | None:
+    """``enable_thinking`` for the template: the variable reasoning templates read (Qwen3
+    and others); a template without it renders the same either way."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise bad(
+            "thinking",
+            "expected {'type': 'enabled', 'budget_tokens': N}, {'type': 'adaptive'} or "
+            "{'type': 'disabled'}.",
+        )
+    return kind != "disabled"
+
+
+def _output_config(value: Any, chat: dict) -> None:
+    """``output_config``: ``effort`` is the template's ``reasoning_effort`` (as Chat's
+    ``reasoning_effort``), ``format`` a JSON Schema the reply must match."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise bad("output_config", "expected an object.")
+    for key in set(value) - {"effort", "format"}:
+        raise bad(f"output_config.{key}", "Extra inputs are not permitted")
+    effort = value.get("effort")
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise bad("output_config.effort", f"expected one of {sorted(_EFFORTS)}.")
+        chat["reasoning_effort"] = effort
+    fmt = value.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise bad("output_config.format", "expected {'type': 'json_schema', 'schema': {...}}.")
+        chat["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt.get("schema")},
+        }
+
+
+def chat_body(body: dict) -> tuple[dict, list[str]]:
+    """The Chat Completions body of a Messages request, and notes for the call's record
+    (what was left out of the prompt)."""
     if body.get("max_tokens") is None:
         raise bad("max_tokens", "Field required")
     chat: dict = {"messages": messages(body), "max_tokens": body["max_tokens"]}
@@ -221,21 +302,15 @@ def chat_body(body: dict) -> dict:
     stops = body.get("stop_sequences")
     if stops is not None:
         chat["stop"] = stops
-    chat["tools"] = _tools(body.get("tools"))
+    chat["tools"], notes = _tools(body.get("tools"))
     chat["tool_choice"], chat["parallel_tool_calls"] = _tool_choice(body.get("tool_choice"))
+    _output_config(body.get("output_config"), chat)
     kwargs = dict(body.get("chat_template_kwargs") or {})
-    thinking = body.get("thinking")
+    thinking = _thinking(body.get("thinking"))
     if thinking is not None:
-        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
-            raise bad(
-                "thinking",
-                "expected {'type': 'enabled', 'budget_tokens': N} or {'type': 'disabled'}.",
-            )
-        # the variable reasoning templates read (Qwen3 and others); a template without it
-        # renders the same either way
-        kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
+        kwargs.setdefault("enable_thinking", thinking)
     if kwargs:
         chat["chat_template_kwargs"] = kwargs
     if body.get("stream"):
         chat["stream_options"] = {"include_usage": True}
-    return {k: v for k, v in chat.items() if v is not None}
+    return {k: v for k, v in chat.items() if v is not None}, notes

@@ -20,7 +20,7 @@ from ..server.errors import APIError
 from ..server.requests import ChatRequest, parse_chat_request
 from ..store.records import CallRecord, new_id
 from ..store.store import Store
-from .responses_request import bad, chat_body, check_fields, input_messages
+from .responses_request import bad, chat_body, check_fields, input_messages, namespaces
 
 NAME = "responses"
 
@@ -68,6 +68,33 @@ class Chains:
                 out.append(r.message)
         return out
 
+    def item(self, session_id: str, item_id: Any, where: str) -> dict:
+        """An output item this session was answered with, by its id (``msg_…``, ``fc_…``,
+        ``rs_…``: the call's id and the item's place), rebuilt from the call's record: what
+        an ``item_reference`` names."""
+        suffix = item_id.partition("_")[2].rpartition("_")[0] if isinstance(item_id, str) else ""
+        rec = next((c for c in self.store.calls(session_id) if c.id == "call_" + suffix), None)
+        if rec is not None and rec.status == "ok" and rec.info.get("dialect") == NAME:
+            for item in output_items(rec.message or {}, response_id(rec.id)):
+                if item["id"] == item_id:
+                    return item
+        raise bad(f"{where}.id", f"no item with id {item_id!r} was answered in this session.")
+
+
+def resolved(items: Any, session_id: str, chains: Chains) -> Any:
+    """``input`` with each ``item_reference`` replaced by the item it names (a harness that
+    keeps ``store`` on sends earlier outputs by reference)."""
+    if not isinstance(items, list) or not any(
+        isinstance(i, dict) and i.get("type") == "item_reference" for i in items
+    ):
+        return items
+    return [
+        chains.item(session_id, i.get("id"), f"input[{n}]")
+        if isinstance(i, dict) and i.get("type") == "item_reference"
+        else i
+        for n, i in enumerate(items)
+    ]
+
 
 def parse(body: Any, session_id: str, chains: Chains) -> ChatRequest:
     """The internal request of a Responses body (400 naming the Responses field otherwise)."""
@@ -80,15 +107,19 @@ def parse(body: Any, session_id: str, chains: Chains) -> ChatRequest:
     if prev is not None and not isinstance(prev, str):
         raise bad("previous_response_id", "expected a string.")
     history = chains.messages(session_id, prev) if prev else []
+    given = body.get("input")
+    resolved_input = resolved(given, session_id, chains)
+    shaped = body if resolved_input is given else {**body, "input": resolved_input}
     try:
-        req = parse_chat_request(chat_body(body, history))
+        chat, notes = chat_body(shaped, history)
+        req = parse_chat_request(chat)
     except APIError as exc:
         raise _renamed(exc) from None
-    req.raw, req.dialect, req.inert = body, NAME, inert
+    req.raw, req.dialect, req.inert, req.notes = body, NAME, inert, notes
     req.call_id = new_id("call_")
     if body.get("store", True) is not False:
         # what a later previous_response_id needs; store=false keeps no chain (as OpenAI)
-        req.dialect_state = {"previous_response_id": prev, "input": input_messages(body["input"])}
+        req.dialect_state = {"previous_response_id": prev, "input": input_messages(resolved_input)}
     return req
 
 
@@ -124,9 +155,15 @@ def _usage(rec: CallRecord) -> dict:
     }
 
 
-def output_items(message: dict, rid: str, logprobs: list | None = None) -> list[dict]:
+def output_items(
+    message: dict,
+    rid: str,
+    logprobs: list | None = None,
+    spaces: dict[str, tuple[str, str]] | None = None,
+) -> list[dict]:
     """A recorded assistant message as output items: reasoning, message, function calls,
-    each named by the response and its place in the output (as the stream names them)."""
+    each named by the response and its place in the output (as the stream names them); a call
+    of a namespaced tool (``spaces``: flat name → namespace, name) named as its namespace."""
     items: list[dict] = []
     suffix = rid.removeprefix("resp_")
     if message.get("reasoning_content") is not None:
@@ -136,7 +173,11 @@ def output_items(message: dict, rid: str, logprobs: list | None = None) -> list[
     for c in message.get("tool_calls") or []:
         items.append(
             call_item(
-                f"{suffix}_{len(items)}", c["id"], c["function"]["name"], c["function"]["arguments"]
+                f"{suffix}_{len(items)}",
+                c["id"],
+                c["function"]["name"],
+                c["function"]["arguments"],
+                spaces=spaces,
             )
         )
     return items
@@ -166,8 +207,15 @@ def message_item(suffix: str, text: str, logprobs: list, status: str = "complete
     }
 
 
-def call_item(suffix: str, cid: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {
+def call_item(
+    suffix: str,
+    cid: str,
+    name: str,
+    arguments: str,
+    status: str = "completed",
+    spaces: dict[str, tuple[str, str]] | None = None,
+) -> dict:
+    item = {
         "type": "function_call",
         "id": f"fc_{suffix}",
         "call_id": cid,
@@ -175,6 +223,9 @@ def call_item(suffix: str, cid: str, name: str, arguments: str, status: str = "c
         "arguments": arguments,
         "status": status,
     }
+    if spaces and name in spaces:
+        item["namespace"], item["name"] = spaces[name]
+    return item
 
 
 def response_object(
@@ -237,7 +288,7 @@ def reply(req: ChatRequest, completion: dict) -> dict:
         rec,
         completion["model"],
         completion["created"],
-        output_items(rec.message, response_id(rec.id), lps),
+        output_items(rec.message, response_id(rec.id), lps, namespaces(req.raw.get("tools"))),
     )
 
 
@@ -251,6 +302,7 @@ def stored(rec: CallRecord, model: str) -> dict:
 
 class ResponsesDialect:
     name = NAME
+    keepalive = b": keep-alive\n\n"
 
     def __init__(self, gateway: AppGateway):
         self.gateway = gateway

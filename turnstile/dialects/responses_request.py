@@ -62,6 +62,7 @@ _INERT = frozenset(
         "prompt_cache_key",
         "prompt_cache_retention",
         "safety_identifier",
+        "client_metadata",  # Codex: its thread and turn ids
     }
 )
 _UNSUPPORTED = {
@@ -121,12 +122,16 @@ class _Turns:
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):
                     raise bad(f"{where}.{key}", "expected a string.")
+            ns = item.get("namespace")
+            if ns is not None and not isinstance(ns, str):
+                raise bad(f"{where}.namespace", "expected a string.")
+            name = flat_name(ns, item["name"]) if ns else item["name"]
             turn = self._assistant(False)
             turn.setdefault("tool_calls", []).append(
                 {
                     "id": item["call_id"],
                     "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]},
+                    "function": {"name": name, "arguments": item["arguments"]},
                 }
             )
         elif kind == "function_call_output":
@@ -189,30 +194,85 @@ def input_messages(value: Any) -> list[dict]:
     return turns.messages
 
 
-def _tools(value: Any) -> list[dict] | None:
+# Tools the Responses API runs itself: no engine behind Turnstile can, so the model is not
+# shown them (the call's record says so).
+_HOSTED = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "code_interpreter",
+        "computer_use_preview",
+        "image_generation",
+        "mcp",
+        "local_shell",
+        "tool_search",
+    }
+)
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """A namespaced tool's name as one function name, as Codex flattens them where a wire has
+    no namespaces (``multi_agent_v1`` + ``spawn_agent`` → ``multi_agent_v1__spawn_agent``)."""
+    return namespace.rstrip("_") + "__" + name.lstrip("_")
+
+
+def namespaces(tools: Any) -> dict[str, tuple[str, str]]:
+    """The flat name of each namespaced function tool → (namespace, name)."""
+    out: dict[str, tuple[str, str]] = {}
+    for t in tools if isinstance(tools, list) else ():
+        if isinstance(t, dict) and t.get("type") == "namespace" and isinstance(t.get("name"), str):
+            for inner in t.get("tools") or ():
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    out[flat_name(t["name"], inner["name"])] = (t["name"], inner["name"])
+    return out
+
+
+def _function(t: dict, where: str, name: str) -> dict:
+    params = t.get("parameters") or {"type": "object", "properties": {}}
+    if not isinstance(params, dict):
+        raise bad(f"{where}.parameters", "expected a JSON Schema object.")
+    return function_tool(name, t.get("description"), params)
+
+
+def _tools(value: Any) -> tuple[list[dict] | None, list[str]]:
+    """Chat tools (a namespace's functions flattened), and a note per hosted tool left out."""
     if value is None:
-        return None
+        return None, []
     if not isinstance(value, list):
         raise bad("tools", "expected a list.")
-    out = []
+    out, notes = [], []
     for i, t in enumerate(value):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else None
+        kind = t.get("type") if isinstance(t, dict) else None
+        where = f"tools[{i}]"
+        if kind in _HOSTED:
+            notes.append(
+                f"{where}: the hosted tool {kind!r} was left out of the prompt: "
+                "no engine behind Turnstile runs it"
+            )
+            continue
+        if not isinstance(t, dict) or kind not in ("function", "namespace"):
             raise bad(
-                f"tools[{i}].type",
-                f"only function tools are supported, not {kind!r}.",
+                f"{where}.type",
+                f"only function and namespace tools are supported, not {kind!r}.",
                 code="unsupported_value",
             )
         if not isinstance(t.get("name"), str):
-            raise bad(f"tools[{i}].name", "expected a string.")
-        out.append(
-            function_tool(
-                t["name"],
-                t.get("description"),
-                t.get("parameters") or {"type": "object", "properties": {}},
-            )
-        )
-    return out or None
+            raise bad(f"{where}.name", "expected a string.")
+        if kind == "function":
+            out.append(_function(t, where, t["name"]))
+            continue
+        inner = t.get("tools")
+        if not isinstance(inner, list):
+            raise bad(f"{where}.tools", "expected a list of function tools.")
+        for j, f in enumerate(inner):
+            w = f"{where}.tools[{j}]"
+            if not isinstance(f, dict) or f.get("type", "function") != "function":
+                raise bad(f"{w}.type", "a namespace holds function tools only.")
+            if not isinstance(f.get("name"), str):
+                raise bad(f"{w}.name", "expected a string.")
+            out.append(_function(f, w, flat_name(t["name"], f["name"])))
+    return out or None, notes
 
 
 def _tool_choice(value: Any) -> Any:
@@ -263,9 +323,9 @@ def check_fields(body: dict) -> dict:
     return inert
 
 
-def chat_body(body: dict, history: list[dict]) -> dict:
+def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[str]]:
     """The Chat Completions body of a Responses request whose earlier turns (from
-    ``previous_response_id``) are ``history``."""
+    ``previous_response_id``) are ``history``, and notes for the call's record."""
     messages = list(history)
     instructions = body.get("instructions")
     if instructions is not None:
@@ -290,7 +350,7 @@ def chat_body(body: dict, history: list[dict]) -> dict:
     ):
         if body.get(src) is not None:
             chat[dst] = body[src]
-    chat["tools"] = _tools(body.get("tools"))
+    chat["tools"], notes = _tools(body.get("tools"))
     chat["tool_choice"] = _tool_choice(body.get("tool_choice"))
     chat["response_format"] = _format(body.get("text"))
     reasoning = body.get("reasoning")
@@ -303,4 +363,4 @@ def chat_body(body: dict, history: list[dict]) -> dict:
         chat["top_logprobs"] = body.get("top_logprobs") or 0
     if body.get("stream"):
         chat["stream_options"] = {"include_usage": True}
-    return {k: v for k, v in chat.items() if v is not None}
+    return {k: v for k, v in chat.items() if v is not None}, notes

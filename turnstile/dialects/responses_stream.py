@@ -26,6 +26,7 @@ class ResponseEvents:
         self.item: dict | None = None  # the item being streamed
         self.text = ""  # its text so far (message text, reasoning, arguments)
         self.logprobs: list = []
+        self.spaces = r.namespaces(req.raw.get("tools"))  # namespaced tools' flat names
 
     def _event(self, kind: str, **fields: object) -> tuple[str, dict]:
         ev = {"type": kind, "sequence_number": self.seq, **fields}
@@ -158,6 +159,7 @@ class ResponseEvents:
                         fn.get("name", ""),
                         "",
                         "in_progress",
+                        self.spaces,
                     )
                 )
             if fn.get("arguments") and self.item is not None:
@@ -197,7 +199,7 @@ class ResponseEvents:
         done = self._response("completed")
         if rec is not None and rec.message is not None:
             # what the record holds is the answer, its items named as the stream named them
-            done["output"] = r.output_items(rec.message, self.rid)
+            done["output"] = r.output_items(rec.message, self.rid, spaces=self.spaces)
             _keep_ids(done["output"], self.output)
         kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
         yield self._event(kind, response=done)

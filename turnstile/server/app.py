@@ -104,10 +104,12 @@ def create_app(
     limits: Limits | None = None,
     tokenizer: LoadedTokenizer | None = None,
     replica: str | None = None,
+    keepalive: float | None = 10.0,
 ) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
-    ``replica`` label of its metrics (default: ``host:pid``)."""
+    ``replica`` label of its metrics (default: ``host:pid``); ``keepalive``: seconds of
+    silence after which a stream sends a keep-alive (0/None: never)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
@@ -122,6 +124,7 @@ def create_app(
         sessions=SessionIndex(store),
         dialects=_dialects(gateway),
         tokenizer=tokenizer,
+        keepalive=keepalive or None,
     )
     app = Starlette(
         routes=ROUTES,

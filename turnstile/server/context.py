@@ -37,6 +37,8 @@ class AppContext:
     sessions: SessionIndex
     dialects: dict[str, Dialect] = field(default_factory=dict)  # by name: "chat", ...
     tokenizer: LoadedTokenizer | None = None
+    # seconds of silence after which a stream sends its dialect's keep-alive (None: never)
+    keepalive: float | None = 10.0
 
 
 def context(request: Request) -> AppContext:

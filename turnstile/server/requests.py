@@ -46,6 +46,9 @@ class ChatRequest:
     # Fields OpenAI clients send that change nothing Turnstile renders or samples (``user``,
     # ``metadata``, ``store``, ...): accepted, and kept in the call record's info.
     inert: dict = field(default_factory=dict)
+    # What a dialect could not give the model as asked (a hosted tool left out, ...): the
+    # call record's warnings.
+    notes: list[str] = field(default_factory=list)
     raw: dict = field(default_factory=dict, repr=False)  # the body as received (retention)
     # The wire dialect the harness spoke ("chat", "responses", "messages"): every dialect is
     # turned into this one request, and each call records which one it came in.

@@ -42,7 +42,7 @@ async def call(request: Request, dialect: Dialect) -> Response:
         if exc.code == "session_not_found":  # deleted meanwhile (by another process too)
             ctx.sessions.uncache(sid)
         raise
-    return EventStream(dialect.stream(req, chunks), chunks)
+    return EventStream(dialect.stream(req, chunks), chunks, dialect.keepalive, ctx.keepalive)
 
 
 async def chat(request: Request) -> Response:

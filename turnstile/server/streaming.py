@@ -20,18 +20,51 @@ class EventStream(StreamingResponse):
 
     uvicorn drops a send to a closed connection without a word, so a gone client is watched
     for: one task waits for ``http.disconnect`` and cancels the sending. (Starlette's own
-    watch opens an anyio task group per response: ~70 us more per call, measured.)"""
+    watch opens an anyio task group per response: ~70 us more per call, measured.)
 
-    def __init__(self, body: AsyncIterator[bytes], source: Chunks):
+    While nothing has been sent for ``interval`` seconds (a long prefill, a paused engine),
+    the same task sends ``keepalive`` (the dialect's: an SSE comment, Anthropic's ``ping``), so
+    a harness that ends a silent stream after a few minutes (Claude Code: 300 s) does not
+    leave and retry a call that is still running."""
+
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        source: Chunks,
+        keepalive: bytes = b": keep-alive\n\n",
+        interval: float | None = None,
+    ):
         super().__init__(
             body, media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
         self._source = source
+        self._keepalive = keepalive
+        self._interval = interval
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         sending = asyncio.current_task()
         assert sending is not None
+        loop = asyncio.get_running_loop()
         left = False
+        last = 0.0  # when the last body part was sent (0: headers not sent yet)
+        lock = asyncio.Lock()
+
+        async def send_part(message: Any) -> None:
+            nonlocal last
+            async with lock:
+                await send(message)
+                last = loop.time() if message.get("more_body") else 0.0
+
+        async def keep_alive(interval: float) -> None:
+            part = {"type": "http.response.body", "body": self._keepalive, "more_body": True}
+            while True:
+                wait = interval if not last else last + interval - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                elif last:
+                    await send_part(part)
+                else:
+                    await asyncio.sleep(interval)
 
         async def watch() -> None:
             nonlocal left
@@ -41,14 +74,17 @@ class EventStream(StreamingResponse):
             sending.cancel()
 
         watcher = asyncio.ensure_future(watch())
+        pinger = asyncio.ensure_future(keep_alive(self._interval)) if self._interval else None
         try:
-            await self.stream_response(send)
+            await self.stream_response(send_part if pinger else send)
         except asyncio.CancelledError:
             if not left:
                 raise
             sending.uncancel()  # the client left: the response is over, not the server
         finally:
             watcher.cancel()
+            if pinger is not None:
+                pinger.cancel()
             await self._source.aclose()
 
 

@@ -70,6 +70,8 @@ def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) 
         and "reasoning_effort" not in gw.renderer.template.source
     ):
         warnings.append("the chat template does not read 'reasoning_effort'")
+    if req is not None:
+        warnings.extend(req.notes)
     warnings.extend(gw.engine.sampling_notes(params))
     out: dict = {}
     if warnings:
