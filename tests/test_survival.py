@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -721,6 +722,61 @@ def test_delete_during_a_call_and_closed_sessions_stay_closed(tiny_qwen2, server
             json=_body([{"role": "user", "content": "x"}], 1),
         )
         assert _error(r, 409)["code"] == "session_closed"
+
+
+def _held_write_lock(db: Path) -> subprocess.Popen:
+    """Another process holding the store's write lock until a line comes on its stdin."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sqlite3, sys\n"
+                f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                "db.execute('BEGIN IMMEDIATE')\nprint('locked', flush=True)\n"
+                "sys.stdin.readline()\ndb.execute('ROLLBACK')\n"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_calls_of_one_session_ending_together_get_distinct_seqs(tiny_qwen2, servers):
+    """Four calls of one session end while the store's write lock is held elsewhere, so all
+    four records are built before any is committed: each still gets its own ``seq`` (they
+    used to share one), and after a restart the next call follows them."""
+    with VLLMFake("0.33.0") as fake:
+        ts = servers(fake.url, tiny_qwen2)
+        sid = ts.session()["id"]
+
+        def call(i: int) -> httpx.Response:
+            body = _body([{"role": "user", "content": f"q{i}"}], i, max_tokens=4)
+            url = f"{ts.url}/s/{sid}/v1/chat/completions"  # (a restart listens elsewhere)
+            return httpx.post(url, json=body, headers=AUTH, timeout=60)
+
+        holder = _held_write_lock(ts.data / "turnstile.sqlite3")
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                answers = [pool.submit(call, i) for i in range(4)]
+                _until(lambda: len(fake.rec.finished) >= 4, what="the engine's four answers")
+                time.sleep(0.5)  # (so that the old code's collision shows: seq is not timing)
+                assert not any(a.done() for a in answers)  # all wait for their commits
+                assert holder.stdin is not None
+                holder.stdin.write("\n")
+                holder.stdin.flush()
+                assert all(a.result().status_code == 200 for a in answers)
+        finally:
+            holder.kill()
+            holder.wait()
+        assert sorted(c["seq"] for c in ts.calls(sid)) == [0, 1, 2, 3]
+        ts.stop()
+        ts.start()
+        assert call(4).status_code == 200
+        assert [c["seq"] for c in ts.calls(sid)] == [0, 1, 2, 3, 4]
 
 
 def test_limits_refuse_before_rendering(tiny_qwen2, servers):

@@ -17,6 +17,15 @@ class Tree(SessionTree):
     began in it is recorded only into that incarnation of the id."""
 
     created: float | None = None
+    next_seq: int = 0  # the ``seq`` of the session's next call record
+
+    def take_seq(self) -> int:
+        """A call record's ``seq``, taken when the record is built: calls of one session that
+        end together (their commits all still queued) get distinct, increasing ones. (A call
+        the store then refuses leaves a gap; ``seq`` orders, it does not count.)"""
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
 
 
 @dataclass
@@ -101,6 +110,7 @@ class SessionTrees:
             node = Node(c.id, parent, c.prompt_delta, c.completion_ids, c.message, c.stop_token_id)
             tree.place(node)
             tree.n_calls += 1
+            tree.next_seq = max(tree.next_seq, c.seq + 1)
             tree.known.update(c.prefix_hashes)
             if c.status == "ok" and c.history_hash is not None:
                 if c.info.get("fingerprint") == self.renderer.fingerprint:

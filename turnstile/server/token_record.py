@@ -150,7 +150,7 @@ def build_record(
     rec = CallRecord(
         id=call_id,
         session_id=session_id,
-        seq=tree.n_calls,
+        seq=tree.take_seq(),
         parent_id=prompt.parent.id if prompt.parent else None,
         segment_reason=prompt.segment_reason,
         reused_prefix_len=len(prompt.ids) - len(prompt.delta),
