@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from fakes.vllm_fake import VLLMFake
 
 from turnstile import testbed
 
@@ -237,3 +239,64 @@ def test_closed_session_refuses_new_calls(turnstile):
         client.chat.completions.create(model="t", messages=msgs, max_tokens=2)
     assert e.value.body["code"] == "session_closed"
     assert len(turnstile.get(f"/v1/sessions/{session['id']}/calls")["data"]) == 1
+
+
+def _answers(log: Path) -> list[str]:
+    """The error lines of a server's log (``server.error_log``)."""
+    return [line for line in log.read_text(errors="replace").splitlines() if " answered " in line]
+
+
+def test_errors_are_logged_and_their_bodies_name_no_engine_address(tiny_qwen2, turnstile_factory):
+    """Every error answered is one log line at --log-level info (status, route template, code,
+    session; never a capability or the token), and the engine's address stays on the trainer's
+    side: in that line and in the call's record, never in what a harness reads (any dialect,
+    whole or streamed)."""
+    with VLLMFake("0.33.0") as fake:
+        ts = turnstile_factory(
+            fake.url, tiny_qwen2, extra=("--engine", "vllm", "--log-level", "info")
+        )
+        session = ts.session()
+        sid, base = session["id"], session["base_url"]
+        cap = base.rsplit("/s/", 1)[1].split("/")[0]
+        bad = httpx.post(base + "/chat/completions", json={"messages": "hi"}, timeout=30)
+        assert _error(bad, 400)["param"] == "messages"
+    # the engine is gone: every call fails there (a 502, or in-band once a stream began)
+    address = f"127.0.0.1:{fake.port}"
+    calls = {
+        "chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        "responses": {"input": "hi"},
+        "messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    }
+    for route, body in calls.items():
+        for stream in (False, True):
+            r = httpx.post(
+                f"{base}/{route}", json={"model": "m", **body, "stream": stream}, timeout=60
+            )
+            assert r.status_code == (200 if stream else 502), (route, stream, r.text)
+            assert "error" in r.text
+            assert address not in r.text and "127.0.0.1" not in r.text, (route, stream, r.text)
+    r = httpx.post(ts.url + "/s/cap_wrong/v1/chat/completions", json=calls["messages"])
+    assert _error(r, 404)["code"] == "session_not_found"
+    _error(ts.http.get(ts.url + "/v1/sessions/nope/calls"), 404)
+
+    records = ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    assert [c["status"] for c in records] == ["error"] * 6
+    assert all(address in c["error"] for c in records), [c["error"] for c in records]
+
+    text = ts.log.read_text(errors="replace")
+    assert cap not in text and ts.token not in text and "cap_wrong" not in text
+    lines = _answers(ts.log)
+    assert len(lines) == 1 + 6 + 2, lines
+    harness = "POST /s/{sid}/v1/"
+    assert f"answered 400 to {harness}chat/completions code=" in lines[0]
+    assert f"session={sid}" in lines[0] and "INFO" in lines[0]
+    for line, (route, stream) in zip(
+        lines[1:7], [(r, s) for r in calls for s in (False, True)], strict=True
+    ):
+        status = "502 in-band" if stream else "502"
+        assert f"answered {status} to {harness}{route} code=engine_error" in line, line
+        assert f"session={sid}:" in line and address in line and "WARNING" in line, line
+    assert f"answered 404 to {harness}chat/completions code=session_not_found" in lines[7]
+    assert "session=-" in lines[7]
+    assert "answered 404 to GET /v1/sessions/{sid}/calls code=session_not_found" in lines[8]
+    assert "session=nope" in lines[8]

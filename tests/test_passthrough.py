@@ -435,13 +435,17 @@ def test_engine_down_is_503_never_500(tmp_path):
         msgs = [{"role": "user", "content": "hi"}]
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model=MODEL, messages=msgs)
-        assert "unreachable" in _error(e, 503)["message"]
+        message = _error(e, 503)["message"]
+        assert "unreachable" in message
         with pytest.raises(openai.APIStatusError) as e:  # an HTTP status, not an in-band error
             client.chat.completions.create(model=MODEL, messages=msgs, stream=True)
-        _error(e, 503)
+        message += _error(e, 503)["message"]
         assert httpx.get(t.url + "/health").status_code == 503
     finally:
         t.stop()
+    # the engine's address is the trainer's to know (the log), never the harness's
+    assert "127.0.0.1" not in message and dead.rsplit(":", 1)[1] not in message, message
+    assert dead in (tmp_path / "turnstile.log").read_text()
 
 
 def test_the_tree_survives_a_restart(fake, tmp_path):

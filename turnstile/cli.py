@@ -75,6 +75,7 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .auth import AuthSetupError, server_token
+    from .server.error_log import log_to_stderr
 
     try:  # before anything slow: a refused start fails at once
         args.trainer_token, where = server_token(args.data, args.token, args.no_auth, args.host)
@@ -89,6 +90,7 @@ def serve(args: argparse.Namespace) -> None:
     server = server_from_args(args)
     for line in server.banner:
         print(f"turnstile: {line}", file=sys.stderr)
+    log_to_stderr(args.log_level)  # one line per error answered (server.error_log)
     uvicorn.run(
         server.app,
         host=args.host,

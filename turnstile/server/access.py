@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .context import context
+from .error_log import note_session
 from .errors import APIError
 
 DEFAULT_SESSION = "default"
@@ -92,7 +93,14 @@ async def harness_session(request: Request) -> str | None:
     """The session a harness-facing request acts on (None: /v1/models as the trainer).
     The key in ``/s/<key>/v1`` is a capability (the trainer may also use a session id);
     on ``/v1/...`` the session is the bearer capability's, or, for the trainer, the one
-    ``X-Session-Id`` names (created on first use)."""
+    ``X-Session-Id`` names (created on first use). Noted for the request's log line."""
+    sid = await _harness_session(request)
+    if sid is not None:
+        note_session(sid)
+    return sid
+
+
+async def _harness_session(request: Request) -> str | None:
     sessions = context(request).sessions
     key = request.path_params.get("sid")
     if key is not None:

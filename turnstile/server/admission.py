@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from .control import PolicyControl, Ticket
+from .error_log import note_error
 from .errors import APIError
 
 POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
@@ -36,7 +37,11 @@ class Chunks:
         return self
 
     async def __anext__(self) -> dict:
-        return await self._gen.__anext__()
+        try:
+            return await self._gen.__anext__()
+        except APIError as exc:  # the dialect answers it in-band: the log line says why
+            note_error(exc)
+            raise
 
     async def aclose(self) -> None:
         try:

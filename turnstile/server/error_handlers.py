@@ -16,12 +16,14 @@ from ..store import database
 from ..store.store import UnstorableText
 from ..store.writes import SessionGone
 from .context import context
+from .error_log import note_error
 from .errors import APIError
 
 
 def respond(request: Request, exc: APIError) -> Response:
     """``exc`` in the shape of the dialect the request spoke (OpenAI's unless a harness route
-    said otherwise)."""
+    said otherwise); noted for the request's log line (``server.error_log``)."""
+    note_error(exc)
     shape = getattr(request.state, "error_body", None)
     if shape is None:
         return exc.response()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 from starlette.responses import Response
 
@@ -14,7 +16,29 @@ _TYPES = {
 }
 
 
+# Network addresses in a server-side failure's text: URLs, Python's (host, port) tuples,
+# [IPv6]:port, IPv4[:port], IPv6, host:port, and a quoted host a database client names.
+_ADDRESSES = re.compile(
+    r"""\b[A-Za-z][A-Za-z0-9+.-]*://(?:\[[^\]\s]*\]|[^\s'"<>()\[\]])+"""
+    r"""|\(\s*'[^']*'\s*(?:,\s*\d+\s*)+\)"""
+    r"""|\[[0-9A-Fa-f:.%]+\](?::\d+)?"""
+    r"""|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"""
+    r"""|(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])"""
+    r"""|\b[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*:\d{2,5}\b"""
+    r'|(?<=server at )"[^"]*"'
+)
+
+
+def without_addresses(text: str) -> str:
+    """``text`` without the network addresses in it (an engine's URL, a host:port, an IP)."""
+    return _ADDRESSES.sub("[address]", text)
+
+
 class APIError(Exception):
+    """An error answer. ``message`` is what the client reads; a server-side failure's (5xx)
+    says no network address (the policy under training must not learn the fleet's engine or
+    database addresses). ``detail`` keeps the whole text, for the log line and the record."""
+
     def __init__(
         self,
         status: int,
@@ -25,7 +49,8 @@ class APIError(Exception):
     ):
         super().__init__(message)
         self.status = status
-        self.message = message
+        self.detail = message
+        self.message = without_addresses(message) if status >= 500 else message
         self.param = param
         self.code = code
         self.type = type_ or _TYPES.get(status, "api_error")

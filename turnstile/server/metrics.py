@@ -10,7 +10,8 @@ replica id under Ray (``turnstile.ray`` passes it), else ``host:pid``. Two sourc
   rest, before the store write), and the write is timed on its own;
 - the **HTTP edge** (an ASGI middleware): chat completions in flight, and every error answer
   by kind (the OpenAI error's ``code``, else its ``type``), including errors a stream reports
-  in-band after its 200 header.
+  in-band after its 200 header (any dialect). Each error answer is also one log line
+  (``server.error_log``).
 
 Each app has its own registry (several gateways can live in one test process).
 """
@@ -29,6 +30,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..store.records import CallRecord
+from . import error_log
+from .errors import APIError
 
 _SECONDS = (
     0.0005,
@@ -50,7 +53,6 @@ _SECONDS = (
     120,
 )
 _OWN = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
-_STREAM_ERROR = b'data: {"error"'
 _EMPTY = {499: "client_gone"}  # answers without a body
 _CALL_ROUTES = ("/chat/completions", "/responses", "/messages")  # every dialect's calls
 
@@ -193,8 +195,9 @@ def error_kind(body: bytes) -> str:
 
 
 class MetricsMiddleware:
-    """Counts calls in flight (any dialect) and error answers (ASGI, so streams pass through
-    untouched: only a chunk that starts with an in-band error is looked at)."""
+    """Counts calls in flight (any dialect) and error answers, and logs each error answer (ASGI,
+    so streams pass through untouched: an in-band error is the one the gateway's chunks
+    raised, noted in the request's :class:`~.error_log.Answer`)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app = app
@@ -211,26 +214,32 @@ class MetricsMiddleware:
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
             elif message["type"] == "http.response.body":
-                body = message.get("body", b"")
                 if state["status"] >= 400:
                     if len(state["body"]) < 4096:
-                        state["body"] += body
+                        state["body"] += message.get("body", b"")
                     if not message.get("more_body"):
-                        self.metrics.error(
-                            state["status"],
+                        kind = (
                             error_kind(state["body"])
                             if state["body"]
-                            else _EMPTY.get(state["status"], "empty"),
+                            else _EMPTY.get(state["status"], "empty")
                         )
-                elif chat and body.startswith(_STREAM_ERROR):
-                    self.metrics.error(state["status"], error_kind(body[6:].split(b"\n", 1)[0]))
+                        self.metrics.error(state["status"], kind)
+                        error_log.answered(scope, answer, state["status"], kind)
+                elif isinstance(answer.error, APIError) and not state.get("in_band"):
+                    # the stream's chunks raised it: this part is the dialect's error event
+                    state["in_band"] = True
+                    err, kind = answer.error, answer.error.code or answer.error.type
+                    self.metrics.error(state["status"], kind)
+                    error_log.answered(scope, answer, err.status, kind, in_band=True)
             await send(message)
 
         if chat:
             self.metrics.flight.inc()
+        answer, token = error_log.begin()
         try:
             await self.app(scope, receive, watch)
         finally:
+            error_log.end(token)
             if chat:
                 self.metrics.flight.dec()
 

@@ -1,0 +1,102 @@
+"""A stream that has nothing to send yet (a long prefill, a busy engine) sends its dialect's
+keep-alive every ``--keepalive`` seconds: an SSE comment on Chat Completions and Responses,
+Anthropic's ``ping`` event on Messages. Claude Code leaves a silent stream after 300 s and sends
+the same call again; a keep-alive keeps it waiting. Checked on the raw bytes of each stream and
+through each dialect's own SDK, which must read the stream as it reads the real APIs'."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.fakes.vllm_fake import VLLMFake
+
+pytestmark = pytest.mark.timeout(120)
+
+DELAY = 0.8  # the engine's time per token: the first comes only after it
+INTERVAL = 0.15
+
+
+@pytest.fixture(scope="module")
+def slow_engine() -> Iterator[VLLMFake]:
+    fake = VLLMFake()
+    fake.token_delay = DELAY
+    with fake:
+        yield fake
+
+
+@pytest.fixture
+def ts(slow_engine, tiny_qwen2, turnstile_factory):
+    return turnstile_factory(
+        slow_engine.url, tiny_qwen2, extra=("--engine", "vllm", "--keepalive", str(INTERVAL))
+    )
+
+
+def _raw(url: str, body: dict) -> list[str]:
+    """The stream's lines up to its first event after the opening ones."""
+    with httpx.stream("POST", url, json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        return [line for line in r.iter_lines() if line]
+
+
+def test_chat_and_responses_streams_send_comments_while_waiting(ts):
+    base = ts.session()["base_url"]
+    chat = _raw(
+        base + "/chat/completions",
+        {
+            "model": "t",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "stream": True,
+        },
+    )
+    first_token = next(
+        i for i, line in enumerate(chat) if '"content":"' in line and '"content":""' not in line
+    )
+    assert sum(line == ": keep-alive" for line in chat[:first_token]) >= 2, chat
+    resp = _raw(
+        base + "/responses", {"model": "t", "input": "hi", "max_output_tokens": 2, "stream": True}
+    )
+    delta = next(i for i, line in enumerate(resp) if "response.output_text.delta" in line)
+    assert sum(line == ": keep-alive" for line in resp[:delta]) >= 2, resp
+    # the SDK reads such streams as it reads OpenAI's
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="t", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason == "length"
+    with client.responses.stream(model="t", input="hi", max_output_tokens=2) as stream:
+        kinds = [ev.type for ev in stream]
+    assert kinds[-1] == "response.incomplete"
+
+
+def test_messages_streams_send_pings_while_waiting(ts):
+    session = ts.session()
+    lines = _raw(
+        session["anthropic_base_url"] + "/v1/messages",
+        {
+            "model": "t",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "stream": True,
+        },
+    )
+    events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert events[0] == "message_start"
+    first_delta = events.index("content_block_delta")
+    assert events[1:first_delta].count("ping") >= 2, events
+    assert 'data: {"type": "ping"}' in lines
+    client = anthropic.Anthropic(
+        base_url=session["anthropic_base_url"], api_key="unused", max_retries=0
+    )
+    with client.messages.stream(
+        model="t", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    ) as stream:
+        message = stream.get_final_message()
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 2
