@@ -291,3 +291,16 @@ def test_ai_sdk_agent_runs_its_tool_through_turnstile(
     if kind == "responses":  # the default store: turn 2 names turn 1's items by reference
         kinds = [i.get("type") for i in _bodies(run)[2]["input"]]
         assert "item_reference" in kinds, kinds
+
+
+def test_a_websocket_upgrade_is_refused_with_426(gateway):
+    """Codex asks for the Responses API over a WebSocket first: a 426 sends it to HTTP at once
+    (a close or a 404 costs it five retries with backoff, ~6 s of every run)."""
+    headers = {
+        "connection": "Upgrade",
+        "upgrade": "websocket",
+        "sec-websocket-version": "13",
+        "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    r = httpx.get(gateway + "/s/anything/v1/responses", headers=headers, timeout=10)
+    assert r.status_code == 426 and r.json()["error"]["code"] == "websocket_not_supported"

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..dialects.base import Dialect
@@ -35,7 +35,15 @@ from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
 from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
-from .routes_harness import chat, count_tokens, messages, models, responses, stored_response
+from .routes_harness import (
+    chat,
+    count_tokens,
+    messages,
+    models,
+    no_websocket,
+    responses,
+    stored_response,
+)
 from .routes_sessions import (
     call_body,
     calls,
@@ -92,6 +100,7 @@ ROUTES = [
     Route("/openapi.json", trainer(openapi), methods=["GET"]),
     Route("/metrics", trainer(metrics_route), methods=["GET"]),
     *VIEWER_ROUTES,
+    WebSocketRoute("/{path:path}", no_websocket),  # any upgrade: 426, use HTTP
 ]
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
+from starlette.websockets import WebSocket
 
 from ..dialects.base import Dialect
 from .access import harness_session, require_json
@@ -111,3 +112,18 @@ async def stored_response(request: Request) -> Response:
     if rec is None:
         raise APIError(404, f"Response with id {rid!r} not found.", "response_id", code="not_found")
     return json_response(r.stored(rec, ctx.gateway.model_name))
+
+
+async def no_websocket(websocket: WebSocket) -> None:
+    """A WebSocket upgrade, on any path: refused with 426, which sends Codex (it tries the
+    Responses API over a WebSocket first) to plain HTTP at once; a close, a 403 or a 404 cost
+    it five retries with backoff on every run."""
+    body = {
+        "error": {
+            "message": "WebSocket transport is not supported: send the request over HTTP.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "websocket_not_supported",
+        }
+    }
+    await websocket.send_denial_response(JSONResponse(body, status_code=426))
