@@ -165,3 +165,26 @@ def test_the_engine_timeout_reaches_every_adapter():
         args = build_parser().parse_args([*argv, "--engine", kind])
         engine = build_engine(kind, "http://x", engine_options(args))
         assert engine._timeout.total == 7.0
+
+
+def test_a_retry_after_a_timeout_is_a_sibling_of_the_failed_call(tiny_qwen2, turnstile_factory):
+    """A harness retries a call that timed out (the openai client does by default): the retry
+    extends the same recorded call the failed one did, a sibling in the tree, not a new
+    segment."""
+    fake = VLLMFake("0.33.0")
+    with fake:
+        ts = _serve(turnstile_factory, "vllm", fake, tiny_qwen2)
+        session = ts.session()
+        url = session["base_url"] + "/chat/completions"
+        msgs = [{"role": "user", "content": "hi"}]
+        first = httpx.post(url, json={"messages": msgs, "max_tokens": 3}, timeout=60).json()
+        msgs += [first["choices"][0]["message"], {"role": "user", "content": "more"}]
+        body = {"messages": msgs, "max_tokens": 3}
+        fake.token_delay = TOKEN_DELAY
+        assert httpx.post(url, json=body, timeout=60).status_code == 504
+        fake.token_delay = 0.0
+        assert httpx.post(url, json=body, timeout=60).status_code == 200
+    calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert [c["status"] for c in calls] == ["ok", "error", "ok"]
+    assert calls[1]["parent_id"] == calls[2]["parent_id"] == calls[0]["id"]
+    assert calls[2]["segment_reason"] is None
