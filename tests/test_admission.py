@@ -114,3 +114,68 @@ def test_admission_waits_while_paused():
 
     assert run(go()) == (True, True, 0)
     assert "retry" in POLICY_ABORT
+
+
+def test_an_abort_counts_each_call_once():
+    """``close_door("abort")`` says how many calls it aborted: a running one (cancelled) and a
+    stream admitted but not started (marked); closing again aborts nothing more."""
+
+    async def go() -> tuple[int, int, str | None, int]:
+        control, step = PolicyControl(), asyncio.Event()
+        seen: list[str | None] = []
+
+        async def running() -> None:
+            async with admitted(control, "s"):
+                try:
+                    await step.wait()
+                except asyncio.CancelledError:
+                    why = control.aborted()
+                    seen.append(why.code if why else None)
+
+        task = asyncio.get_running_loop().create_task(running())
+        await asyncio.ensure_future(control.admit("s"))  # its task is over: a stream not started
+        while control.in_flight < 2:
+            await asyncio.sleep(0)
+        first, again = control.close_door("abort"), control.close_door("abort")
+        await task
+        return first, again, seen[0], control.in_flight
+
+    assert run(go()) == (2, 0, "policy_update", 1)  # the unstarted stream's ticket stays
+
+
+def test_closing_a_session_aborts_its_calls_and_refuses_those_at_the_door():
+    async def go() -> tuple[int, list[str | None], str | None, int]:
+        control, closed = PolicyControl(), set()
+        control.is_closed = closed.__contains__
+        step = asyncio.Event()
+        seen: list[str | None] = []
+
+        async def call(sid: str) -> None:
+            async with admitted(control, sid):
+                try:
+                    await step.wait()
+                    seen.append("done")
+                except asyncio.CancelledError:
+                    why = control.aborted()
+                    seen.append(why.code if why else None)
+
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(call(sid)) for sid in ("a", "a", "b")]
+        while control.in_flight < 3:
+            await asyncio.sleep(0)
+        control.close_door("drain")  # a weight update: the next call of "a" waits at the door
+        waiting = loop.create_task(call("a"))
+        await asyncio.sleep(0)
+        closed.add("a")
+        n = control.close_session("a")
+        control.resume()
+        step.set()
+        await asyncio.gather(*tasks)
+        try:
+            await waiting
+            refused = None
+        except APIError as exc:
+            refused = exc.code
+        return n, sorted(seen, key=str), refused, control.in_flight
+
+    assert run(go()) == (2, ["done", "session_closed", "session_closed"], "session_closed", 0)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -544,6 +545,41 @@ def test_policy_pause_abort_and_resume(ts, fake):
     last = ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]
     assert last["status"] == "ok" and last["policy_version"] == "7"
     assert last["timings"]["started"] >= resumed  # it started only once resumed
+
+
+def test_close_aborts_the_sessions_running_calls(ts, fake):
+    """Capture mode too: ``POST /v1/sessions/{id}/close`` while a whole and a streamed call of
+    the session run (0.5 s a token) stops both, records them ``aborted`` with the reason before
+    it answers, and each harness hears its session was closed (a 409, or in-band)."""
+    sid = ts.session()
+    url = ts.base_url(sid) + "/chat/completions"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    sent = sum(q.path == "/v1/chat/completions" for q in fake.rec.requests)
+    fake.token_delay = 0.5
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            whole = pool.submit(httpx.post, url, json=body, timeout=60)
+            stream = pool.submit(httpx.post, url, json={**body, "stream": True}, timeout=60)
+            deadline = time.monotonic() + 30
+            while (
+                sum(q.path == "/v1/chat/completions" for q in fake.rec.requests) < sent + 2
+                or ts.get("/admin/status")["in_flight"] < 2
+            ):
+                assert time.monotonic() < deadline, "the calls never reached the engine"
+                time.sleep(0.02)
+            r = httpx.post(f"{ts.url}/v1/sessions/{sid}/close", json={}, headers=AUTH, timeout=60)
+            calls = ts.get(f"/v1/sessions/{sid}/calls")["data"]  # recorded before it answered
+            w, s = whole.result(), stream.result()
+    finally:
+        fake.token_delay = 0.0
+    assert r.status_code == 200 and r.json()["status"] == "closed"
+    assert sorted(c["status"] for c in calls) == ["aborted", "aborted"]
+    assert all("session was closed" in c["error"] for c in calls), calls
+    assert w.status_code == 409 and w.json()["error"]["code"] == "session_closed"
+    assert s.status_code == 200
+    events = [orjson.loads(x[6:]) for x in s.text.splitlines() if x.startswith("data: {")]
+    assert events[-1]["error"]["code"] == "session_closed"
+    assert ts.get("/admin/status")["in_flight"] == 0
 
 
 def test_stripping_keeps_what_the_harness_asked_for():

@@ -779,6 +779,97 @@ def test_calls_of_one_session_ending_together_get_distinct_seqs(tiny_qwen2, serv
         assert [c["seq"] for c in ts.calls(sid)] == [0, 1, 2, 3, 4]
 
 
+def _sse_events(r: httpx.Response) -> list[dict]:
+    return [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+
+
+def test_close_aborts_the_sessions_running_calls(tiny_qwen2, servers):
+    """``POST /v1/sessions/{id}/close`` while three calls of the session generate (400 tokens
+    at 50 ms each): the engine calls stop, each call is recorded ``aborted`` with the reason
+    (before the close answers), and each harness hears that its session was closed in its
+    dialect: a 409 (Chat Completions, Messages) or an in-band error event (a stream). Another
+    session's call runs on."""
+    with VLLMFake("0.33.0") as fake:
+        fake.token_delay = 0.05
+        ts = servers(fake.url, tiny_qwen2)
+        sid, other = ts.session()["id"], ts.session()["id"]
+        msgs = [{"role": "user", "content": "go"}]
+        requests = {
+            "whole": (sid, "chat/completions", _body(msgs, 1, max_tokens=400)),
+            "stream": (sid, "chat/completions", _body(msgs, 2, True, max_tokens=400)),
+            "messages": (
+                sid,
+                "messages",
+                {"model": "m", "max_tokens": 400, "temperature": 0, "messages": msgs},
+            ),
+            "other": (other, "chat/completions", _body(msgs, 3, max_tokens=40)),
+        }
+
+        def call(key: str) -> httpx.Response:
+            session, route, body = requests[key]
+            return httpx.post(
+                f"{ts.url}/s/{session}/v1/{route}", json=body, headers=AUTH, timeout=60
+            )
+
+        with ThreadPoolExecutor(len(requests)) as pool:
+            answers = {key: pool.submit(call, key) for key in requests}
+            _until(lambda: len(fake.rec.sent) == 4, what="the four engine calls")
+            closed = ts.post(f"/v1/sessions/{sid}/close", {})
+            assert closed.status_code == 200 and closed.json()["status"] == "closed"
+            calls = ts.calls(sid)  # recorded before the close answered
+            got = {key: a.result() for key, a in answers.items()}
+        assert [c["status"] for c in calls] == ["aborted"] * 3
+        assert all("session was closed" in c["error"] for c in calls), calls
+        assert all(len(c["completion_ids"]) < 400 for c in calls)
+        assert _error(got["whole"], 409)["code"] == "session_closed"
+        assert got["messages"].status_code == 409
+        err = got["messages"].json()
+        assert err["type"] == "error" and "session was closed" in err["error"]["message"]
+        assert got["stream"].status_code == 200
+        events = _sse_events(got["stream"])
+        assert events[-1]["error"]["code"] == "session_closed"
+        assert not any(c["choices"][0]["finish_reason"] for c in events[:-1] if c.get("choices"))
+        _until(lambda: len(fake.rec.disconnects) == 3, what="the engine to see three drops")
+        assert got["other"].status_code == 200
+        assert [c["status"] for c in ts.calls(other)] == ["ok"]
+        assert ts.in_flight() == 0
+
+
+def test_pause_abort_answers_how_many_it_aborted(tiny_qwen2, servers):
+    """``/admin/pause {"mode": "abort"}`` with two calls generating: its answer counts the two
+    it aborted (it said ``in_flight: 0`` and nothing else), as the harnesses and /metrics do."""
+    with VLLMFake("0.33.0") as fake:
+        fake.token_delay = 0.05
+        ts = servers(fake.url, tiny_qwen2)
+        sid = ts.session()["id"]
+        url = f"{ts.url}/s/{sid}/v1/chat/completions"
+        msgs = [{"role": "user", "content": "go"}]
+        bodies = [_body(msgs, 1, max_tokens=400), _body(msgs, 2, True, max_tokens=400)]
+        with ThreadPoolExecutor(2) as pool:
+            answers = [
+                pool.submit(httpx.post, url, json=b, headers=AUTH, timeout=60) for b in bodies
+            ]
+            _until(lambda: len(fake.rec.sent) == 2 and ts.in_flight() == 2, what="two calls")
+            r = ts.post("/admin/pause", {"mode": "abort"})
+            whole, stream = (a.result() for a in answers)
+        assert r.status_code == 200, r.text
+        paused = r.json()
+        assert paused["aborted"] == 2 and paused["in_flight"] == 0, paused
+        assert _error(whole, 503)["code"] == "policy_update"
+        assert _sse_events(stream)[-1]["error"]["code"] == "policy_update"
+        assert [c["status"] for c in ts.calls(sid)] == ["aborted"] * 2
+        scraped = httpx.get(ts.url + "/metrics", headers=AUTH, timeout=30).text
+        assert (
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in scraped.splitlines()
+                if line.startswith("turnstile_errors_total{") and 'kind="policy_update"' in line
+            )
+            == 2
+        )
+        assert ts.post("/admin/resume", {}).status_code == 200
+
+
 def test_limits_refuse_before_rendering(tiny_qwen2, servers):
     with VLLMFake("0.33.0") as fake:
         ts = servers(fake.url, tiny_qwen2, None, "--max-messages", "100", "--max-depth", "20")

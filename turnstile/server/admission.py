@@ -3,7 +3,8 @@ engine-rendered capture).
 
 A call is admitted (it waits while a weight update has generation paused) and counted in flight
 until it ends; ``pause(abort)`` cancels it, and the call answers its harness with the one
-retryable :data:`POLICY_ABORT` error. A stream is admitted in the request's task but runs in
+retryable :data:`POLICY_ABORT` error (a session's close likewise, with its own: ``control``'s
+:class:`~.control.Abort` reasons). A stream is admitted in the request's task but runs in
 the response's, so its ticket is bound there, and released by whoever ends it first.
 """
 
@@ -13,16 +14,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
-from .control import PolicyControl, Ticket
+from .control import POLICY, PolicyControl, Ticket
 from .error_log import note_error
 from .errors import APIError
 
-POLICY_ABORT = "The call was aborted for a policy (weight) update; retry it."
+POLICY_ABORT = POLICY.reason
 
 
 def policy_abort() -> APIError:
     """What the harness gets for a call a weight update aborted: a 503 it can retry."""
-    return APIError(503, POLICY_ABORT, code="policy_update", type_="engine_unavailable")
+    return POLICY.error()
 
 
 class Chunks:
@@ -51,9 +52,9 @@ class Chunks:
 
 
 @contextlib.asynccontextmanager
-async def admitted(control: PolicyControl) -> AsyncIterator[Ticket]:
-    """A whole (non-streamed) call: admitted on entry, out of flight on exit."""
-    ticket = await control.admit()  # waits while a weight update has paused us
+async def admitted(control: PolicyControl, session_id: str | None = None) -> AsyncIterator[Ticket]:
+    """A whole (non-streamed) call of ``session_id``: admitted on entry, out of flight on exit."""
+    ticket = await control.admit(session_id)  # waits while a weight update has paused us
     try:
         yield ticket
     finally:
@@ -68,11 +69,12 @@ async def open_stream(
     control: PolicyControl,
     prepare: Callable[[], Awaitable[AsyncGenerator[dict, None]]],
     release: Callable[[], None] = _nothing,
+    session_id: str | None = None,
 ) -> Chunks:
-    """Admit a streamed call and prepare it (errors raised here are the harness's HTTP
-    status); its chunks then run bound to the ticket, and the call ends (``release``, then out
-    of flight) once, when the stream is over or dropped."""
-    ticket = await control.admit()  # in flight from here until the stream ends
+    """Admit a streamed call of ``session_id`` and prepare it (errors raised here are the
+    harness's HTTP status); its chunks then run bound to the ticket, and the call ends
+    (``release``, then out of flight) once, when the stream is over or dropped."""
+    ticket = await control.admit(session_id)  # in flight from here until the stream ends
 
     def end() -> None:
         if not ticket.released:
@@ -83,8 +85,9 @@ async def open_stream(
         chunks = await prepare()
     except asyncio.CancelledError:
         end()
-        if control.aborted():
-            raise policy_abort() from None
+        why = control.aborted()
+        if why is not None:
+            raise why.error() from None
         raise
     except BaseException:
         end()
@@ -93,8 +96,8 @@ async def open_stream(
     async def run() -> AsyncGenerator[dict, None]:
         control.bind(ticket)  # pause(abort) cancels the task the stream runs in
         try:
-            if ticket.abort:  # paused with abort before the stream began: nothing ran
-                raise policy_abort()
+            if ticket.abort:  # aborted before the stream began: nothing ran
+                raise ticket.abort.error()
             async with contextlib.aclosing(chunks) as it:
                 async for c in it:
                     yield c

@@ -143,6 +143,8 @@ def create_app(
     )
     app.state.turnstile = ctx
     app.state.metrics = metrics
+    # a call that waited at the door while its session was closed is refused there
+    gateway.control.is_closed = ctx.sessions.closed.__contains__
     return app
 
 

@@ -1,17 +1,50 @@
 """Policy-version control for async RL: pause new generation, drain or abort what is running,
-resume under a new weight version.
+resume under a new weight version; and the end of a session's running calls when it closes.
 
 A trainer calls ``POST /admin/pause`` before it updates the weights and ``POST /admin/resume``
 after. While paused, new calls wait at the door (the harness sees a slow call, not an error);
 ``drain`` lets running calls finish, ``abort`` cancels them (their harness gets a 503 it can
 retry, and the call is recorded as aborted). Every call records the policy version it ran
-under.
+under. ``POST /v1/sessions/{id}/close`` cancels the session's running calls the same way, with
+its own reason (a 409: the rollout has ended).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import APIError
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Why a running call was cancelled: ``reason`` goes into its record, ``error()`` to its
+    harness."""
+
+    reason: str
+    status: int
+    code: str
+    type: str
+
+    def error(self) -> APIError:
+        return APIError(self.status, self.reason, code=self.code, type_=self.type)
+
+
+POLICY = Abort(
+    "The call was aborted for a policy (weight) update; retry it.",
+    503,
+    "policy_update",
+    "engine_unavailable",
+)
+SESSION_CLOSED = Abort(
+    "The session was closed while the call ran: its rollout has ended.",
+    409,
+    "session_closed",
+    "invalid_request_error",
+)
 
 
 class Ticket:
@@ -19,11 +52,13 @@ class Ticket:
     (whichever task ends it: a stream is admitted in the request's task, runs in the
     response's, and may be finalised by yet another when its client drops it)."""
 
-    __slots__ = ("task", "abort", "released")
+    __slots__ = ("task", "session_id", "abort", "released")
 
-    def __init__(self, task: asyncio.Task | None):
+    def __init__(self, task: asyncio.Task | None, session_id: str | None = None):
         self.task = task
-        self.abort = False  # pause(abort) came before the call had a task to cancel
+        self.session_id = session_id
+        # aborted before the call had a task to cancel (a pause, a close): the caller refuses it
+        self.abort: Abort | None = None
         self.released = False
 
 
@@ -33,7 +68,10 @@ class PolicyControl:
         self._running = asyncio.Event()
         self._running.set()
         self._tickets: set[Ticket] = set()
-        self._aborting: set[asyncio.Task] = set()
+        self._aborting: dict[asyncio.Task, Abort] = {}
+        # Sessions closed (set by the app): a call that waited at the door while its session
+        # was closed is refused when it is let in, so no call of a closed session runs.
+        self.is_closed: Callable[[str], bool] = lambda session_id: False
 
     @property
     def paused(self) -> bool:
@@ -43,20 +81,22 @@ class PolicyControl:
     def in_flight(self) -> int:
         return len(self._tickets)
 
-    async def admit(self) -> Ticket:
+    async def admit(self, session_id: str | None = None) -> Ticket:
         """Wait while paused, then count the call as running."""
         if not self._running.is_set():
             await self._running.wait()
-        return self.enter()
+        if session_id is not None and self.is_closed(session_id):
+            raise SESSION_CLOSED.error()
+        return self.enter(session_id)
 
-    def enter(self) -> Ticket:
-        ticket = Ticket(asyncio.current_task())
+    def enter(self, session_id: str | None = None) -> Ticket:
+        ticket = Ticket(asyncio.current_task(), session_id)
         self._tickets.add(ticket)
         return ticket
 
     def bind(self, ticket: Ticket) -> None:
-        """The call now runs in the current task (what ``pause(abort)`` cancels). A ticket
-        marked ``abort`` (paused before it had a running task) is the caller's to refuse."""
+        """The call now runs in the current task (what an abort cancels). A ticket marked
+        ``abort`` (aborted before it had a running task) is the caller's to refuse."""
         ticket.task = asyncio.current_task()
 
     def release(self, ticket: Ticket) -> None:
@@ -64,45 +104,73 @@ class PolicyControl:
             ticket.released = True
             self._tickets.discard(ticket)
         if ticket.task is not None:
-            self._aborting.discard(ticket.task)
+            self._aborting.pop(ticket.task, None)
 
     def leave(self) -> None:
         """Release the current task's calls (for callers that do not keep their ticket)."""
         task = asyncio.current_task()
         for t in [t for t in self._tickets if t.task is task]:
             self.release(t)
-        self._aborting.discard(task)
+        if task is not None:
+            self._aborting.pop(task, None)
 
-    def aborted(self) -> bool:
-        """True (once) if the current task's cancellation came from ``pause(abort)``; the
-        cancellation is then taken back so the call can answer its harness."""
+    def aborted(self) -> Abort | None:
+        """Why the current task was cancelled, if an abort (a pause, a session's close) did it:
+        returned once, and the cancellation is then taken back so the call can answer its
+        harness. None for any other cancellation."""
         task = asyncio.current_task()
-        if task in self._aborting:
-            self._aborting.discard(task)
-            task.uncancel()
-            return True
-        return False
+        if task is None or task not in self._aborting:
+            return None
+        task.uncancel()
+        return self._aborting.pop(task)
 
-    def close_door(self, mode: str = "drain") -> None:
+    def _abort(self, tickets: list[Ticket], why: Abort) -> int:
+        """Cancel the calls of ``tickets`` (or mark those without a running task); returns how
+        many this aborted (a call aborted already is not counted again)."""
+        n = 0
+        for t in tickets:
+            if t.task is None or t.task.done():
+                if t.abort is None:
+                    t.abort = why
+                    n += 1
+            elif t.task not in self._aborting:
+                self._aborting[t.task] = why
+                t.task.cancel()
+                n += 1
+        return n
+
+    def close_door(self, mode: str = "drain") -> int:
         """Stop admitting calls at once (before any engine is told to pause: a call admitted
-        after that would wait on a paused engine); with ``abort``, cancel the running ones."""
+        after that would wait on a paused engine); with ``abort``, cancel the running ones.
+        Returns how many calls this aborted."""
         self._running.clear()
         if mode == "abort":
-            for t in list(self._tickets):
-                if t.task is None or t.task.done():
-                    t.abort = True
-                elif t.task not in self._aborting:
-                    self._aborting.add(t.task)
-                    t.task.cancel()
+            return self._abort(list(self._tickets), POLICY)
+        return 0
+
+    def close_session(self, session_id: str) -> int:
+        """Abort the running calls of a session that was just closed; returns how many."""
+        return self._abort([t for t in self._tickets if t.session_id == session_id], SESSION_CLOSED)
+
+    async def settled(self, timeout: float, session_id: str | None = None) -> int:
+        """Wait until no call (of ``session_id``, else at all) is running, or ``timeout``
+        seconds; returns how many still run."""
+        deadline = time.monotonic() + timeout
+
+        def running() -> int:
+            if session_id is None:
+                return len(self._tickets)
+            return sum(t.session_id == session_id for t in self._tickets)
+
+        while running() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return running()
 
     async def pause(self, mode: str = "drain", timeout: float = 600.0) -> int:
         """Stop admitting calls; drain or abort the running ones. Returns how many are still
         running when it gives up waiting (0 once drained)."""
         self.close_door(mode)
-        deadline = time.monotonic() + timeout
-        while self._tickets and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        return len(self._tickets)
+        return await self.settled(timeout)
 
     def resume(self, version: str | None = None) -> None:
         if version is not None:

@@ -23,7 +23,7 @@ from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import SessionGone
 from . import chat_completions as cc
-from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
+from .admission import Chunks, admitted, open_stream
 from .control import PolicyControl, Ticket
 from .errors import APIError
 from .prompting import Prompt, build_prompt
@@ -237,7 +237,7 @@ class Gateway:
         """The whole response. ``disconnected`` returns when the harness goes away: the
         engine call is then abandoned (the engine stops on the dropped connection), the call
         recorded as aborted, and :class:`ClientGone` raised."""
-        async with admitted(self.control) as ticket:
+        async with admitted(self.control, session_id) as ticket:
             entry = self.trees.hold(session_id)
             try:
                 if disconnected is None:
@@ -261,8 +261,9 @@ class Gateway:
         except asyncio.CancelledError:
             call.cancel()
             watch.cancel()
-            if self.control.aborted():  # paused with abort before the call had begun
-                raise policy_abort() from None
+            why = self.control.aborted()  # aborted (a pause, a close) before the call had begun
+            if why is not None:
+                raise why.error() from None
             raise
         if call.done():
             watch.cancel()
@@ -281,9 +282,9 @@ class Gateway:
         self, session_id: str, req: ChatRequest, tree: Tree, ticket: Ticket | None = None
     ) -> dict:
         if ticket is not None:
-            self.control.bind(ticket)  # pause(abort) cancels this task
+            self.control.bind(ticket)  # an abort (a pause, the session's close) cancels this task
             if ticket.abort:
-                raise policy_abort()
+                raise ticket.abort.error()
         call = await self._begin(session_id, req, tree)
         gen = call.gen
         try:
@@ -293,9 +294,10 @@ class Gateway:
             await self.record(call, "error", error=str(exc))
             raise APIError(exc.status, str(exc), type_="engine_error") from exc
         except asyncio.CancelledError:
-            if self.control.aborted():
-                await self.record(call, "aborted", error=POLICY_ABORT)
-                raise policy_abort() from None
+            why = self.control.aborted()
+            if why is not None:
+                await self.record(call, "aborted", error=why.reason)
+                raise why.error() from None
             if asyncio.current_task() in self._gone:
                 await self.record(call, "aborted", error=CLIENT_GONE)
                 raise ClientGone(session_id) from None
@@ -342,4 +344,4 @@ class Gateway:
             if entry is not None:
                 self.trees.release(session_id, entry)
 
-        return await open_stream(self.control, prepare, release)
+        return await open_stream(self.control, prepare, release, session_id)

@@ -137,7 +137,7 @@ ROUTES: list[Op] = [
         "POST",
         "/v1/sessions/{sid}/close",
         TRAINER,
-        "Close a session (later calls get 409)",
+        "Close a session (its running calls are aborted; they and later calls get 409)",
         "Close",
         body_required=False,
     ),

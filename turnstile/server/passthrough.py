@@ -54,7 +54,7 @@ from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
 from ..store.records import CallRecord
 from ..store.store import Store
-from .admission import POLICY_ABORT, Chunks, admitted, open_stream, policy_abort
+from .admission import Chunks, admitted, open_stream
 from .capture_record import Call, build_record
 from .control import PolicyControl
 from .errors import APIError
@@ -223,8 +223,9 @@ class PassthroughGateway:
 
     @contextlib.asynccontextmanager
     async def _failures(self, call: Call) -> AsyncIterator[None]:
-        """Before the harness has an answer: an engine failure or a policy abort is recorded
-        with what came back, and raised as the harness's HTTP error."""
+        """Before the harness has an answer: an engine failure or an abort (a pause, the
+        session's close) is recorded with what came back, and raised as the harness's HTTP
+        error."""
         try:
             yield
         except EngineError as exc:
@@ -232,10 +233,11 @@ class PassthroughGateway:
             await self._recorded_failure(call, "error", str(exc))
             raise _api_error(exc) from exc
         except asyncio.CancelledError:
-            if not self.control.aborted():
+            why = self.control.aborted()
+            if why is None:
                 raise
-            self._record_failure(call, "aborted", POLICY_ABORT)
-            raise policy_abort() from None
+            await self._recorded_failure(call, "aborted", why.reason)
+            raise why.error() from None
 
     # the call
 
@@ -272,7 +274,7 @@ class PassthroughGateway:
     ) -> dict:
         """The whole response. ``disconnected`` is not watched yet: a call whose harness went
         away runs to its end and is recorded."""
-        async with admitted(self.control):
+        async with admitted(self.control, session_id):
             call = await self._begin(session_id, req)
             engine = call.engine
             async with self._failures(call):
@@ -297,7 +299,9 @@ class PassthroughGateway:
         """Chunks of a streamed completion. The engine's answer to the request (an error
         status, or the first chunk) is awaited before the stream starts, so failures there are
         HTTP errors; the call is recorded before the last chunk reaches the harness."""
-        return await open_stream(self.control, lambda: self._open(session_id, req))
+        return await open_stream(
+            self.control, lambda: self._open(session_id, req), session_id=session_id
+        )
 
     async def _open(self, session_id: str, req: ChatRequest) -> AsyncGenerator[dict, None]:
         call = await self._begin(session_id, req)
@@ -384,10 +388,15 @@ class PassthroughGateway:
             await self._recorded_failure(call, "error", error, {"chunks": chunks} if keep else None)
             raise APIError(502, error, type_="engine_error") from exc
         except asyncio.CancelledError:
-            if self.control.aborted():
-                error = POLICY_ABORT
-                raise policy_abort() from None
-            raise
+            why = self.control.aborted()  # a pause or the session's close
+            if why is None:
+                raise
+            status = "recorded"
+            resp.close()  # the engine stops before the record is written
+            await self._recorded_failure(
+                call, "aborted", why.reason, {"chunks": chunks} if keep else None
+            )
+            raise why.error() from None
         finally:
             resp.close()
             if status not in ("ok", "recorded"):

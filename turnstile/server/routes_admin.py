@@ -28,10 +28,18 @@ async def admin_pause(request: Request) -> Response:
     # Turnstile stops admitting (and, for abort, cancels its own calls) before any engine
     # is told: a call admitted after the engine paused would wait on it (drain) or fail
     # there as an engine error (abort)
-    gateway.control.close_door(mode)
+    aborted = gateway.control.close_door(mode)
     engines = await gateway.engine.pause(mode)
-    left = await gateway.control.pause(mode, float(timeout))
-    return json_response({"paused": True, "mode": mode, "in_flight": left, "engines": engines})
+    left = await gateway.control.settled(float(timeout))
+    return json_response(
+        {
+            "paused": True,
+            "mode": mode,
+            "in_flight": left,  # still running when it stopped waiting (0: drained)
+            "aborted": aborted,  # calls this pause aborted (their harnesses got a 503)
+            "engines": engines,
+        }
+    )
 
 
 async def admin_resume(request: Request) -> Response:

@@ -13,6 +13,8 @@ from .context import AppContext, context, json_response, read_json
 from .errors import APIError
 from .validation import int_param, number, session_fields
 
+CLOSE_WAIT_S = 30.0  # how long a close waits for the calls it aborted to be recorded
+
 
 def session_json(ctx: AppContext, sid: str, s: dict | None = None) -> dict:
     """A session as the API shows it, with the base URL to give its harness."""
@@ -179,7 +181,11 @@ async def close(request: Request) -> Response:
             400, "Invalid 'termination_reason': expected a string.", "termination_reason"
         )
     ctx.store.close_session(sid, reason)
-    ctx.sessions.mark_closed(sid)
+    ctx.sessions.mark_closed(sid)  # no call of it is admitted from here on
+    # its calls still running are aborted (recorded so, their harness told it is closed):
+    # answered once they are, so the session's calls read next include them
+    if ctx.gateway.control.close_session(sid):
+        await ctx.gateway.control.settled(CLOSE_WAIT_S, sid)
     ctx.gateway.closed(sid)  # token-in: its call tree is freed (rebuilt from the store if needed)
     return json_response(session_json(ctx, sid))
 

@@ -1,5 +1,6 @@
 """A streamed token-in call: engine events → parsed deltas → Chat Completions chunks, recorded
-(whole, or as aborted when the harness or a weight update ends it) before the last chunk."""
+(whole, or as aborted when the harness, a weight update or the session's close ends it) before
+the last chunk."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING
 from ..chat.detokenize import IncrementalDetokenizer
 from ..engines.base import EngineError
 from . import chat_completions as cc
-from .admission import POLICY_ABORT, policy_abort
 from .errors import APIError
 from .token_record import Call
 
@@ -61,10 +61,13 @@ async def stream_chunks(gw: Gateway, call: Call) -> AsyncGenerator[dict, None]:
             await gw.record(call, "error", error=str(exc))
         raise APIError(exc.status, str(exc), type_="engine_error") from exc
     except asyncio.CancelledError:
-        if not gw.control.aborted():
+        why = gw.control.aborted()  # a pause or the session's close: recorded before it is told
+        if why is None:
             raise
-        error = POLICY_ABORT
-        raise policy_abort() from None
+        status = "recorded"
+        with contextlib.suppress(APIError):
+            await gw.record(call, "aborted", error=why.reason)
+        raise why.error() from None
     finally:
         if status not in ("ok", "recorded"):
             # The harness did not get a whole response: keep the tokens, mark the call.
