@@ -6,7 +6,9 @@ a forced tool call where the harness lets us ask for one (``tool_choice``), a lo
 token cap, a step/turn limit. Only machine-independent properties are asserted: the harness
 raised nothing, every request it sent was answered 200 and recorded, and every call either
 extended a recorded call or started a new segment with a reason (and, past the first, a
-detail). Each test prints its tally (``-s``) for the README table."""
+detail). Each test prints its tally (``-s``) for the README table. A harness whose pins cannot
+sit beside requirements.lock's (strands-agents) runs in a venv of its own
+(``tests/harnesses/venv.py``), driven as a subprocess."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Literal
 
 import httpx
+import httpx2
 import openai
 import pytest
 
@@ -132,23 +136,30 @@ def no_markup(smollm2: Path) -> dict[str, int]:
 
 
 class Requests:
-    """Counts the chat completion requests a harness sends, by the status it got back."""
+    """Counts the chat completion requests a harness sends, by the status it got back, and
+    how many of the answers were event streams."""
 
     def __init__(self) -> None:
         self.status: collections.Counter = collections.Counter()
+        self.streamed = 0
 
     def _see(self, response: httpx.Response) -> None:
         if response.request.url.path.endswith(("/chat/completions", "/responses")):
             self.status[response.status_code] += 1
+            self.streamed += response.headers.get("content-type", "").startswith(
+                "text/event-stream"
+            )
 
     def client(self) -> httpx.Client:
         return httpx.Client(event_hooks={"response": [self._see]}, timeout=300)
 
-    def async_client(self) -> httpx.AsyncClient:
+    def async_client(self, http=httpx) -> httpx.AsyncClient:
+        """An ``http.AsyncClient``: httpx's, or httpx2's where a harness wants that."""
+
         async def see(response: httpx.Response) -> None:
             self._see(response)
 
-        return httpx.AsyncClient(event_hooks={"response": [see]}, timeout=300)
+        return http.AsyncClient(event_hooks={"response": [see]}, timeout=300)
 
     @property
     def total(self) -> int:
@@ -161,8 +172,9 @@ def _session(gateway: str, harness: str) -> dict:
     return r.json()
 
 
-def _tally(gateway: str, session: dict, harness: str, sent: int | None) -> dict:
-    """Check the session's records and count chaining; print one line for the README."""
+def _tally(gateway: str, session: dict, harness: str, sent: int | None, **extra: object) -> dict:
+    """Check the session's records and count chaining; print one line for the README (with
+    ``extra``: the version, whether it streamed)."""
     calls = httpx.get(
         f"{gateway}/v1/sessions/{session['id']}/calls", timeout=30, headers=AUTH
     ).json()["data"]
@@ -183,6 +195,7 @@ def _tally(gateway: str, session: dict, harness: str, sent: int | None) -> dict:
         "new_segments": dict(reasons),
         "details": details,
         "finish": dict(collections.Counter(c["finish_reason"] for c in calls)),
+        **extra,
     }
     print("\nHARNESS " + json.dumps(out))
     return out
@@ -542,6 +555,253 @@ def test_smolagents_code_agent(gateway):
     agent.run(TASK)
     assert seen.status.keys() == {200}
     _tally(gateway, session, "smolagents CodeAgent", seen.total)
+
+
+# ---- pydantic-ai -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_pydantic_ai_agent(gateway, no_markup, streamed):
+    from pydantic_ai import Agent
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.messages import ToolReturnPart
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    session, seen = _session(gateway, "pydantic-ai"), Requests()
+    ran = []
+
+    class ForceFirstCall(AbstractCapability):
+        """tool_choice "required" until a tool has returned: pydantic-ai refuses it in static
+        settings (no final answer could follow) and takes it per step from a capability."""
+
+        def get_model_settings(self):
+            def settings(ctx):
+                parts = [p for m in ctx.messages for p in getattr(m, "parts", ())]
+                if any(isinstance(p, ToolReturnPart) for p in parts):
+                    return {}
+                return {"tool_choice": "required"}
+
+            return settings
+
+    # pydantic-ai deprecates an httpx client here for httpx2's (what openai 3 uses)
+    provider = OpenAIProvider(
+        base_url=session["base_url"], api_key="x", http_client=seen.async_client(httpx2)
+    )
+    agent = Agent(
+        OpenAIChatModel("smollm2", provider=provider),
+        instructions=SYSTEM,
+        capabilities=[ForceFirstCall()],
+        model_settings={
+            "max_tokens": 64,
+            "seed": 1,
+            "logit_bias": no_markup,
+            "parallel_tool_calls": False,
+        },
+    )
+
+    @agent.tool_plain
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return f"18 C in {city}"
+
+    # a run with one tool round, then a follow-up turn on its history
+    if streamed:
+        first = agent.run_stream_sync(TASK)
+        first.get_output()
+        second = agent.run_stream_sync("And tomorrow?", message_history=first.all_messages())
+        output = second.get_output()
+    else:
+        first = agent.run_sync(TASK)
+        second = agent.run_sync("And tomorrow?", message_history=first.all_messages())
+        output = second.output
+    assert len(ran) == 1 and isinstance(output, str)
+    assert seen.streamed == (seen.total if streamed else 0)
+    label = "pydantic-ai Agent" + (".run_stream_sync" if streamed else ".run_sync")
+    t = _tally(
+        gateway, session, label, seen.total, version=version("pydantic-ai-slim"), stream=streamed
+    )
+    assert (t["chained"], t["new_segments"]) == (2, {"first_call": 1})
+
+
+# ---- Strands Agents (a venv of its own) ----------------------------------------------------
+
+STRANDS = Path(__file__).resolve().parent / "harnesses" / "strands_agent.py"
+
+
+@pytest.fixture(scope="module")
+def strands_python() -> Path:
+    from tests.harnesses import venv
+
+    return venv.ensure("strands")
+
+
+def test_strands_agent(gateway, no_markup, smollm2, strands_python, tmp_path):
+    session = _session(gateway, "strands")
+    # Strands raises MaxTokensReachedException on a reply cut at max_tokens: the answers must
+    # end within the cap on any CPU, so end-of-turn tokens are favoured (as for the Agents
+    # SDK's Responses model); the forced call's grammar still rules the first turn.
+    bias = dict(no_markup) | {str(t): 15 for t in load_tokenizer(str(smollm2)).eog_token_ids}
+    args = tmp_path / "args.json"
+    args.write_text(
+        json.dumps(
+            {
+                "base_url": session["base_url"],
+                "model": "smollm2",
+                "system": SYSTEM,
+                "task": TASK,
+                "follow_up": "And tomorrow?",
+                "params": {"max_tokens": 64, "seed": 1, "logit_bias": bias},
+            }
+        )
+    )
+    res = subprocess.run(
+        [str(strands_python), str(STRANDS), str(args)], capture_output=True, text=True, timeout=300
+    )
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, f"strands script failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
+    out = json.loads(line[len("RESULT ") :])
+    assert len(out["ran"]) == 1 and out["stop_reasons"] == ["end_turn", "end_turn"], out
+    assert not any(out["answered"]), out["answered"]
+    t = _tally(
+        gateway,
+        session,
+        "Strands Agent (OpenAIModel)",
+        len(out["answered"]),
+        version=out["version"],
+        stream=out["stream"],
+    )
+    assert (t["chained"], t["new_segments"]) == (2, {"first_call": 1})
+
+
+# ---- mini-swe-agent ----------------------------------------------------------------------
+
+
+def test_mini_swe_agent(gateway, tmp_path, monkeypatch):
+    monkeypatch.setenv("MSWEA_GLOBAL_CONFIG_DIR", str(tmp_path / "mini-swe-agent"))
+    monkeypatch.setenv("MSWEA_SILENT_STARTUP", "1")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of litellm's prices
+    import litellm
+    import yaml
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.config import builtin_config_dir
+    from minisweagent.environments.local import LocalEnvironment
+    from minisweagent.models import get_model
+
+    session, seen = _session(gateway, "mini-swe-agent"), Requests()
+    monkeypatch.setattr(litellm, "client_session", seen.client())  # litellm's OpenAI client
+    monkeypatch.setattr(litellm, "suppress_debug_info", True)  # its banner on the price lookup
+    commands = []
+
+    class NotRun(LocalEnvironment):
+        """The default local environment, except that commands are shown, not run: a 135M
+        model's shell commands (``rm -r`` among them) must not reach this machine."""
+
+        def execute(self, action, cwd="", *, timeout=None):
+            commands.append(action["command"])
+            return {"output": "18 C, sunny\n", "returncode": 0, "exception_info": ""}
+
+    # `mini`'s own config (mini.yaml: the bash tool, litellm); as its error and local-model
+    # guide say, a model litellm has no price for needs cost_tracking "ignore_errors".
+    config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
+    config["model"]["cost_tracking"] = "ignore_errors"
+    config["model"]["model_kwargs"] |= {
+        "api_base": session["base_url"],
+        "api_key": "x",
+        "max_tokens": 256,
+        "seed": 1,
+        "tool_choice": "required",  # every step is one bash call; step_limit ends the run
+        "parallel_tool_calls": False,
+    }
+    model = get_model("openai/smollm2", config["model"])
+    agent = DefaultAgent(
+        model, NotRun(**config["environment"]), **(config["agent"] | {"step_limit": 2})
+    )
+    out = agent.run(TASK)
+    assert out["exit_status"] == "LimitsExceeded" and len(commands) == 2, (out, commands)
+    assert seen.status.keys() == {200}
+    t = _tally(
+        gateway,
+        session,
+        "mini-swe-agent DefaultAgent",
+        seen.total,
+        version=version("mini-swe-agent"),
+        stream=bool(seen.streamed),
+    )
+    assert (t["chained"], t["new_segments"]) == (1, {"first_call": 1})
+
+
+# ---- DSPy --------------------------------------------------------------------------------
+
+_SHORT = {"type": "string", "maxLength": 40}
+# The reply's shape for every step of dspy.ReAct (next_*) and its extract step (reasoning,
+# answer): dspy keeps the fields its signature names. The tool is always get_weather (never
+# "finish"), so the run lasts max_iters; strings are short, so every reply ends well within
+# max_tokens (llama.cpp's JSON grammar bounds whitespace too).
+REACT_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "react_step",
+        "schema": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["next_thought", "next_tool_name", "next_tool_args", "reasoning", "answer"],
+            "properties": {
+                "next_thought": _SHORT,
+                "next_tool_name": {"type": "string", "enum": ["get_weather"]},
+                "next_tool_args": WEATHER[0]["function"]["parameters"]
+                | {"additionalProperties": False},
+                "reasoning": _SHORT,
+                "answer": _SHORT,
+            },
+        },
+    },
+}
+
+
+def test_dspy_react(gateway, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import dspy
+
+    session = _session(gateway, "dspy")
+    ran = []
+
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return f"18 C in {city}"
+
+    # dspy's default ChatAdapter asks for [[ ## field ## ]] sections, which a 135M model does
+    # not write. The JSON schema (a response_format dspy.LM passes on as given) makes every
+    # reply one JSON object: ChatAdapter cannot parse it and, as it does on any reply it
+    # cannot parse, asks again through the JSONAdapter, which can. cache=False: dspy's disk
+    # cache would answer a second run itself, sending nothing.
+    lm = dspy.LM(
+        "openai/smollm2",
+        api_base=session["base_url"],
+        api_key="x",
+        cache=False,
+        max_tokens=512,
+        seed=1,
+        response_format=REACT_FORMAT,
+    )
+    react = dspy.ReAct("question -> answer", tools=[get_weather], max_iters=2)
+    with dspy.context(lm=lm):
+        pred = react(question=TASK)
+    assert len(ran) == 2 and isinstance(pred.answer, str)
+    # dspy's own stdlib HTTP transport has no hook: its history counts the calls it made
+    t = _tally(
+        gateway,
+        session,
+        "DSPy ReAct",
+        len(lm.history),
+        version=version("dspy"),
+        stream=False,
+    )
+    # each step is a new [system, user] pair (the trajectory in the user message), and each
+    # ChatAdapter reply is asked again by the JSONAdapter (another system prompt)
+    assert (t["chained"], t["new_segments"]) == (0, {"first_call": 1, "history_diverged": 5})
 
 
 # ---- SmolLM2's own template --------------------------------------------------------------
