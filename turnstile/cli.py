@@ -221,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8400, help="port to listen on (default: 8400)")
     s.add_argument("--public-url", help="base URL harnesses reach this server at")
     s.add_argument(
+        "--keepalive",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a stream silent this long (a long prefill, a pause) sends a keep-alive: an SSE "
+        "comment, or a ping event on Messages (default: 10; 0: never)",
+    )
+    s.add_argument(
         "--token",
         help="the trainer's token (default: $TURNSTILE_TOKEN, else the "
         "one in DATA/turnstile.token, generated there with mode "
