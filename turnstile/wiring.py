@@ -8,6 +8,7 @@ the benchmarks call the builders directly. Nothing here runs a server.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,10 +89,15 @@ def build_gateway(
 ) -> Gateway:
     """A token-in gateway: Turnstile renders every prompt and sends token IDs."""
     renderer, applied = build_renderer(model, chat_template, patches)
+    adapter = build_engine(engine, engine_url, engine_options)
+    tok = renderer.tok
+    ends = adapter.end_ids(tok.tokenizer.get_vocab()) - tok.eog_token_ids
+    if ends:  # what the engine also stops on is an end of turn to Turnstile too
+        tok = dataclasses.replace(tok, eog_token_ids=tok.eog_token_ids | ends)
+        renderer = Renderer(tok, renderer.template)
     if applied:
         renderer.fingerprint += "+" + "+".join(applied)
     policy = audit(renderer).policy() if audit_template else Policy.permissive()
-    adapter = build_engine(engine, engine_url, engine_options)
     name = model_name or Path(model).name
     store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
     return Gateway(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Self
 
@@ -229,6 +229,11 @@ class EngineControl(Protocol):
         """A deleted session: drop what is kept for it (a pool's sticky replica)."""
         ...
 
+    def end_ids(self, vocab: Mapping[str, int]) -> frozenset[int]:
+        """Tokens of ``vocab`` (text → id) this engine ends a generation on by a rule of its
+        own, beyond the tokenizer's end-of-turn tokens (llama-server: by their text)."""
+        ...
+
     async def pause(self, mode: str) -> str:
         """Forward a pause for a weight update ("drain" | "abort"); what the engine said."""
         ...
@@ -265,6 +270,10 @@ class EngineBase:
 
     def forget(self, session_id: str) -> None:
         """A deleted session: nothing to drop (a replica pool drops its sticky replica)."""
+
+    def end_ids(self, vocab: Mapping[str, int]) -> frozenset[int]:
+        """No ends of its own: the engine stops on the stop tokens it is sent."""
+        return frozenset()
 
     def sampling_notes(self, params: SamplingParams) -> list[str]:
         return []

@@ -15,7 +15,7 @@ exact result to a streaming harness instead.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import aiohttp
 import orjson
@@ -32,6 +32,53 @@ from .base import (
 from .http import ENGINE_TIMEOUT_S, HTTPEngine, timed_out
 
 _STOP_REASON = {"eos": "stop", "word": "stop", "limit": "length"}
+
+
+# llama-server ends a generation on any token with one of these texts, whatever the model file
+# says its end tokens are (llama.cpp's vocabulary loader, ``special_eog_ids``): in the Qwen2
+# vocabulary a plain ``</s>`` among them. Turnstile must see such a stop as one, or its text
+# would reach the harness as content.
+EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|flush|>",
+        "<|calls|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "</s>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "[EOS]",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<eos>",
+        "<turn|>",
+        "<|tool_response>",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",
+        "[e~[",
+    }
+)
+
+
+def eog_by_text(vocab: Mapping[str, int]) -> frozenset[int]:
+    """The tokens of ``vocab`` llama-server ends on by their text, with its two exceptions:
+    ``<|end|>`` is not an end beside ``<|call|>`` and ``<|return|>`` or ``<|flush|>``
+    (Harmony, Solar Open), nor ``</s>`` beside ``<|tool_response>`` or ``<|plamo:eos|>``."""
+    ends = {text: i for text, i in vocab.items() if text in EOG_TEXTS}
+    if "<|end|>" in ends and (
+        {"<|return|>", "<|call|>"} <= ends.keys()
+        or ("<|flush|>" in ends and ends.keys() & {"<|call|>", "<|calls|>"})
+    ):
+        del ends["<|end|>"]
+    if "</s>" in ends and ("<|tool_response>" in ends or "<|plamo:eos|>" in vocab):
+        del ends["</s>"]
+    return frozenset(ends.values())
 
 
 class LlamaCppEngine(HTTPEngine):
@@ -54,6 +101,9 @@ class LlamaCppEngine(HTTPEngine):
         if status != 200:
             raise EngineError(f"llama-server {path} answered {status}", 503)
         return orjson.loads(raw)
+
+    def end_ids(self, vocab: Mapping[str, int]) -> frozenset[int]:
+        return eog_by_text(vocab)
 
     def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
         """``completion_probabilities`` are pre-sampling: raw logits, no bias or temperature."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from .base import EngineAdapter, EngineControl, EngineError, Finish, SamplingParams, TokenEvent
@@ -82,6 +82,9 @@ class ReplicaPool(Generic[R]):
 
     def sampling_notes(self, params: SamplingParams) -> list[str]:
         return self.replicas[0].sampling_notes(params)
+
+    def end_ids(self, vocab: Mapping[str, int]) -> frozenset[int]:
+        return frozenset().union(*(r.end_ids(vocab) for r in self.replicas))
 
     def replica_health(self) -> list[tuple[str | None, bool]] | None:
         return [(r.url, ok) for r, ok in zip(self.replicas, self.healthy, strict=True)]
