@@ -5,6 +5,8 @@ version spans, top-k exactness, errors inside a stream."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -12,6 +14,8 @@ from fakes.common import EOS, IM_END
 from fakes.vllm_fake import VLLMFake
 
 from turnstile.engines import EngineError, Finish, SamplingParams, VLLMEngine, make_engine
+from turnstile.engines.http import EngineUnusable
+from turnstile.testbed import free_port
 
 pytestmark = pytest.mark.timeout(60)
 PROMPT = [5, 6, 7, 8, 9]
@@ -33,20 +37,56 @@ async def generate(url: str, params: SamplingParams, stream: bool = False, **opt
 
 
 @pytest.mark.parametrize("version, status", [("0.31.0", 404), ("0.32.0", 403), ("0.33.0", 403)])
-def test_scale_out_switched_off_says_how_to_fix_it(version, status):
+def test_scale_out_switched_off_auto_picks_completions_and_a_forced_generate_says_why(
+    version, status, capfd
+):
     with VLLMFake(version, scale_out=False) as fake:
-        with pytest.raises(EngineError) as e:
-            run(generate(fake.url, SamplingParams(max_tokens=4)))
+        # auto: decided at start, logged, and every call goes through /v1/completions
+        events, finish, engine = run(generate(fake.url, SamplingParams(max_tokens=4, seed=1)))
+        assert engine.route == "/v1/completions"
+        assert [e.token_id for e in events] == fake.rec.sent[finish.engine_request_id].ids
+        assert f"/inference/v1/generate answered {status}" in engine.route_note
+        assert "--enable-scale-out" in engine.route_note
+        assert "generating through /v1/completions" in capfd.readouterr().err
+        # a forced generate refuses to start, saying how to fix the server
+        sent = len(fake.rec.sent)
+        with pytest.raises(EngineUnusable) as e:
+            run(generate(fake.url, SamplingParams(max_tokens=4), api="generate"))
         assert "--enable-scale-out" in str(e.value)
         assert f"answered {status}" in str(e.value)
-        assert e.value.status == 502
-        assert not fake.rec.sent  # nothing was generated
-        # ... and the completions route still works when asked for
-        events, finish, engine = run(
-            generate(fake.url, SamplingParams(max_tokens=4, seed=1), api="completions")
-        )
-        assert [e.token_id for e in events] == fake.rec.sent[finish.engine_request_id].ids
-        assert engine.route == "/v1/completions"
+        assert len(fake.rec.sent) == sent  # nothing was generated
+
+
+def test_scale_out_on_auto_picks_generate():
+    with VLLMFake("0.32.0") as fake:
+        _, _, engine = run(generate(fake.url, SamplingParams(max_tokens=2, seed=1)))
+        assert engine.route == "/inference/v1/generate"
+        assert engine.route_note.endswith("generating through /inference/v1/generate")
+
+
+@pytest.mark.parametrize("api", ["auto", "completions"])
+def test_no_token_in_route_refuses_to_start(api):
+    with VLLMFake("0.32.0", scale_out=False, completions=False) as fake:
+        with pytest.raises(EngineUnusable) as e:
+            run(generate(fake.url, SamplingParams(max_tokens=4), api=api))
+        assert "serves no token-in route" in str(e.value)
+        assert "/v1/completions answered 404" in str(e.value)
+        assert not fake.rec.sent
+
+
+def test_serve_refuses_to_start_when_no_route_works(tmp_path, tiny_qwen2):
+    """``turnstile serve`` exits non-zero with the reason, instead of answering 502 per call."""
+    with VLLMFake("0.32.0", scale_out=False, completions=False) as fake:
+        port = str(free_port())
+        proc = subprocess.run(
+            [sys.executable, "-m", "turnstile.cli", "serve", "--engine", "vllm",
+             "--engine-url", fake.url, "--model", str(tiny_qwen2), "--port", port,
+             "--data", str(tmp_path / "data")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert "serves no token-in route" in proc.stderr
+    assert "--enable-scale-out" in proc.stderr
 
 
 def test_a_vllm_without_the_route_is_driven_through_completions():

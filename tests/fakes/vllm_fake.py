@@ -90,8 +90,10 @@ class VLLMFake(FakeServer):
         max_model_len: int = 4096,
         tokens_per_chunk: int = 1,
         keep_alive: bool = False,
+        completions: bool = True,
     ):
         super().__init__()
+        self.has_completions = completions  # False: no /v1/completions (no token-in route)
         self.version = version
         self.v = tuple(int(x) for x in version.split(".")[:2])
         self.scale_out = scale_out
@@ -111,20 +113,21 @@ class VLLMFake(FakeServer):
             Route("/version", self.get_version, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
         ]
+        if self.has_completions:
+            routes.append(Route("/v1/completions", self.completions, methods=["POST"]))
         has_generate = self.v >= (0, 25) and (self.scale_out or self.v < (0, 31))
         if has_generate:
             routes.append(Route("/inference/v1/generate", self.generate, methods=["POST"]))
-            if self.v >= (0, 33):
+            if self.v >= (0, 32):  # the real 0.32 CPU build serves it with scale-out too
                 routes.append(
                     Route("/inference/v1/abort_requests", self.abort_requests, methods=["POST"])
                 )
         elif self.v >= (0, 32):
             paths = ["/inference/v1/generate"] + (
-                ["/inference/v1/abort_requests"] if self.v >= (0, 33) else []
+                ["/inference/v1/abort_requests"] if self.v >= (0, 32) else []
             )
             routes += [Route(p, self.disabled, methods=["POST"]) for p in paths]
         if self.dev_mode:

@@ -22,6 +22,12 @@ import orjson
 from .base import EngineBase, EngineError, Finish, SamplingParams, TokenEvent
 
 
+class EngineUnusable(EngineError):
+    """The engine answers, but not in any way this adapter can use (no route it can generate
+    through): ``turnstile serve`` refuses to start with the reason instead of answering every
+    call with a 502."""
+
+
 def new_request_id() -> str:
     """A request id of our own, so a call can be aborted and found in engine logs."""
     return "turnstile-" + uuid.uuid4().hex
@@ -209,6 +215,8 @@ class HTTPEngine(EngineBase):
         )
         try:
             await self.refresh()
+        except EngineUnusable:
+            raise
         except EngineError:
             pass  # not up yet: calls answer 503 until it is, and then pick up its settings
 

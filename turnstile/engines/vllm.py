@@ -4,10 +4,12 @@
 and returns the sampled ``token_ids`` with their logprobs: nothing is rendered, detokenized or
 re-tokenized on the way. From 0.31 it exists only when vLLM is started with
 ``--enable-scale-out`` (0.31 answers 404 without it, 0.32+ 403 "Scale-out endpoints are
-disabled"); this adapter says so instead of failing obscurely. Versions without the route are
-driven through ``/v1/completions`` with a token-ID prompt, ``return_token_ids`` and
-``return_tokens_as_token_ids`` (logprob entries named ``"token_id:N"``), which any recent vLLM
-accepts; ``api="completions"`` forces that route.
+disabled"). ``api="auto"`` (the default) probes at start which route is served and generates
+through ``/inference/v1/generate`` where it is, else through ``/v1/completions`` with a
+token-ID prompt, ``return_token_ids`` and ``return_tokens_as_token_ids`` (logprob entries named
+``"token_id:N"``), which any recent vLLM accepts, and logs the choice; ``api="generate"`` or
+``"completions"`` forces a route. A server with no usable route is :class:`EngineUnusable` at
+start (``turnstile serve`` refuses to start, saying why), not a 502 on every call.
 
 Shapes per version (read from the vLLM wheels, see ``shared/research/engines.md``):
 
@@ -15,7 +17,9 @@ Shapes per version (read from the vLLM wheels, see ``shared/research/engines.md`
   "top_logprobs"}``; no ``stop_reason``, no ``weight_versions``.
 - 0.32: integer ``token_id`` entries with ``rank``; ``stop_reason`` and ``weight_versions``
   spans on the choice (the final chunk when streaming); top-k lists cut to ``max(k, 1)``.
-- 0.33: as 0.32, top-k lists not cut; ``/inference/v1/abort_requests``.
+- 0.32 with scale-out also serves ``/inference/v1/abort_requests`` (seen on the real CPU
+  build; tests/test_vllm_real.py).
+- 0.33: as 0.32, top-k lists not cut.
 
 Sampling is fully specified: vLLM's ``SamplingParams`` defaults are neutral, but
 ``/v1/completions`` fills every unset field from the model's ``generation_config.json``
@@ -27,6 +31,7 @@ by whoever starts Turnstile, and otherwise vLLM's default (``raw_logprobs``) is 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Sequence
 
 import orjson
@@ -45,6 +50,7 @@ from .base import (
 )
 from .http import (
     ENGINE_TIMEOUT_S,
+    EngineUnusable,
     HTTPEngine,
     error_message,
     new_request_id,
@@ -59,6 +65,11 @@ SCALE_OUT_HINT = (
     "--enable-scale-out (vLLM 0.31 and later): restart it with "
     "`vllm serve ... --enable-scale-out`"
 )
+
+
+def status_of(said: str) -> int:
+    head = said.split(" ", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 class VLLMServer(HTTPEngine):
@@ -146,35 +157,65 @@ class VLLMEngine(VLLMServer):
         self.api = api
         self.route: str | None = {"generate": GENERATE, "completions": COMPLETIONS}.get(api)
         self._disabled: str | None = None  # why /inference/v1/generate cannot be used
+        self.route_note: str | None = None  # the route chosen at start, and why
 
     async def refresh(self) -> None:
-        """The server's facts, then the route."""
+        """The server's facts, then the route (decided once, when the server first answers)."""
         await super().refresh()
-        if self.api == "auto":
-            await self._probe_generate()
+        if self.route_note is None:
+            await self._choose_route()
 
-    async def _probe_generate(self) -> None:
-        """An empty body is refused by validation (400) where the route exists, and by the
-        route itself where it is missing (404) or switched off (403): nothing is generated."""
-        status, raw = await self._request("POST", GENERATE, {}, timeout=30)
+    async def _probe(self, route: str) -> tuple[bool | None, str]:
+        """Is ``route`` served? An empty body is refused by validation (400/422) where it is,
+        and by the route itself where it is missing (404, 405) or switched off (403): nothing
+        is generated. None: the server gave no clear answer (not up yet)."""
+        status, raw = await self._request("POST", route, {}, timeout=30)
+        said = f"{status} {error_message(raw)}".strip()
         if status in (400, 422):
-            self.route, self._disabled = GENERATE, None
-        elif status in (403, 404):
-            self._route_missing(status, raw)
+            return True, said
+        if status in (403, 404, 405):
+            return False, said
+        return None, said
+
+    async def _choose_route(self) -> None:
+        """``auto``: ``/inference/v1/generate`` where it is served, else ``/v1/completions``;
+        a forced route must be served. No usable route: :class:`EngineUnusable`, so that
+        ``turnstile serve`` refuses to start instead of answering every call 502."""
+        name = f"vLLM {self.version}" if self.version else "vLLM"
+        tried: list[str] = []
+        for route in (GENERATE, COMPLETIONS):
+            if self.api != "auto" and route != self.route:
+                continue
+            served, said = await self._probe(route)
+            if served is None:
+                return  # not up yet: decided at the next refresh
+            if served:
+                self.route, self._disabled = route, None
+                why = "" if route == GENERATE or self.api != "auto" else f" ({tried[0]})"
+                self.route_note = f"{name} at {self.url}: generating through {route}{why}"
+                print(f"turnstile: {self.route_note}", file=sys.stderr, flush=True)
+                return
+            status = status_of(said)
+            scale_out_off = status == 403 or (self._v or (0,)) >= (0, 31)
+            hint = f" ({SCALE_OUT_HINT})" if route == GENERATE and scale_out_off else ""
+            tried.append(f"{route} answered {said}{hint}")
+        routes = " and ".join(tried)
+        self._disabled = f"{name} at {self.url} serves no token-in route: {routes}"
+        raise EngineUnusable(self._disabled, 502)
 
     def _route_missing(self, status: int, raw: bytes) -> None:
-        """403 (0.32+) or 404 on 0.31+ means scale-out is off; a 404 from an older or unknown
-        vLLM means the route does not exist there, and ``/v1/completions`` is used instead."""
-        v = self._v
-        if (v is not None and v < (0, 25)) or (status == 404 and (v is None or v < (0, 31))):
+        """``/inference/v1/generate`` refused a call (403: scale-out off on 0.32+; 404: off on
+        0.31, or a vLLM without it): under ``auto`` the call goes to ``/v1/completions``, a
+        forced ``generate`` says how to fix the server."""
+        if self.api == "auto":
             self.route, self._disabled = COMPLETIONS, None
             return
-        self.route = GENERATE
         name = f"vLLM {self.version}" if self.version else "vLLM"
+        hint = SCALE_OUT_HINT if status == 403 or (self._v or (0,)) >= (0, 31) else ""
         self._disabled = (
             f"{name} at {self.url} answered {status} to {GENERATE} "
-            f"({error_message(raw)}). {SCALE_OUT_HINT}, or use the vLLM "
-            f"completions route (api='completions')."
+            f"({error_message(raw)}). {hint or 'This vLLM has no such route'}, or use the "
+            f"vLLM completions route (--vllm-api completions)."
         )
 
     # requests
@@ -268,7 +309,7 @@ class VLLMEngine(VLLMServer):
         return [f"cmpl-{request_id}-0", f"cmpl-{request_id}"]
 
     async def _abort(self, ids: list[str]) -> None:
-        """``/inference/v1/abort_requests`` (0.33, scale-out), else ``/abort_requests``
+        """``/inference/v1/abort_requests`` (0.32+, scale-out), else ``/abort_requests``
         (``--tokens-only`` or dev mode). Best effort: closing the connection already cancels."""
         for path in ("/inference/v1/abort_requests", "/abort_requests"):
             status, _ = await self._request("POST", path, {"request_ids": ids}, timeout=5)
