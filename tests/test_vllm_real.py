@@ -1,0 +1,453 @@
+"""The vLLM adapter against a real vLLM (its CPU build, 0.32) serving SmolLM2-135M-Instruct.
+
+Turnstile → a recording relay → vLLM: each test compares Turnstile's records with what vLLM
+received and returned on the wire (the relay), on both token-in routes, streamed and not.
+vLLM runs as a user starts it, with ``--enable-scale-out`` (``/inference/v1/generate``) and
+``--logprobs-mode processed_logprobs``; one server for the module (about a minute to start
+here, more on a busy machine). The template is Qwen2.5's (ChatML, as SmolLM2's, but it
+renders tools). What each test needs is forced (max_tokens, logit_bias, tool_choice), never
+left to what the model happens to sample.
+
+The test bed installs vLLM into its own venv on first use (about 4 minutes, once;
+``turnstile.testbed.vllm_python``): where it cannot, the module fails with the reason.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import pytest
+from conftest import Turnstile
+
+from turnstile import testbed
+
+pytestmark = pytest.mark.timeout(900)
+
+END_IDS = (0, 2)  # SmolLM2: <|endoftext|>, <|im_end|>
+NO_END = {str(t): -100 for t in END_IDS}  # runs to max_tokens
+GENERATE, COMPLETIONS = "/inference/v1/generate", "/v1/completions"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+@dataclass
+class Exchange:
+    path: str
+    request: dict
+    response: dict | None = None  # the JSON answer, or for a stream: None until it ends
+    chunks: list[dict] = field(default_factory=list)  # a stream's data: objects, in order
+    status: int = 0
+    done: bool = False
+
+
+@dataclass
+class Relay:
+    """Forwards everything to vLLM and keeps every generation request and its answer. A
+    client that goes away mid-stream closes the connection to vLLM, as a direct client's
+    departure would."""
+
+    upstream: str
+    url: str = ""
+    exchanges: list[Exchange] = field(default_factory=list)
+    aborts: list[tuple[dict, int]] = field(default_factory=list)  # abort bodies, vLLM's status
+
+    def on(self, path: str) -> list[Exchange]:
+        return [e for e in self.exchanges if e.path == path]
+
+    def wait(self, n: int, timeout: float = 30.0) -> list[Exchange]:
+        """The first ``n`` exchanges, once all of them have ended."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.exchanges) >= n and all(e.done for e in self.exchanges[:n]):
+                return self.exchanges[:n]
+            time.sleep(0.05)
+        raise TimeoutError(f"{len(self.exchanges)} exchanges, {n} expected")
+
+
+def _relay_handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
+    up = urlsplit(relay.upstream)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _forward(self, method: str) -> None:
+            n = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(n) if n else None
+            conn = http.client.HTTPConnection(up.hostname, up.port, timeout=300)
+            conn.request(method, self.path, body, {"content-type": "application/json"})
+            resp = conn.getresponse()
+            if self.path.endswith("/abort_requests") and body:
+                relay.aborts.append((json.loads(body), resp.status))
+            ex = None
+            if method == "POST" and self.path in (GENERATE, COMPLETIONS) and body:
+                ex = Exchange(self.path, json.loads(body), status=resp.status)
+                relay.exchanges.append(ex)
+            self.send_response(resp.status)
+            ctype = resp.headers.get("content-type", "application/json")
+            self.send_header("content-type", ctype)
+            try:
+                if "event-stream" in ctype:
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    while line := resp.readline():
+                        if ex is not None and line.startswith(b"data: {"):
+                            ex.chunks.append(json.loads(line[6:]))
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                else:
+                    raw = resp.read()
+                    if ex is not None:
+                        ex.response = json.loads(raw) if raw else {}
+                    self.send_header("content-length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+            except OSError:  # the client went away: so does the relay's call to vLLM
+                self.close_connection = True
+            finally:
+                conn.close()
+                if ex is not None:
+                    ex.done = True
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._forward("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._forward("POST")
+
+    return Handler
+
+
+def start_relay(upstream: str) -> tuple[Relay, ThreadingHTTPServer]:
+    relay = Relay(upstream)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _relay_handler(relay))
+    server.daemon_threads = True
+    relay.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return relay, server
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    """SmolLM2 as a Hugging Face directory; installing vLLM on first use. Fails (never skips)
+    with the reason where vLLM cannot be installed."""
+    t = time.monotonic()
+    path = testbed.vllm_model()
+    print(f"[vllm] venv + model ready in {time.monotonic() - t:.0f} s", file=sys.stderr)
+    return path
+
+
+@pytest.fixture(scope="module")
+def vllm(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM with the token-in route and the sampling distribution's logprobs
+    (``$TURNSTILE_VLLM_URL``: one already running so, while working on these tests)."""
+    if os.environ.get("TURNSTILE_VLLM_URL"):
+        yield os.environ["TURNSTILE_VLLM_URL"]
+        return
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    t = time.monotonic()
+    extra = ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
+    with testbed.vllm_server(model_dir, extra, log=log) as url:
+        print(f"[vllm] server up in {time.monotonic() - t:.0f} s ({log})", file=sys.stderr)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def relay(vllm: str) -> Iterator[Relay]:
+    rel, server = start_relay(vllm)
+    yield rel
+    server.shutdown()
+    server.server_close()
+
+
+def _turnstile(relay: Relay, model_dir: Path, tmp: Path, *extra: str) -> Turnstile:
+    template = testbed.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    args = ("--engine", "vllm", "--chat-template", str(template), *extra)
+    return Turnstile(relay.url, model_dir, tmp / "data", tmp / "turnstile.log", args).start()
+
+
+@pytest.fixture(scope="module")
+def ts(relay: Relay, model_dir: Path, tmp_path_factory) -> Iterator[Turnstile]:
+    """Turnstile on its defaults (``--vllm-api auto``), told vLLM's logprobs mode."""
+    t = _turnstile(
+        relay, model_dir, tmp_path_factory.mktemp("ts"), "--engine-logprobs-mode",
+        "processed_logprobs",
+    )  # fmt: skip
+    yield t
+    t.stop()
+
+
+@pytest.fixture(scope="module")
+def ts_completions(relay: Relay, model_dir: Path, tmp_path_factory) -> Iterator[Turnstile]:
+    """The same vLLM through ``/v1/completions`` (``--vllm-api completions``)."""
+    t = _turnstile(
+        relay, model_dir, tmp_path_factory.mktemp("tsc"), "--vllm-api", "completions",
+        "--engine-logprobs-mode", "processed_logprobs",
+    )  # fmt: skip
+    yield t
+    t.stop()
+
+
+def _client(session: dict) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+
+
+def _sampled(ex: Exchange) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """What vLLM sampled, as it said so: token ids, their logprobs, each step's top list."""
+    if ex.path == GENERATE:
+        parts = [ex.response] if ex.response is not None else ex.chunks
+        ids: list[int] = []
+        lps: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        for part in parts:
+            for ch in part.get("choices") or []:
+                ids += ch.get("token_ids") or []
+                for e in (ch.get("logprobs") or {}).get("content") or []:
+                    lps.append(e["logprob"])
+                    tops.append([(t["token_id"], t["logprob"]) for t in e["top_logprobs"]])
+        return ids, lps, tops
+    parts = [ex.response] if ex.response is not None else ex.chunks
+    ids, lps, tops = [], [], []
+    for part in parts:
+        for ch in part.get("choices") or []:
+            ids += ch.get("token_ids") or []
+            lp = ch.get("logprobs") or {}
+            lps += lp.get("token_logprobs") or []
+            for d in lp.get("top_logprobs") or []:
+                tops.append([(int(k.split(":")[1]), v) for k, v in (d or {}).items()])
+    return ids, lps, tops
+
+
+def _prompt(ex: Exchange) -> list[int]:
+    return ex.request["token_ids"] if ex.path == GENERATE else ex.request["prompt"]
+
+
+def _chat(client: openai.OpenAI, stream: bool, **kw: object) -> tuple[str, list, str]:
+    """Text, logprob entries and finish reason of one chat completion."""
+    if not stream:
+        r = client.chat.completions.create(model="m", **kw)
+        c = r.choices[0]
+        return c.message.content or "", (c.logprobs.content if c.logprobs else []), c.finish_reason
+    text, entries, finish = "", [], None
+    for chunk in client.chat.completions.create(model="m", stream=True, **kw):
+        if chunk.choices:
+            c = chunk.choices[0]
+            text += c.delta.content or ""
+            entries += c.logprobs.content if c.logprobs and c.logprobs.content else []
+            finish = c.finish_reason or finish
+    return text, entries, finish
+
+
+@pytest.mark.parametrize("route", [GENERATE, COMPLETIONS])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_token_in_records_and_logprobs_are_what_vllm_received_and_sampled(
+    request, relay, route, stream
+):
+    """Token IDs in, token IDs out; under temperature 0.7 / top_p 0.9 the recorded and
+    answered logprobs are vLLM's processed ones (the sampling distribution's)."""
+    t = request.getfixturevalue("ts" if route == GENERATE else "ts_completions")
+    session = t.session(test="token-in")
+    before = len(relay.exchanges)
+    text, entries, finish = _chat(
+        _client(session),
+        stream,
+        messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=12,
+        temperature=0.7,
+        top_p=0.9,
+        seed=5,
+        logprobs=True,
+        top_logprobs=3,
+        logit_bias=NO_END,
+    )
+    (ex,) = relay.wait(before + 1)[before:]
+    assert ex.path == route and ex.status == 200
+    sent = ex.request if route == COMPLETIONS else ex.request["sampling_params"]
+    assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (0.7, 0.9, 12)
+    assert sent["top_k"] in (0, -1) and sent["repetition_penalty"] == 1.0
+    assert ex.request["stream"] is stream
+
+    ids, lps, tops = _sampled(ex)
+    assert len(ids) == 12 and finish == "length"
+    assert not set(ids) & set(END_IDS)  # the bias held
+    (call,) = t.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert call["status"] == "ok"
+    assert call["reused_prefix_len"] + len(call["prompt_delta_ids"]) == len(_prompt(ex))
+    assert _prompt(ex)[call["reused_prefix_len"] :] == call["prompt_delta_ids"]
+    assert call["completion_ids"] == ids
+    (traj,) = t.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
+    assert traj["token_ids"] == _prompt(ex) + ids
+    assert traj["logprobs"][len(_prompt(ex)) :] == pytest.approx(lps, abs=1e-6)
+    # what the harness got: vLLM's logprobs and its true top 3
+    assert [e.logprob for e in entries] == pytest.approx(lps, abs=1e-6)
+    for e, top in zip(entries, tops, strict=True):
+        best = sorted(top, key=lambda p: -p[1])[:3]
+        assert [x.logprob for x in e.top_logprobs] == pytest.approx([p[1] for p in best], abs=1e-6)
+    assert text  # detokenized by Turnstile
+
+
+def test_multi_turn_forced_tool_call_is_chained_exactly(ts, relay):
+    """tool_choice required (a grammar vLLM enforces), the tool's result, one more turn: each
+    prompt vLLM got starts with the previous prompt and exactly the tokens it sampled."""
+    session = ts.session(test="tools")
+    client = _client(session)
+    before = len(relay.exchanges)
+    msgs: list[dict] = [
+        {"role": "system", "content": "You are a weather assistant."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+    r = client.chat.completions.create(
+        model="m",
+        messages=msgs,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,  # one call, then the grammar lets only an end token through
+        max_tokens=60,
+        seed=1,
+    )
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", msg
+    (tc,) = msg.tool_calls
+    assert tc.function.name == "get_weather"
+    assert json.loads(tc.function.arguments)["city"] in ("Paris", "Tokyo")
+    msgs += [
+        msg.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": tc.id, "content": '{"temp_c": 21, "sky": "clear"}'},
+    ]
+    r2 = client.chat.completions.create(
+        model="m", messages=msgs, tools=TOOLS, max_tokens=10, seed=2, logit_bias=NO_END
+    )
+    msgs += [{"role": "assistant", "content": r2.choices[0].message.content}]
+    msgs += [{"role": "user", "content": "Thanks!"}]
+    client.chat.completions.create(
+        model="m", messages=msgs, tools=TOOLS, max_tokens=5, seed=3, logit_bias=NO_END
+    )
+    exs = relay.wait(before + 3)[before:]
+    assert [e.path for e in exs] == [GENERATE] * 3
+    assert "structured_outputs" in exs[0].request["sampling_params"]  # the forced call
+    assert "grammar" in exs[0].request["sampling_params"]["structured_outputs"]
+    for prev, nxt in zip(exs, exs[1:], strict=False):
+        chained = _prompt(prev) + _sampled(prev)[0]
+        assert _prompt(nxt)[: len(chained)] == chained
+    calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert [c["parent_id"] for c in calls] == [None, calls[0]["id"], calls[1]["id"]]
+    assert [c["completion_ids"] for c in calls] == [_sampled(e)[0] for e in exs]
+    (traj,) = ts.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
+    assert traj["token_ids"] == _prompt(exs[-1]) + _sampled(exs[-1])[0]
+    assert traj["segment_reason"] == "first_call"
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_client_gone_mid_call_aborts_the_request_in_vllm(ts, relay, vllm):
+    """The harness hangs up three chunks into a 4000-token stream (minutes of generation
+    here): vLLM stops it at once. vLLM 0.32 counts an aborted request in no finished counter
+    (``request_success_total{finished_reason="abort"}`` stays 0), so the proof is that
+    nothing is running seconds later while no request finished, and Turnstile's abort by id
+    (``/inference/v1/abort_requests``, which 0.32 serves with scale-out) was accepted."""
+    session = ts.session(test="abort")
+    finished = _metric(vllm, "vllm:request_success_total")
+    before = len(relay.exchanges)
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Write a very long story."}],
+        "max_tokens": 4000,
+        "stream": True,
+        "logit_bias": NO_END,
+    }
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", session["base_url"] + "/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            seen = 0
+            for line in r.iter_lines():
+                seen += line.startswith("data: {")
+                if seen >= 3:
+                    break  # and the connection is closed, mid-generation
+    hung_up = time.monotonic()
+    (ex,) = relay.wait(before + 1, timeout=60)[before:]
+    while _metric(vllm, "vllm:num_requests_running") and time.monotonic() - hung_up < 30:
+        time.sleep(0.2)
+    assert _metric(vllm, "vllm:num_requests_running") == 0
+    assert time.monotonic() - hung_up < 30  # 4000 tokens take minutes on this CPU
+    assert _metric(vllm, "vllm:request_success_total") == finished  # stopped, not finished
+    assert len(_sampled(ex)[0]) < 4000
+    rid = ex.request["request_id"]
+    aborts = [a for a in relay.aborts if f"generate-tokens-{rid}" in a[0].get("request_ids", [])]
+    assert aborts and aborts[0][1] == 200, relay.aborts
+    deadline = time.monotonic() + 30
+    while not (calls := ts.get(f"/v1/sessions/{session['id']}/calls")["data"]):
+        assert time.monotonic() < deadline, "the cancelled call was never recorded"
+        time.sleep(0.2)
+    (call,) = calls
+    assert call["status"] != "ok", call
+    assert call["completion_ids"] == _sampled(ex)[0][: len(call["completion_ids"])]
+
+
+def test_auto_picks_completions_on_a_vllm_started_on_its_defaults(model_dir, tmp_path_factory):
+    """vLLM 0.32 without --enable-scale-out answers 403 on /inference/v1/generate:
+    ``--vllm-api auto`` (the default) says so at start and generates through
+    /v1/completions instead of answering 502 per call."""
+    tmp = tmp_path_factory.mktemp("vllm-defaults")
+    with testbed.vllm_server(model_dir, [], log=tmp / "vllm.log") as url:
+        rel, server = start_relay(url)
+        try:
+            t = _turnstile(rel, model_dir, tmp)
+            try:
+                session = t.session(test="defaults")
+                _, _, finish = _chat(
+                    _client(session), False,
+                    messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                    logit_bias=NO_END,
+                )  # fmt: skip
+                assert finish == "length"
+            finally:
+                t.stop()
+        finally:
+            server.shutdown()
+            server.server_close()
+    # the start's probes (empty bodies: refused before anything is generated), then the call
+    probes_and_call = [(GENERATE, 403), (COMPLETIONS, 400), (COMPLETIONS, 200)]
+    assert [(e.path, e.status) for e in rel.exchanges] == probes_and_call
+    assert "--enable-scale-out" in rel.exchanges[0].response["error"]["message"]
+    log = t.log.read_text()
+    assert re.search(
+        r"generating through /v1/completions \(/inference/v1/generate answered 403", log
+    )
