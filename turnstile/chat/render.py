@@ -18,6 +18,7 @@ hard-coded per family:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -53,6 +54,19 @@ class Renderer:
         self.fingerprint = f"{tokenizer.fingerprint}:{template.fingerprint}"
         self._heads: dict[bytes, str] = {}  # stand-in head renders, see _head
         self._ignores_tools: bool | None = None
+        # A template that never names the developer role drops such messages (Qwen2.5's does,
+        # silently), and a Responses harness sends its whole instructions as one (Codex): the
+        # model is shown them as the system messages they stand for.
+        self.developer_as_system = "developer" not in template.source
+
+    def render(self, messages: list[dict], tools: list[dict] | None, **kwargs: Any) -> str:
+        """The template's text for ``messages`` (developer messages as system ones where the
+        template knows no developer role)."""
+        if self.developer_as_system and any(m.get("role") == "developer" for m in messages):
+            messages = [
+                {**m, "role": "system"} if m.get("role") == "developer" else m for m in messages
+            ]
+        return self.template.render(messages, tools, **kwargs)
 
     @property
     def ignores_tools(self) -> bool:
@@ -79,7 +93,7 @@ class Renderer:
     def render_full(
         self, messages: list[dict], tools: list[dict] | None, **kwargs: object
     ) -> list[int]:
-        text = self.template.render(messages, tools, add_generation_prompt=True, **kwargs)
+        text = self.render(messages, tools, add_generation_prompt=True, **kwargs)
         return self.encoder.encode(text)
 
     def encode_fragment(self, text: str) -> list[int]:
@@ -103,7 +117,7 @@ class Renderer:
         messages by position and branch on it (Bielik), so the stand-in keeps it.
         """
         head = [system, STAND_IN_USER] if system else [STAND_IN_USER]
-        render = self.template.render
+        render = self.render
         # The close is searched in a copy of the reply without end-of-turn marker text in it
         # (a coding agent may write "<|endoftext|>" into a file): the search must not land
         # inside the content.
@@ -150,7 +164,7 @@ class Renderer:
             key = None
         text = self._heads.get(key) if key is not None else None
         if text is None or not before.startswith(text):
-            text = self.template.render(head, tools, add_generation_prompt=False, **kwargs)
+            text = self.render(head, tools, add_generation_prompt=False, **kwargs)
             if key is not None:
                 if len(self._heads) >= 256:
                     self._heads.clear()

@@ -57,10 +57,6 @@ class ChatTemplate:
         self.id_length = required_id_length(source)  # Mistral: 9-character tool-call IDs
         self.variables = {**(special_tokens or {}), **(extra_kwargs or {})}
         self.fingerprint = hashlib.sha256(source.encode()).hexdigest()[:16]
-        # A template that never names the developer role drops (or refuses) such messages,
-        # and a Responses harness (Codex) sends its whole instructions as one: those render
-        # as the system messages they stand for.
-        self.developer_as_system = "developer" not in source
         self._compiled: Any = None  # compiled on first use (a bad template fails per call)
 
     @classmethod
@@ -95,12 +91,7 @@ class ChatTemplate:
             raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
 
     def messages(self, messages: list[dict]) -> list[dict]:
-        """The messages as this template receives them in vLLM (``chat.content``), a developer
-        message as a system one where the template knows no developer role."""
-        if self.developer_as_system and any(m.get("role") == "developer" for m in messages):
-            messages = [
-                {**m, "role": "system"} if m.get("role") == "developer" else m for m in messages
-            ]
+        """The messages as this template receives them in vLLM (``chat.content``)."""
         return normalise(messages, self.content_format, self.id_length)
 
     def _render_plain(
