@@ -19,7 +19,9 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from importlib.metadata import version
 from pathlib import Path
 from typing import Literal
@@ -28,6 +30,7 @@ import httpx
 import httpx2
 import openai
 import pytest
+from conftest import Relay, _relay_handler
 
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
@@ -58,11 +61,21 @@ def smollm2() -> Path:
     return testbed.smollm2_gguf()
 
 
+# What llama-server received and sampled, for every call of this module (the recording relay
+# between Turnstile and the engine): each test's records are checked against it.
+WIRE = Relay("")
+
+
 @pytest.fixture(scope="module")
 def engine(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("smollm2") / "llama-server.log"
     with testbed.llama_server(smollm2, ctx=16384, parallel=2, log=log) as url:
-        yield url
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _relay_handler(url, WIRE))
+        WIRE.url = f"http://127.0.0.1:{server.server_address[1]}"
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield WIRE.url
+        server.shutdown()
+        server.server_close()
 
 
 # The trainer's token, given to the servers below through $TURNSTILE_TOKEN; harnesses only
@@ -182,6 +195,16 @@ def _tally(gateway: str, session: dict, harness: str, sent: int | None, **extra:
     if sent is not None:
         assert len(calls) == sent, f"{harness}: {sent} requests answered, {len(calls)} recorded"
     assert all(c["status"] == "ok" for c in calls), [c["error"] for c in calls]
+    # each call's prompt and completion as llama-server received and sampled them
+    wire = [e.request["prompt"] + e.response["tokens"] for e in WIRE.completions()]
+    per_call = httpx.get(
+        f"{gateway}/v1/sessions/{session['id']}/trajectories?mode=per_call",
+        timeout=30,
+        headers=AUTH,
+    ).json()["data"]
+    assert len(per_call) == len(calls)
+    for t in per_call:
+        assert t["token_ids"] in wire, f"{harness}: a recorded call is not what the engine saw"
     chained = [c for c in calls if c["parent_id"] is not None]
     new = [c for c in calls if c["parent_id"] is None]
     assert all(c["segment_reason"] for c in new)
