@@ -3,8 +3,8 @@
 Turnstile → a recording relay → vLLM: each test compares Turnstile's records with what vLLM
 received and returned on the wire (the relay), on both token-in routes, streamed and not.
 vLLM runs as a user starts it, with ``--enable-scale-out`` (``/inference/v1/generate``) and
-``--logprobs-mode processed_logprobs``; one server for the module (about a minute to start
-here, more on a busy machine). The template is Qwen2.5's (ChatML, as SmolLM2's, but it
+``--logprobs-mode processed_logprobs`` and a 2048-token context; one server for the module
+(30-50 s to start here once cached; one more, on vLLM's defaults, for the ``auto`` test). The template is Qwen2.5's (ChatML, as SmolLM2's, but it
 renders tools). What each test needs is forced (max_tokens, logit_bias, tool_choice), never
 left to what the model happens to sample.
 
@@ -39,6 +39,8 @@ pytestmark = pytest.mark.timeout(900)
 
 END_IDS = (0, 2)  # SmolLM2: <|endoftext|>, <|im_end|>
 NO_END = {str(t): -100 for t in END_IDS}  # runs to max_tokens
+CONTEXT = 2048
+CAT = 2644  # " cat" in SmolLM2's vocabulary (" cat cat" is two of them)
 GENERATE, COMPLETIONS = "/inference/v1/generate", "/v1/completions"
 TOOLS = [
     {
@@ -176,6 +178,7 @@ def vllm(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     t = time.monotonic()
     extra = ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
+    extra += ["--max-model-len", str(CONTEXT)]  # SmolLM2's 8192 is slow to fill on a CPU
     with testbed.vllm_server(model_dir, extra, log=log) as url:
         print(f"[vllm] server up in {time.monotonic() - t:.0f} s ({log})", file=sys.stderr)
         yield url
@@ -364,6 +367,66 @@ def test_multi_turn_forced_tool_call_is_chained_exactly(ts, relay):
     (traj,) = ts.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
     assert traj["token_ids"] == _prompt(exs[-1]) + _sampled(exs[-1])[0]
     assert traj["segment_reason"] == "first_call"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_stop_string_ends_the_call_where_vllm_ended_it(ts, relay, stream):
+    """ " cat" forced (+100) at every step, stop at "cat cat": vLLM detokenizes (it was
+    sent ``detokenize``), stops on the string and says so; the record keeps the tokens it
+    sampled, the harness gets the text before the stop string."""
+    session = ts.session(test="stop")
+    before = len(relay.exchanges)
+    text, _, finish = _chat(
+        _client(session),
+        stream,
+        messages=[{"role": "user", "content": "Say cat."}],
+        max_tokens=20,
+        stop=["cat cat"],
+        logit_bias={str(CAT): 100},
+    )
+    (ex,) = relay.wait(before + 1)[before:]
+    sp = ex.request["sampling_params"]
+    assert sp["stop"] == ["cat cat"] and sp["detokenize"] is True
+    ids, _, _ = _sampled(ex)
+    assert ids and set(ids) == {CAT} and len(ids) < 20
+    parts = [ex.response] if ex.response is not None else ex.chunks
+    ends = [c for part in parts for c in part.get("choices") or [] if c.get("finish_reason")]
+    stop_reason = [c.get("stop_reason") for c in ends]
+    assert stop_reason == ["cat cat"]
+    assert finish == "stop"
+    assert "cat cat" not in text
+    (call,) = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert call["completion_ids"] == ids
+
+
+def test_max_tokens_is_cut_to_the_room_left_in_the_context(ts, relay):
+    """A prompt a few tokens short of ``--max-model-len`` with max_tokens 100: vLLM is asked
+    for exactly the room left (it would refuse more) and fills the context; a prompt that
+    fills it is Turnstile's 400, and vLLM never sees it."""
+    session = ts.session(test="context")
+    client = _client(session)
+    before = len(relay.exchanges)
+
+    def ask(words: int, max_tokens: int) -> object:
+        messages = [{"role": "user", "content": "hello" + " hello" * (words - 1)}]
+        return client.chat.completions.create(
+            model="m", messages=messages, max_tokens=max_tokens, logit_bias=NO_END
+        )
+
+    ask(100, 1)
+    (probe,) = relay.wait(before + 1)[before:]
+    overhead = len(_prompt(probe)) - 100  # the template's tokens around one " hello" each
+    room = 7
+    r = ask(CONTEXT - overhead - room, 100)
+    (ex,) = relay.wait(before + 2)[before + 1 :]
+    assert len(_prompt(ex)) == CONTEXT - room
+    assert ex.request["sampling_params"]["max_tokens"] == room
+    assert len(_sampled(ex)[0]) == room and r.choices[0].finish_reason == "length"
+    assert r.usage.total_tokens == CONTEXT
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(CONTEXT - overhead, 1)
+    assert "context" in str(e.value)
+    assert len(relay.exchanges) == before + 2  # not sent
 
 
 def _metric(url: str, name: str, **labels: str) -> float:

@@ -539,6 +539,16 @@ def vllm_model() -> Path:
     return out
 
 
+def _die_with_parent() -> None:
+    """In a child, before exec: SIGTERM when the process that started it dies (a test run
+    killed outright would otherwise leave vLLM and its memory behind)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def vllm_server(
     model_dir: Path,
@@ -570,7 +580,12 @@ def vllm_server(
     env.pop("PYTHONPATH", None)  # vLLM's venv, not this checkout's
     out = log.open("ab") if log else subprocess.DEVNULL
     proc = subprocess.Popen(
-        cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     url = f"http://127.0.0.1:{port}"
     try:
