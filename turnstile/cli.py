@@ -427,6 +427,15 @@ def build_parser() -> argparse.ArgumentParser:
     export_mod.add_arguments(e)
     e.set_defaults(func=export_mod.cli)
 
+    r = sub.add_parser(
+        "verify",
+        help="re-feed recorded trajectories to an engine: recorded logprobs vs its recompute",
+    )
+    from . import verify_cli
+
+    verify_cli.add_arguments(r)
+    r.set_defaults(func=verify_cli.cli)
+
     return parser
 
 
