@@ -2,11 +2,12 @@
 
 Turnstile → a recording relay → vLLM: each test compares Turnstile's records with what vLLM
 received and returned on the wire (the relay), on both token-in routes, streamed and not.
-vLLM runs as a user starts it, with ``--enable-scale-out`` (``/inference/v1/generate``) and
-``--logprobs-mode processed_logprobs`` and a 2048-token context; one server for the module
-(30-50 s to start here once cached; one more, on vLLM's defaults, for the ``auto`` test). The template is Qwen2.5's (ChatML, as SmolLM2's, but it
-renders tools). What each test needs is forced (max_tokens, logit_bias, tool_choice), never
-left to what the model happens to sample.
+vLLM runs as a user starts it, with ``--enable-scale-out`` (``/inference/v1/generate``),
+``--logprobs-mode processed_logprobs`` and a 2048-token context: one server for the module
+(30-50 s to start here once cached; one more, on vLLM's defaults, for the ``auto`` test).
+Token-in Turnstiles render with Qwen2.5's template (ChatML, as SmolLM2's, but it renders
+tools); capture mode lets vLLM render with the model's own. What each test needs is forced
+(max_tokens, logit_bias, tool_choice, stop), never left to what the model happens to sample.
 
 The test bed installs vLLM into its own venv on first use (about 4 minutes, once;
 ``turnstile.testbed.vllm_python``): where it cannot, the module fails with the reason.
@@ -42,6 +43,7 @@ NO_END = {str(t): -100 for t in END_IDS}  # runs to max_tokens
 CONTEXT = 2048
 CAT = 2644  # " cat" in SmolLM2's vocabulary (" cat cat" is two of them)
 GENERATE, COMPLETIONS = "/inference/v1/generate", "/v1/completions"
+CHAT = "/v1/chat/completions"  # capture mode: vLLM renders
 TOOLS = [
     {
         "type": "function",
@@ -110,7 +112,7 @@ def _relay_handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
             if self.path.endswith("/abort_requests") and body:
                 relay.aborts.append((json.loads(body), resp.status))
             ex = None
-            if method == "POST" and self.path in (GENERATE, COMPLETIONS) and body:
+            if method == "POST" and self.path in (GENERATE, COMPLETIONS, CHAT) and body:
                 ex = Exchange(self.path, json.loads(body), status=resp.status)
                 relay.exchanges.append(ex)
             self.send_response(resp.status)
@@ -254,14 +256,16 @@ def _prompt(ex: Exchange) -> list[int]:
     return ex.request["token_ids"] if ex.path == GENERATE else ex.request["prompt"]
 
 
-def _chat(client: openai.OpenAI, stream: bool, **kw: object) -> tuple[str, list, str]:
+def _chat(
+    client: openai.OpenAI, stream: bool, model: str = "m", **kw: object
+) -> tuple[str, list, str]:
     """Text, logprob entries and finish reason of one chat completion."""
     if not stream:
-        r = client.chat.completions.create(model="m", **kw)
+        r = client.chat.completions.create(model=model, **kw)
         c = r.choices[0]
         return c.message.content or "", (c.logprobs.content if c.logprobs else []), c.finish_reason
     text, entries, finish = "", [], None
-    for chunk in client.chat.completions.create(model="m", stream=True, **kw):
+    for chunk in client.chat.completions.create(model=model, stream=True, **kw):
         if chunk.choices:
             c = chunk.choices[0]
             text += c.delta.content or ""
@@ -427,6 +431,84 @@ def test_max_tokens_is_cut_to_the_room_left_in_the_context(ts, relay):
         ask(CONTEXT - overhead, 1)
     assert "context" in str(e.value)
     assert len(relay.exchanges) == before + 2  # not sent
+
+
+@pytest.fixture(scope="module")
+def ts_capture(relay: Relay, model_dir: Path, tmp_path_factory) -> Iterator[Turnstile]:
+    """Capture mode: vLLM renders with the model's own template, Turnstile records the IDs."""
+    tmp = tmp_path_factory.mktemp("capture")
+    args = ("--mode", "passthrough", "--engine", "vllm")
+    t = Turnstile(relay.url, model_dir, tmp / "data", tmp / "turnstile.log", args).start()
+    yield t
+    t.stop()
+
+
+def _chat_ids(ex: Exchange) -> tuple[list[int], list[int]]:
+    """Prompt and sampled IDs vLLM's Chat Completions returned (``return_token_ids``)."""
+    parts = [ex.response] if ex.response is not None else ex.chunks
+    prompt = next(p["prompt_token_ids"] for p in parts if p.get("prompt_token_ids"))
+    out = [t for p in parts for c in p.get("choices") or [] for t in c.get("token_ids") or []]
+    return prompt, out
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_capture_mode_records_the_ids_vllm_rendered_and_sampled(
+    ts_capture, relay, model_dir, stream
+):
+    """Two turns through vLLM's own rendering: each record is vLLM's prompt and sampled IDs
+    and their logprobs; turn 2 extends turn 1 (a reply of " cat"s re-tokenizes as sampled)."""
+    session = ts_capture.session(test="capture")
+    client = _client(session)
+    before = len(relay.exchanges)
+    msgs: list[dict] = [{"role": "user", "content": "Say cat."}]
+    for _ in range(2):
+        text, _, finish = _chat(
+            client, stream, str(model_dir), messages=msgs, max_tokens=4, logprobs=True,
+            logit_bias={str(CAT): 100},
+        )  # fmt: skip
+        assert finish == "length"
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "Again."}]
+    exs = relay.wait(before + 2)[before:]
+    assert [e.path for e in exs] == [CHAT, CHAT]
+    calls = ts_capture.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert [c["mode"] for c in calls] == ["passthrough"] * 2
+    (p1, o1), (p2, o2) = (_chat_ids(e) for e in exs)
+    assert o1 == o2 == [CAT] * 4
+    for c, ex in zip(calls, exs, strict=True):
+        prompt, out = _chat_ids(ex)
+        assert c["reused_prefix_len"] + len(c["prompt_delta_ids"]) == len(prompt)
+        assert c["completion_ids"] == out
+        parts = [ex.response] if ex.response is not None else ex.chunks
+        lps = [
+            e["logprob"]
+            for p in parts
+            for ch in p.get("choices") or []
+            for e in (ch.get("logprobs") or {}).get("content") or []
+        ]
+        assert c["completion_logprobs"] == pytest.approx(lps, abs=1e-6)
+    assert calls[1]["parent_id"] == calls[0]["id"]
+    assert calls[1]["reused_prefix_len"] == len(p1) + len(o1)
+    assert p2[: len(p1) + len(o1)] == p1 + o1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_request_vllm_refuses_is_its_400_to_the_harness(ts, relay, stream):
+    """An out-of-vocabulary logit_bias: vLLM's own 400 and message reach the harness (in the
+    stream when streamed, as vLLM itself answers), and nothing is recorded as a sample."""
+    session = ts.session(test="refused")
+    before = len(relay.exchanges)
+    with pytest.raises(openai.APIError if stream else openai.BadRequestError) as e:
+        _chat(
+            _client(session), stream, messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=3, logit_bias={"999999": 5},
+        )  # fmt: skip
+    (ex,) = relay.wait(before + 1)[before:]
+    # vLLM itself refuses a stream in the stream: 200, then one error object
+    assert ex.status == (200 if stream else 400)
+    said = (ex.chunks[0] if stream else ex.response)["error"]["message"]
+    assert "out-of-vocab" in said and said in str(e.value)
+    calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert all(c["status"] != "ok" and not c["completion_ids"] for c in calls), calls
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
