@@ -311,6 +311,11 @@ def test_token_in_records_and_logprobs_are_what_vllm_received_and_sampled(
     assert call["reused_prefix_len"] + len(call["prompt_delta_ids"]) == len(_prompt(ex))
     assert _prompt(ex)[call["reused_prefix_len"] :] == call["prompt_delta_ids"]
     assert call["completion_ids"] == ids
+    if route == GENERATE:  # 0.32's spans of the weights each token was sampled with
+        parts = [ex.response] if ex.response is not None else ex.chunks
+        spans = [sp for p in parts for c in p["choices"] for sp in c.get("weight_versions") or []]
+        assert spans == [{"version": "default", "start": 0, "end": 12}]
+        assert call["weight_version"] == ["default"] * 12
     (traj,) = t.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
     assert traj["token_ids"] == _prompt(ex) + ids
     assert traj["logprobs"][len(_prompt(ex)) :] == pytest.approx(lps, abs=1e-6)
