@@ -160,6 +160,17 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _fraction(value: str) -> float:
+    """A number in [0, 1] (argparse type)."""
+    try:
+        f = float(value)
+    except ValueError:
+        f = -1.0
+    if not 0.0 <= f <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, not {value!r}")
+    return f
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.func(args)
@@ -220,6 +231,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--port", type=int, default=8400, help="port to listen on (default: 8400)")
     s.add_argument("--public-url", help="base URL harnesses reach this server at")
+    s.add_argument(
+        "--verify-fraction",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="score this fraction of recorded calls again on the engine, in the background, "
+        "and export the agreement per weight version in /metrics (default: 0, off)",
+    )
+    s.add_argument(
+        "--verify-engine-url",
+        metavar="URL",
+        help="the engine that scores them (default: the replica that served each call)",
+    )
+    s.add_argument(
+        "--verify-threshold",
+        type=float,
+        default=0.05,
+        metavar="DELTA",
+        help="a call whose worst |recorded - recomputed| logprob exceeds this is counted as "
+        "parted, and logged once per weight version (default: 0.05)",
+    )
     s.add_argument(
         "--keepalive",
         type=float,

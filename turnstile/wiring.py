@@ -27,6 +27,7 @@ from .engines.pool import ReplicaPool
 from .parsing.detect import FormatChoice, detect_format
 from .server.gateway import Gateway
 from .server.limits import Limits
+from .server.monitor import VerifyOptions
 from .server.passthrough import PassthroughGateway
 from .store.database import is_postgres
 from .store.store import Store
@@ -225,10 +226,22 @@ def server_from_args(args: argparse.Namespace) -> Server:
         limits=limits_from(args),
         tokenizer=None if isinstance(gateway, PassthroughGateway) else gateway.renderer.tok,
         keepalive=args.keepalive,
+        verify=verify_options(args),
     )
     if is_postgres(args.store or ""):
         share(app, gateway)
     return Server(app, gateway, banner)
+
+
+def verify_options(args: argparse.Namespace) -> VerifyOptions | None:
+    """The live monitor's settings (token-in mode only: capture mode's prompts are the
+    engine's own render, scored by the same recompute all the same)."""
+    if not args.verify_fraction:
+        return None
+    kind = "llama-cpp" if args.engine.lower() in ("llamacpp", "llama.cpp") else args.engine
+    return VerifyOptions(
+        args.verify_fraction, kind.lower(), args.verify_engine_url, args.verify_threshold
+    )
 
 
 def share(app: Starlette, gateway: Gateway | PassthroughGateway) -> None:

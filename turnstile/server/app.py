@@ -34,6 +34,7 @@ from .contract import AppGateway
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
 from .metrics import Metrics, MetricsMiddleware, metrics_route
+from .monitor import Monitor, VerifyOptions
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
 from .routes_harness import (
     chat,
@@ -114,15 +115,29 @@ def create_app(
     tokenizer: LoadedTokenizer | None = None,
     replica: str | None = None,
     keepalive: float | None = 10.0,
+    verify: VerifyOptions | None = None,
 ) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
     ``replica`` label of its metrics (default: ``host:pid``); ``keepalive``: seconds of
-    silence after which a stream sends a keep-alive (0/None: never)."""
+    silence after which a stream sends a keep-alive (0/None: never); ``verify``: the live
+    mismatch monitor's settings (None: off)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
         store.observers.append(metrics.committed)
+    monitor = None
+    if verify is not None and verify.fraction > 0 and store is not None:
+        monitor = Monitor(
+            store,
+            verify.engine,
+            verify.url,
+            verify.fraction,
+            metrics.registry,
+            metrics.replica,
+            verify.threshold,
+        )
+        store.observers.append(monitor.committed)
     ctx = AppContext(
         gateway=gateway,
         store=store,
@@ -143,6 +158,7 @@ def create_app(
     )
     app.state.turnstile = ctx
     app.state.metrics = metrics
+    app.state.monitor = monitor
     # a call that waited at the door while its session was closed is refused there
     gateway.control.is_closed = ctx.sessions.closed.__contains__
     return app
@@ -166,6 +182,9 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     """Start the engine (and say what the records will lack), close it on shutdown."""
     gateway: AppGateway = app.state.turnstile.gateway
     await gateway.engine.start()
+    monitor: Monitor | None = app.state.monitor
+    if monitor is not None:
+        await monitor.start()
     warning = gateway.engine.logprob_warning()
     if warning:
         print(f"turnstile: WARNING: {warning}", file=sys.stderr)
@@ -177,4 +196,6 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             file=sys.stderr,
         )
     yield
+    if monitor is not None:
+        await monitor.close()
     await gateway.engine.close()

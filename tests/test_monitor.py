@@ -1,0 +1,98 @@
+"""The live mismatch monitor (``serve --verify-fraction F``): calls are scored again by an
+engine in the background and the agreement is exported per weight version. Against the engine
+that sampled them, exact records agree; against another engine's weights (a stale weight sync,
+as a trainer would have it after a failed update) every call parts, and that is logged once.
+Truth: the engine's own recompute, read through Prometheus' parser from ``/metrics``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from turnstile import testbed
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _series(ts) -> dict[tuple[str, tuple], float]:
+    r = ts.http.get(ts.url + "/metrics")
+    r.raise_for_status()
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            if s.name.startswith("turnstile_verify"):
+                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))
+                out[(s.name, labels)] = s.value
+    return out
+
+
+def _calls(ts, n: int, no_end_bias: dict) -> None:
+    session = ts.session()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "Tell me about Oslo."}]
+    for seed in range(n):
+        r = client.chat.completions.create(
+            model="t", messages=msgs, max_tokens=12, seed=seed, logit_bias=no_end_bias
+        )
+        msgs += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "More."},
+        ]
+
+
+def _wait(ts, name: str, labels: tuple, value: float) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = _series(ts)
+        if got.get((name, labels), 0) >= value:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"{name}{labels} never reached {value}: {_series(ts)}")
+
+
+NONE = (("weight_version", "none"),)
+
+
+def test_exact_records_agree_with_the_engine_that_sampled_them(
+    llama_tiny, tiny_qwen2, turnstile_factory, no_end_bias
+):
+    ts = turnstile_factory(llama_tiny, tiny_qwen2, extra=("--verify-fraction", "1"))
+    _calls(ts, 3, no_end_bias)
+    got = _wait(ts, "turnstile_verify_calls_total", NONE, 3)
+    assert got.get(("turnstile_verify_parted_calls_total", NONE), 0) == 0
+    below = got[("turnstile_verify_max_abs_delta_bucket", (("le", "1e-06"), *NONE))]
+    assert below == 3  # every call's worst token agrees to the bit
+    assert "parts from the engine's recompute" not in ts.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def other_weights(tmp_path_factory) -> Iterator[str]:
+    """The same architecture and vocabulary with other random weights."""
+    model = testbed.tiny_model("qwen2", "Qwen-Qwen2.5-7B-Instruct", seed=1)
+    log = tmp_path_factory.mktemp("other") / "llama-server.log"
+    with testbed.llama_server(model, ctx=2048, parallel=1, log=log) as url:
+        yield url
+
+
+def test_stale_weights_show_as_parted_calls_logged_once(
+    llama_tiny, tiny_qwen2, turnstile_factory, no_end_bias, other_weights
+):
+    ts = turnstile_factory(
+        llama_tiny,
+        tiny_qwen2,
+        extra=("--verify-fraction", "1", "--verify-engine-url", other_weights),
+    )
+    _calls(ts, 2, no_end_bias)
+    got = _wait(ts, "turnstile_verify_parted_calls_total", NONE, 2)
+    assert got[("turnstile_verify_calls_total", NONE)] == 2
+    assert ts.log.read_text().count("parts from the engine's recompute") == 1
+
+
+def test_no_fraction_no_verification(llama_tiny, tiny_qwen2, turnstile_factory, no_end_bias):
+    ts = turnstile_factory(llama_tiny, tiny_qwen2)
+    _calls(ts, 1, no_end_bias)
+    assert not any(v for (name, _), v in _series(ts).items() if name.endswith("_total"))

@@ -1,0 +1,161 @@
+"""The live mismatch monitor (``serve --verify-fraction F``): a random fraction of the calls
+recorded is scored again by the engine in the background (``turnstile.verify``), and the
+agreement is exported per weight version, so a stale weight sync, a logprob mode that is not
+the sampling distribution, or a batch-variant kernel shows while training runs.
+
+It never touches a harness's call: the store's writer thread hands it committed records, it
+keeps at most ``capacity`` of them waiting (more are dropped, and counted), and one task on the
+event loop scores them one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ..store.records import CallRecord
+from ..store.store import Store
+from ..store.trajectories import stitch
+from ..verify import NotSupported, Scorer, scorer, verify
+
+log = logging.getLogger("turnstile.monitor")
+
+# |Δ logprob| of the worst token of a call: exact records sit at 0 (or the engine's noise)
+_DELTA = (0.0, 1e-6, 1e-4, 1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, float("inf"))
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """``serve --verify-fraction F [--verify-engine-url URL] [--verify-threshold T]``."""
+
+    fraction: float
+    engine: str  # the engine kind: "llama-cpp", "vllm", "sglang"
+    url: str | None = None  # None: the replica that served each call
+    threshold: float = 0.05
+
+
+class Monitor:
+    """Scores a sample of committed calls; its series go into the gateway's registry. ``url``:
+    the engine that scores (None: the replica that served each call)."""
+
+    def __init__(
+        self,
+        store: Store,
+        kind: str,
+        url: str | None,
+        fraction: float,
+        registry: CollectorRegistry,
+        replica: str,
+        threshold: float = 0.05,
+        capacity: int = 64,
+        rng: Callable[[], float] = random.random,
+    ):
+        self.store, self.kind, self.url = store, kind, url
+        self.fraction, self.threshold, self.capacity = fraction, threshold, capacity
+        self.rng, self.replica = rng, replica
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.queue: asyncio.Queue[tuple[str, str, str]] | None = None
+        self._task: asyncio.Task | None = None
+        self._warned: set[str] = set()  # weight versions whose mismatch was logged
+        labels = ["replica", "weight_version"]
+        self.verified = Counter(
+            "turnstile_verify_calls",
+            "Calls scored again by the engine (--verify-fraction), by weight version",
+            labels,
+            registry=registry,
+        )
+        self.parted = Counter(
+            "turnstile_verify_parted_calls",
+            "Verified calls with a sampled token whose recorded logprob the engine's recompute "
+            f"misses by more than the threshold ({threshold})",
+            labels,
+            registry=registry,
+        )
+        self.delta = Histogram(
+            "turnstile_verify_max_abs_delta",
+            "A verified call's largest |recorded - recomputed| logprob over its sampled tokens",
+            labels,
+            buckets=_DELTA,
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "turnstile_verify_dropped_calls",
+            "Calls picked for verification but dropped: the queue was full, or the engine "
+            "could not score them",
+            ["replica", "why"],
+            registry=registry,
+        )
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue = asyncio.Queue(self.capacity)
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def committed(self, rec: CallRecord, write_seconds: float) -> None:
+        """A record was committed (the store's writer thread): pick it with the fraction."""
+        url = self.url or rec.info.get("engine_url")
+        if rec.status != "ok" or not url or self.loop is None or self.rng() >= self.fraction:
+            return
+        self.loop.call_soon_threadsafe(self._enqueue, rec.session_id, rec.id, url)
+
+    def _enqueue(self, session_id: str, call_id: str, url: str) -> None:
+        assert self.queue is not None
+        try:
+            self.queue.put_nowait((session_id, call_id, url))
+        except asyncio.QueueFull:
+            self.dropped.labels(self.replica, "queue_full").inc()
+
+    async def _run(self) -> None:
+        assert self.queue is not None
+        async with httpx.AsyncClient(timeout=300) as client:
+            engines: dict[str, Scorer] = {}
+            while True:
+                session_id, call_id, url = await self.queue.get()
+                try:
+                    engine = engines.get(url) or engines.setdefault(
+                        url, scorer(self.kind, client, url)
+                    )
+                    await self._check(engine, session_id, call_id)
+                except (NotSupported, httpx.HTTPError, KeyError, ValueError) as exc:
+                    self.dropped.labels(self.replica, "engine").inc()
+                    log.warning("verify: call %s not scored: %r", call_id, exc)
+
+    async def _check(self, engine: Scorer, session_id: str, call_id: str) -> None:
+        calls = await asyncio.to_thread(self.store.calls, session_id)
+        traj = next((t for t in stitch(calls, "per_call") if t.call_ids[-1] == call_id), None)
+        if traj is None:  # the session was deleted meanwhile
+            return
+        report = await verify(traj, engine, None)
+        version = ",".join(report.versions) or "none"
+        agreement = report.exact
+        if not agreement.tokens:
+            return
+        self.verified.labels(self.replica, version).inc()
+        self.delta.labels(self.replica, version).observe(agreement.max_abs)
+        if agreement.max_abs > self.threshold:
+            self.parted.labels(self.replica, version).inc()
+            if version not in self._warned:
+                self._warned.add(version)
+                log.warning(
+                    "verify: call %s (weights %s) parts from the engine's recompute: max |Δ "
+                    "logprob| %.4g over %d tokens (threshold %g); logged once per version",
+                    call_id,
+                    version,
+                    agreement.max_abs,
+                    agreement.tokens,
+                    self.threshold,
+                )
