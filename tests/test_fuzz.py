@@ -37,7 +37,8 @@ def test_the_document_describes_every_route():
     from turnstile.server.app import create_app
     from turnstile.server.openapi import ROUTES
 
-    app = create_app(SimpleNamespace(store=None), "http://x", token="t" * 16)
+    gateway = SimpleNamespace(store=None, control=SimpleNamespace())
+    app = create_app(gateway, "http://x", token="t" * 16)
     served = {
         (m, r.path.replace("{sid}/v1", "{capability}/v1"))
         for r in app.routes

@@ -112,3 +112,24 @@ def test_the_cli_reports_each_trajectory_and_a_summary(
     )
     assert bad.returncode != 0 and "Traceback" not in bad.stderr, bad.stderr
     assert "did not answer" in bad.stderr
+
+
+def test_the_trainer_route_verifies_a_session_on_its_engine(turnstile, no_end_bias):
+    sid = _rollout(turnstile, no_end_bias)
+    r = turnstile.http.post(f"{turnstile.url}/v1/sessions/{sid}/verify", json={}, timeout=120)
+    assert r.status_code == 200, r.text
+    [report] = r.json()["data"]
+    assert report["engine"] == "llama-cpp" and report["exact"]["tokens"] == 48
+    assert report["exact"]["parted_at"] is None and report["naive_tokens_differ"]
+    assert r.json()["summary"][0]["exact"]["parted"] == 0
+    # the trainer's route only: a harness's capability does not open it
+    harness = httpx.post(
+        f"{turnstile.url}/v1/sessions/{sid}/verify",
+        headers={"authorization": "Bearer " + turnstile.session()["base_url"].split("/s/")[1][:-3]},
+        json={},
+        timeout=30,
+    )
+    assert harness.status_code in (401, 403)
+    assert (
+        turnstile.http.post(f"{turnstile.url}/v1/sessions/nope/verify", json={}).status_code == 404
+    )

@@ -54,6 +54,7 @@ from .routes_sessions import (
     rewards,
     session,
     trajectories,
+    verify_session,
 )
 from .session_index import SessionIndex
 
@@ -94,6 +95,7 @@ ROUTES = [
     Route("/v1/sessions/{sid}/calls", trainer(calls), methods=["GET"]),
     Route("/v1/sessions/{sid}/calls/{cid}/body", trainer(call_body), methods=["GET"]),
     Route("/v1/sessions/{sid}/trajectories", trainer(trajectories), methods=["GET"]),
+    Route("/v1/sessions/{sid}/verify", trainer(verify_session), methods=["POST"]),
     Route("/health", health, methods=["GET"]),
     Route("/admin/pause", trainer(admin_pause), methods=["POST"]),
     Route("/admin/resume", trainer(admin_resume), methods=["POST"]),

@@ -155,6 +155,13 @@ ROUTES: list[Op] = [
         "Stitched trajectories",
         query={"mode": {"enum": ["merged", "per_call"]}},
     ),
+    Op(
+        "POST",
+        "/v1/sessions/{sid}/verify",
+        TRAINER,
+        "Re-feed the session's trajectories to the engine that served them: recorded "
+        "logprobs against its recompute, beside the naive (re-tokenized) version",
+    ),
     Op("GET", "/health", OPEN, "Engine reachable (200) or not (503)"),
     Op(
         "POST",

@@ -3,11 +3,13 @@ bodies and trajectories."""
 
 from __future__ import annotations
 
+import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..store.trajectories import MODES, stitch
+from ..verify import NotSupported, summary, verify_sessions
 from . import record
 from .context import AppContext, context, json_response, read_json
 from .errors import APIError
@@ -234,4 +236,27 @@ async def trajectories(request: Request) -> Response:
             "mode": mode,
             "data": [t.with_session(s).to_json() for t in stitch(ctx.store.calls(sid), mode)],
         }
+    )
+
+
+async def verify_session(request: Request) -> Response:
+    """``POST /v1/sessions/{sid}/verify``: the session's trajectories scored again by the
+    engine that served them (``turnstile.verify``)."""
+    ctx = context(request)
+    sid = ctx.sessions.require(request.path_params["sid"])
+    calls = ctx.store.calls(sid)
+    served = [c.info["engine_url"] for c in calls if c.info.get("engine_url")]
+    if not served:
+        raise APIError(409, f"Session {sid!r} has no call an engine served.", code="no_calls")
+    url = served[-1]  # the session's replica
+    try:
+        results = await verify_sessions(
+            ctx.store, ctx.gateway.engine.name, url, [sid], ctx.tokenizer
+        )
+    except NotSupported as exc:
+        raise APIError(400, str(exc), code="verify_not_supported") from exc
+    except httpx.HTTPError as exc:
+        raise APIError(502, f"the engine did not answer: {exc!r}", code="engine_error") from exc
+    return json_response(
+        {"object": "list", "data": [r.to_json() for r in results], "summary": summary(results)}
     )
