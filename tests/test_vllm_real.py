@@ -181,7 +181,8 @@ def vllm(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     t = time.monotonic()
     extra = ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
     extra += ["--max-model-len", str(CONTEXT)]  # SmolLM2's 8192 is slow to fill on a CPU
-    with testbed.vllm_server(model_dir, extra, log=log) as url:
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause, /resume, /is_paused (RL weight updates)
+    with testbed.vllm_server(model_dir, extra, log=log, env=dev) as url:
         print(f"[vllm] server up in {time.monotonic() - t:.0f} s ({log})", file=sys.stderr)
         yield url
 
@@ -514,6 +515,33 @@ def test_a_request_vllm_refuses_is_its_400_to_the_harness(ts, relay, stream):
     assert "out-of-vocab" in said and said in str(e.value)
     calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
     assert all(c["status"] != "ok" and not c["completion_ids"] for c in calls), calls
+
+
+def _get(url: str) -> dict:
+    return json.loads(urllib.request.urlopen(url, timeout=10).read())
+
+
+def test_pause_and_resume_reach_vllm(ts, relay, vllm):
+    """The trainer's pause (drain) pauses vLLM itself (``/pause?mode=wait``, dev mode), its
+    resume resumes it, and the next call samples as before."""
+    assert _get(vllm + "/is_paused") == {"is_paused": False}
+    r = ts.http.post(ts.url + "/admin/pause", json={"mode": "drain", "timeout": 10})
+    assert r.status_code == 200, r.text
+    assert r.json()["paused"] is True and r.json()["in_flight"] == 0
+    assert "/pause?mode=wait: 200" in json.dumps(r.json()["engines"])
+    assert _get(vllm + "/is_paused") == {"is_paused": True}
+    r = ts.http.post(ts.url + "/admin/resume", json={})
+    assert r.status_code == 200, r.text
+    assert "/resume: 200" in json.dumps(r.json())
+    assert _get(vllm + "/is_paused") == {"is_paused": False}
+    session = ts.session(test="resumed")
+    before = len(relay.exchanges)
+    _, _, finish = _chat(
+        _client(session), False, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        logit_bias=NO_END,
+    )  # fmt: skip
+    assert finish == "length"
+    assert len(_sampled(relay.wait(before + 1)[before])[0]) == 3
 
 
 def _metric(url: str, name: str, **labels: str) -> float:

@@ -556,11 +556,13 @@ def vllm_server(
     log: Path | None = None,
     port: int | None = None,
     timeout: float = 600.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """Run vLLM's OpenAI server (CPU build, eager) on a free loopback port, as a user starts
     it: ``python -m vllm.entrypoints.openai.api_server --model DIR --enforce-eager``; yields its
     base URL once ``/health`` answers (two to three minutes on an idle 2-core machine) and
-    stops it after."""
+    stops it after. ``env``: more environment (``VLLM_SERVER_DEV_MODE=1`` for its pause
+    routes)."""
     python = vllm_python()
     port = port or free_port()
     cmd = [
@@ -576,7 +578,8 @@ def vllm_server(
         "--enforce-eager",
         *(extra or []),
     ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is 4
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": kv_space, **(env or {})}
     env.pop("PYTHONPATH", None)  # vLLM's venv, not this checkout's
     out = log.open("ab") if log else subprocess.DEVNULL
     proc = subprocess.Popen(
