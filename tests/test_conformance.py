@@ -285,7 +285,10 @@ def _check(
         assert rec.segment_reason, "a new segment without a reason"
         return
     sent = engine.received[-1]
-    full_text = renderer.template.render(truth_msgs, TOOLS, add_generation_prompt=True, **kwargs)
+    # the template's own render of the conversation as Turnstile declares it gives it to the
+    # template (developer messages as system ones where the template would drop them)
+    shown = renderer.as_rendered(truth_msgs)
+    full_text = renderer.template.render(shown, TOOLS, add_generation_prompt=True, **kwargs)
     full = renderer.render_full(truth_msgs, TOOLS, **kwargs)
     delta = list(rec.prompt_delta)
     tok = renderer.tok

@@ -31,8 +31,16 @@ def test_a_template_without_the_role_shows_developer_messages_as_system():
     assert r.render_full([DEV, USER], None) == r.encoder.encode(system)
 
 
+def test_a_template_that_renders_any_role_gets_developer_messages_as_they_are():
+    """No "developer" in its source, but it writes each message's role as it comes: the
+    message is rendered under its own role, as vLLM renders it."""
+    r = _renderer("ByteDance-Seed-OSS")
+    assert "developer" not in r.template.source and not r.drops_developer
+    assert r.render([DEV, USER], None) == r.template.render([DEV, USER], None)
+
+
 @pytest.mark.parametrize("template", ["openai-gpt-oss-120b"])
 def test_a_template_that_names_the_role_gets_it_as_is(template):
     r = _renderer(template)
-    assert not r.developer_as_system
+    assert not r.drops_developer
     assert r.render([DEV, USER], None) == r.template.render([DEV, USER], None)

@@ -54,19 +54,32 @@ class Renderer:
         self.fingerprint = f"{tokenizer.fingerprint}:{template.fingerprint}"
         self._heads: dict[bytes, str] = {}  # stand-in head renders, see _head
         self._ignores_tools: bool | None = None
-        # A template that never names the developer role drops such messages (Qwen2.5's does,
-        # silently), and a Responses harness sends its whole instructions as one (Codex): the
-        # model is shown them as the system messages they stand for.
-        self.developer_as_system = "developer" not in template.source
+        self._drops_developer: bool | None = None
+
+    @property
+    def drops_developer(self) -> bool:
+        """True when the template renders a developer message as nothing (Qwen2.5's, silently)
+        or refuses it. A Responses harness sends its whole instructions as one (Codex), so
+        such a template is given them as the system message they stand for."""
+        if self._drops_developer is None:
+            probe = [{"role": "developer", "content": "turnstile-probe"}, STAND_IN_USER]
+            try:
+                text = self.template.render(probe, None, add_generation_prompt=True)
+                self._drops_developer = "turnstile-probe" not in text
+            except TemplateError:
+                self._drops_developer = True
+        return self._drops_developer
+
+    def as_rendered(self, messages: list[dict]) -> list[dict]:
+        """``messages`` as the template is given them: developer messages as system ones where
+        the template would drop them (:attr:`drops_developer`), otherwise as they are."""
+        if not any(m.get("role") == "developer" for m in messages) or not self.drops_developer:
+            return messages
+        return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
 
     def render(self, messages: list[dict], tools: list[dict] | None, **kwargs: Any) -> str:
-        """The template's text for ``messages`` (developer messages as system ones where the
-        template knows no developer role)."""
-        if self.developer_as_system and any(m.get("role") == "developer" for m in messages):
-            messages = [
-                {**m, "role": "system"} if m.get("role") == "developer" else m for m in messages
-            ]
-        return self.template.render(messages, tools, **kwargs)
+        """The template's text for :meth:`as_rendered` ``messages``."""
+        return self.template.render(self.as_rendered(messages), tools, **kwargs)
 
     @property
     def ignores_tools(self) -> bool:

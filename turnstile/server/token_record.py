@@ -72,6 +72,10 @@ def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) 
         warnings.append("the chat template does not read 'reasoning_effort'")
     if req is not None:
         warnings.extend(req.notes)
+        if gw.renderer.drops_developer and any(m.get("role") == "developer" for m in req.messages):
+            warnings.append(
+                "the chat template drops 'developer' messages: they were rendered as 'system'"
+            )
     warnings.extend(gw.engine.sampling_notes(params))
     out: dict = {}
     if warnings:
