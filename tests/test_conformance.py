@@ -206,7 +206,7 @@ def _sampled(
     if isinstance(got, str):
         return None
     text, stop = got
-    real = renderer.template.render([*history, reply], TOOLS, add_generation_prompt=False, **kwargs)
+    real = renderer.render([*history, reply], TOOLS, add_generation_prompt=False, **kwargs)
     if text.replace(SENTINEL, marker) not in real:
         return None  # the template writes the marker text differently (escaped, CDATA)
     ids: list[int] = []

@@ -59,7 +59,7 @@ def play(
     msgs = conv.messages
     asst = assistant_indices(msgs)
     steps: list[Step] = []
-    render = renderer.template.render
+    render = renderer.render  # what the gateway renders (developer as system where dropped)
     prompt: list[int] | None = None  # what the gateway sent for the current turn
 
     def step(kind: str, status: str, detail: str = "") -> None:
@@ -162,7 +162,7 @@ def _sampled_text(
     """The reply's text as the template writes it after its generation prompt, and the
     end-of-turn token that closes it; or why there is none. Used when the prompt's tokens are
     not a prefix of the rendered history (token boundaries then differ too)."""
-    render = renderer.template.render
+    render = renderer.render  # what the gateway renders (developer as system where dropped)
     gen_text = render(history, tools, add_generation_prompt=True, **kwargs)
     before = render(history, tools, add_generation_prompt=False, **kwargs)
     hist = render([*history, reply], tools, add_generation_prompt=False, **kwargs)
@@ -233,8 +233,8 @@ def audit(renderer: Renderer, name: str = "", markers: list[str] | None = None) 
 def _tool_incremental(renderer: Renderer) -> str:
     conv = battery(False)[1].messages  # tool-chain
     try:
-        one = renderer.template.render(conv[:4], TOOLS, add_generation_prompt=False)
-        two = renderer.template.render(conv[:5], TOOLS, add_generation_prompt=False)
+        one = renderer.render(conv[:4], TOOLS, add_generation_prompt=False)
+        two = renderer.render(conv[:5], TOOLS, add_generation_prompt=False)
     except TemplateError:
         return "error"
     return "yes" if two.startswith(one) else "batch only"
