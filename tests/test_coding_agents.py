@@ -19,13 +19,13 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+from conftest import Turnstile
 
 from tests.fakes.scripted import Script, scripted_vllm
 from turnstile import testbed
@@ -34,8 +34,6 @@ from turnstile.chat.tokenizer import load_tokenizer
 pytestmark = pytest.mark.timeout(600)
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
-TOKEN = "tst-agents-" + secrets.token_urlsafe(16)
-AUTH = {"authorization": f"Bearer {TOKEN}"}
 TASK = "Read the file note.txt in this directory and tell me the word in it."
 
 
@@ -69,50 +67,24 @@ def engine(smollm2: Path) -> Iterator[tuple]:
 
 @pytest.fixture(scope="module")
 def gateway(engine: tuple, smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """``turnstile serve`` in front of the scripted engine, with the Qwen2.5 template (it
+    renders tools) and the bodies kept (to check what each harness sent)."""
     fake, _ = engine
     tmp = tmp_path_factory.mktemp("turnstile-agents")
-    port = testbed.free_port()
-    log = tmp / "turnstile.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "turnstile.cli",
-        "serve",
-        "--engine",
-        "vllm",
-        "--engine-url",
-        fake.url,
-        "--model",
-        str(smollm2),
-        "--chat-template",
-        str(testbed.templates_dir() / QWEN25),
-        "--port",
-        str(port),
-        "--data",
-        str(tmp / "data"),
-        "--keep-bodies",  # what each harness sent, to check what it asked for
-    ]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TURNSTILE_TOKEN": TOKEN}
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        testbed.wait_healthy(url + "/v1/models", proc, timeout=120, headers=AUTH)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    extra = ("--engine", "vllm", "--chat-template", str(testbed.templates_dir() / QWEN25))
+    ts = Turnstile(
+        fake.url, smollm2, tmp / "data", tmp / "turnstile.log", (*extra, "--keep-bodies")
+    )
+    ts.start()
+    yield ts
+    ts.stop()
 
 
 @dataclass
 class Run:
     """One harness run: its session, scratch directory, and the word only its tool can read."""
 
-    gateway: str
+    ts: Turnstile
     session: dict
     home: Path
     work: Path
@@ -120,17 +92,16 @@ class Run:
     seen: int  # engine exchanges before the run
 
 
-def _start(gateway: str, engine: tuple, tmp_path: Path, harness: str, script: Script) -> Run:
+def _start(ts: Turnstile, engine: tuple, tmp_path: Path, harness: str, script: Script) -> Run:
     fake, policy = engine
     policy.script = script
-    r = httpx.post(gateway + "/v1/sessions", json={"metadata": {"harness": harness}}, headers=AUTH)
-    r.raise_for_status()
+    session = ts.session(harness=harness)
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
     word = "w" + secrets.token_hex(6)
     (work / "note.txt").write_text(word + "\n")
-    return Run(gateway, r.json(), home, work, word, len(fake.model.exchanges))
+    return Run(ts, session, home, work, word, len(fake.model.exchanges))
 
 
 def _env(run: Run, **extra: str) -> dict[str, str]:
@@ -146,11 +117,8 @@ def _check(run: Run, engine: tuple, harness: str, dialect: str, streamed: bool) 
     fake, _ = engine
     exchanges = fake.model.exchanges[run.seen :]
     sid = run.session["id"]
-    calls = httpx.get(f"{run.gateway}/v1/sessions/{sid}/calls", headers=AUTH, timeout=30).json()
-    calls = calls["data"]
-    per_call = httpx.get(
-        f"{run.gateway}/v1/sessions/{sid}/trajectories?mode=per_call", headers=AUTH, timeout=30
-    ).json()["data"]
+    calls = run.ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    per_call = run.ts.get(f"/v1/sessions/{sid}/trajectories?mode=per_call")["data"]
     assert len(calls) == len(exchanges) == len(per_call), (len(calls), len(exchanges))
     assert all(c["status"] == "ok" for c in calls), [c.get("error") for c in calls]
     assert {c["dialect"] for c in calls} == {dialect}
@@ -183,13 +151,8 @@ def _check(run: Run, engine: tuple, harness: str, dialect: str, streamed: bool) 
 def _bodies(run: Run) -> list[dict]:
     """The request bodies the harness sent, in the order they were recorded."""
     sid = run.session["id"]
-    calls = httpx.get(f"{run.gateway}/v1/sessions/{sid}/calls", headers=AUTH, timeout=30).json()
-    return [
-        httpx.get(
-            f"{run.gateway}/v1/sessions/{sid}/calls/{c['id']}/body", headers=AUTH, timeout=30
-        ).json()["request"]
-        for c in calls["data"]
-    ]
+    calls = run.ts.get(f"/v1/sessions/{sid}/calls")["data"]
+    return [run.ts.get(f"/v1/sessions/{sid}/calls/{c['id']}/body")["request"] for c in calls]
 
 
 def _run(cmd: list[str], run: Run, env: dict[str, str], timeout: float = 300) -> str:
@@ -302,5 +265,5 @@ def test_a_websocket_upgrade_is_refused_with_426(gateway):
         "sec-websocket-version": "13",
         "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
     }
-    r = httpx.get(gateway + "/s/anything/v1/responses", headers=headers, timeout=10)
+    r = httpx.get(gateway.url + "/s/anything/v1/responses", headers=headers, timeout=10)
     assert r.status_code == 426 and r.json()["error"]["code"] == "websocket_not_supported"
