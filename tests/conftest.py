@@ -33,6 +33,40 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct"
 
+# The test tiers: every module declares one with ``pytestmark``. ``./run check`` runs the unit
+# tier (ruff, mypy and the tests that need no server) in minutes; ``./run test`` runs all
+# three, as CI does.
+TIERS = {
+    "unit": "no server, no child process beyond ruff/mypy: the fast tier (./run check)",
+    "integration": "real servers (llama-server, Turnstile, fakes) or slow in-process work",
+    "heavy": "one heavy server per module (vLLM, coding-agent CLIs, Ray, Postgres, kills)",
+}
+# what a unit test may not use: each of these starts a process or a server
+SERVER_FIXTURES = frozenset(
+    {"llama_tiny", "tiny_end_ids", "no_end_bias", "relay", "turnstile", "turnstile_factory"}
+    | {"postgres"}
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {what}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test in exactly one tier; a unit test starts no server (so the fast tier stays
+    fast and needs nothing but the venv)."""
+    bad = []
+    for item in items:
+        tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
+        used = sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if len(tiers) != 1:
+            bad.append(f"{item.nodeid}: in tiers {tiers}; declare one in its pytestmark")
+        elif tiers == ["unit"] and used:
+            bad.append(f"{item.nodeid}: a unit test uses {used} (servers): mark it integration")
+    if bad:
+        raise pytest.UsageError("test tiers:\n  " + "\n  ".join(bad[:20]))
+
 
 @pytest.fixture(scope="session")
 def tiny_qwen2() -> Path:

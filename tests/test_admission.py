@@ -1,4 +1,4 @@
-"""The one door of both recording modes (``server.admission``): a call is in flight from
+"""The one door of both recording modes (``gateway.admission``): a call is in flight from
 admission until it ends, exactly once, however it ends; ``pause(abort)`` reaches a running
 stream as the retryable policy-update error."""
 
@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from turnstile.server.admission import POLICY_ABORT, admitted, open_stream, policy_abort
-from turnstile.server.control import PolicyControl
-from turnstile.server.errors import APIError
+from turnstile.errors import APIError
+from turnstile.gateway.admission import POLICY_ABORT, admitted, open_stream, policy_abort
+from turnstile.gateway.control import PolicyControl
+
+pytestmark = pytest.mark.unit
 
 
 def run(coro):  # noqa: ANN001, ANN201 - a test helper

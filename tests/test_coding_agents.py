@@ -31,7 +31,7 @@ from tests.fakes.scripted import Script, scripted_vllm
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
 TASK = "Read the file note.txt in this directory and tell me the word in it."

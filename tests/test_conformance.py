@@ -35,14 +35,14 @@ from turnstile.chat.audit_corpus import corpus_renderer
 from turnstile.chat.patches import apply_patches
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate, TemplateError
+from turnstile.dialects.chat_request import parse_chat_request
 from turnstile.engines.base import EngineBase, Finish, SamplingParams, TokenEvent
+from turnstile.errors import APIError
+from turnstile.gateway.token_in import Gateway
 from turnstile.parsing.detect import detect_format
-from turnstile.server.errors import APIError
-from turnstile.server.gateway import Gateway
-from turnstile.server.requests import parse_chat_request
 from turnstile.store.store import Store
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
 TEMPLATES = sorted(p.stem for p in testbed.templates_dir().glob("*.jinja"))
 # templates with their own real vocabulary: random tokens are meaningful there

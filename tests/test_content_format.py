@@ -14,6 +14,8 @@ from turnstile import testbed
 from turnstile.chat.content import detect_content_format, normalise
 from turnstile.chat.history_hash import message_key
 
+pytestmark = pytest.mark.unit
+
 TEMPLATES = sorted(testbed.templates_dir().glob("*.jinja"))
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
 PARTS = [{"type": "text", "text": "MARK-A"}, {"type": "text", "text": "MARK-B"}]

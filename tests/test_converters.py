@@ -18,7 +18,7 @@ from turnstile.chat.tokenizer import load_tokenizer
 from turnstile.converters import areal, openrlhf, prime_rl, skyrl, slime, tinker, trl, verl
 from turnstile.converters._common import grpo_advantages
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 IM_END = 151645
 PAD = 151643  # <|endoftext|>: Qwen2's pad token

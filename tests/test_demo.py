@@ -14,7 +14,7 @@ import pytest
 from turnstile.store.store import Store
 from turnstile.store.trajectories import trajectories
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
 COLUMNS = [
     "session",

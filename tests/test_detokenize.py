@@ -17,6 +17,8 @@ from turnstile import testbed
 from turnstile.chat.detokenize import IncrementalDetokenizer
 from turnstile.chat.tokenizer import LoadedTokenizer, load_tokenizer
 
+pytestmark = pytest.mark.unit
+
 VOCABS = ["qwen2", "llama-spm", "llama-bpe", "gemma-4", "phi-3", "gpt-2", "baichuan", "falcon"]
 
 

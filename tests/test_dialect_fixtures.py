@@ -17,7 +17,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 QWEN3 = "Qwen-Qwen3-0.6B.jinja"
 

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 
 from turnstile.chat.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 IM_END = 151645
 TOOLS = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,8 @@ from turnstile.dialects import messages as m
 from turnstile.dialects import responses as r
 from turnstile.dialects.messages_request import messages as anthropic_messages
 from turnstile.dialects.responses_request import input_messages
+
+pytestmark = pytest.mark.unit
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 json_value = st.recursive(

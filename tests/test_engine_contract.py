@@ -29,7 +29,7 @@ from fakes.vllm_fake import VLLMFake
 from turnstile import testbed
 from turnstile.engines import Engine, EngineError, Finish, SamplingParams, TokenEvent, make_engine
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 QWEN_IM_END = 151645
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from turnstile.engines.base import Finish, SamplingParams
 from turnstile.engines.llamacpp import LlamaCppEngine
+
+pytestmark = pytest.mark.integration
 
 COMPLETION = {
     "tokens": [5, 6],

@@ -12,7 +12,7 @@ from fakes.sglang_fake import SGLangFake
 
 from turnstile.engines import EngineError, SamplingParams, make_engine
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 PROMPT = [3, 1, 4, 1, 5]
 
 

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from turnstile.cli import build_parser
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 TOKEN_DELAY = 60.0  # seconds per token: no answer comes before the timeout
 TIMEOUT = 1.0  # --engine-timeout

@@ -17,7 +17,7 @@ from turnstile.engines import EngineError, Finish, SamplingParams, VLLMEngine, m
 from turnstile.engines.http import EngineUnusable
 from turnstile.testbed import free_port
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 PROMPT = [5, 6, 7, 8, 9]
 
 

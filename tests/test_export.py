@@ -23,6 +23,8 @@ from turnstile.store.export import export, read_calls
 from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
 
+pytestmark = pytest.mark.integration
+
 SESSIONS, CALLS = 240, 30
 
 

@@ -13,7 +13,7 @@ from fakes.vllm_fake import VLLMFake
 
 from turnstile import testbed
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _error(r: httpx.Response, status: int) -> dict:

@@ -15,7 +15,7 @@ from turnstile.chat.tokenizer import load_tokenizer
 
 IM_END = 151645  # <|im_end|> in the Qwen2 vocabulary
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _client(session: dict) -> openai.OpenAI:

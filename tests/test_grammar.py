@@ -13,7 +13,7 @@ from turnstile.chat.tokenizer import load_tokenizer
 from turnstile.parsing import parse
 from turnstile.parsing.grammar import supports, tool_call_grammar
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 TOOLS = [
     {

@@ -22,11 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnstile.server.errors import APIError
-from turnstile.server.record import commit, committed
+from turnstile.errors import APIError
+from turnstile.gateway.record import commit, committed
 from turnstile.store.records import CallRecord
 from turnstile.store.store import Store
 from turnstile.store.writes import CallWrite, SessionWrite
+
+pytestmark = pytest.mark.integration
 
 SIDS = ["a", "b", "c"]
 

@@ -35,7 +35,7 @@ from conftest import Relay, _relay_handler
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct.jinja"
 SYSTEM = "You are a helpful assistant. Use the tools."

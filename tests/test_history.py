@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 from array import array
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turnstile.chat.history import Node, SessionTree
 from turnstile.chat.history_hash import prefix_hashes, root_hash
+
+pytestmark = pytest.mark.unit
 
 TEXTS = st.sampled_from(["", "hi", "ok", "a b", "日本", "\n", "42"])
 NAMES = st.sampled_from(["get", "put"])

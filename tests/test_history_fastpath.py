@@ -15,12 +15,15 @@ import copy
 import json
 from array import array
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turnstile.chat.history import Node, SessionTree
 from turnstile.chat.history_hash import prefix_hashes, root_hash
 from turnstile.chat.policy import has_reasoning
+
+pytestmark = pytest.mark.unit
 
 TEXTS = st.sampled_from(["", "hi", "ok", "a b", "日本", "\n", "42"])
 SCALARS = st.sampled_from([1, 1.0, True, 0, 0.0, False, None, "1", "x"])

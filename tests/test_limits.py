@@ -5,11 +5,14 @@ names one field that breaks a limit (``a.b[0].c``)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnstile.server.errors import APIError
+from turnstile.errors import APIError
 from turnstile.server.limits import Limits, check
+
+pytestmark = pytest.mark.unit
 
 LEAVES = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=7)

@@ -10,18 +10,14 @@ from __future__ import annotations
 import asyncio
 from array import array
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnstile.server.lineage import (
-    LineageIndex,
-    Node,
-    common_prefix,
-    extends,
-    link,
-    new_node,
-)
+from turnstile.gateway.lineage import LineageIndex, Node, common_prefix, extends, link, new_node
 from turnstile.store.records import CallRecord
+
+pytestmark = pytest.mark.unit
 
 tokens = st.lists(st.integers(0, 3), max_size=6)
 

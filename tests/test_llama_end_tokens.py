@@ -16,7 +16,7 @@ from conftest import llama_end_ids
 from turnstile import testbed
 from turnstile.wiring import build_gateway
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"
 PLAIN_S = 128247  # "</s>" in the Qwen2 vocabulary: an ordinary token, an end to llama-server

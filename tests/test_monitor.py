@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from turnstile import testbed
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _series(ts) -> dict[tuple[str, tuple], float]:

@@ -18,7 +18,7 @@ import pytest
 from turnstile.engines.base import EngineBase
 from turnstile.parsing.grammar import tool_call_grammar
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 NEWLINE = 198  # "\n" in the Qwen2 vocabulary
 TOOLS = [
@@ -302,7 +302,7 @@ def test_a_stream_holds_back_what_may_start_a_stop_string(tiny_qwen2, tmp_path):
     import asyncio
 
     from turnstile.chat.tokenizer import load_tokenizer
-    from turnstile.server.requests import parse_chat_request
+    from turnstile.dialects.chat_request import parse_chat_request
     from turnstile.wiring import build_gateway
 
     tok = load_tokenizer(str(tiny_qwen2))

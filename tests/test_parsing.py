@@ -20,6 +20,8 @@ from turnstile.parsing import (
     tool_formats,
 )
 
+pytestmark = pytest.mark.unit
+
 OK, BAD, UNCLOSED = STATUS_OK, STATUS_MALFORMED_TOOL_CALL, STATUS_UNCLOSED_REASONING
 
 

@@ -39,6 +39,8 @@ from turnstile.parsing.grammar import supports, tool_call_grammar
 from turnstile.parsing.jsonlist import ListSpec
 from turnstile.parsing.registry import family
 
+pytestmark = pytest.mark.integration
+
 ACME = Family(
     "acme",
     Regions({"<acme:call>": ListSpec(closes=("</acme:call>",), bare=True)}),

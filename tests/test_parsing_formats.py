@@ -19,6 +19,8 @@ from turnstile.parsing.base import convert_value
 from turnstile.parsing.detect import FormatChoice, detect_format
 from turnstile.parsing.registry import format_class
 
+pytestmark = pytest.mark.unit
+
 OK, BAD = "ok", "malformed_tool_call"
 DS_CALLS, DS_CALL, DS_SEP, DS_END = (
     "<｜tool▁calls▁begin｜>",

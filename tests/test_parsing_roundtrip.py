@@ -46,6 +46,8 @@ from turnstile.chat.tokenizer import LoadedTokenizer, load_tokenizer
 from turnstile.parsing import ParsedMessage, Parser
 from turnstile.parsing.detect import FormatChoice, detect_format
 
+pytestmark = pytest.mark.unit
+
 TEMPLATES_DIR = testbed.templates_dir()
 MODELS_DIR = testbed.models_dir()
 STAND_IN = "gpt-2"

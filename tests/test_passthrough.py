@@ -29,7 +29,7 @@ from fakes.vllm_fake import MODEL, VLLMFake
 
 from turnstile import testbed
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 # The trainer's token ($TURNSTILE_TOKEN for the servers below); harnesses get base URLs only.
 TOKEN = "tst-passthrough-" + secrets.token_urlsafe(16)
@@ -583,7 +583,7 @@ def test_close_aborts_the_sessions_running_calls(ts, fake):
 
 
 def test_stripping_keeps_what_the_harness_asked_for():
-    from turnstile.engines.chat_dialects import (
+    from turnstile.engines.capture_dialects import (
         Asked,
         SGLangChat,
         VLLMChat,

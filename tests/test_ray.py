@@ -26,7 +26,7 @@ from turnstile import testbed
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 TOKEN = "tst-ray-" + "x" * 24
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from turnstile import testbed
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
 TOKEN = "tst-ray-cli-" + "y" * 20
 AUTH = {"authorization": f"Bearer {TOKEN}"}

@@ -19,6 +19,8 @@ from ray.serve._private.common import StreamingHTTPRequest  # noqa: E402
 
 from turnstile.ray.routing import request_scope, session_key  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 CAP = st.text(string.ascii_letters + string.digits + "-_", min_size=43, max_size=43).map(
     lambda s: "cap_" + s
 )

@@ -12,6 +12,8 @@ from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate
 from turnstile.chat.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.unit
+
 DEV = {"role": "developer", "content": "Follow the repository's style."}
 USER = {"role": "user", "content": "Fix the bug."}
 

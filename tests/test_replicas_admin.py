@@ -16,7 +16,7 @@ import pytest
 
 from turnstile import testbed
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 class Replica:

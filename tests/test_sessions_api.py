@@ -13,7 +13,7 @@ import pytest
 from turnstile import AsyncClient, Client, TurnstileError
 from turnstile.store.export import export
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _chat(base_url: str, turns: int, seed: int) -> list[dict]:

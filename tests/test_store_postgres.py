@@ -24,6 +24,8 @@ from turnstile.store.store import Store, UnstorableText
 from turnstile.store.writes import SessionGone
 from turnstile.viewer.summaries import summaries
 
+pytestmark = pytest.mark.heavy
+
 SIDS = [f"s{i}" for i in range(4)]
 text = st.text(max_size=12)
 json_value = st.recursive(

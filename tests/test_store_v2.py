@@ -15,6 +15,8 @@ from turnstile.store.schema import SchemaError
 from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
 
+pytestmark = pytest.mark.unit
+
 # The v1 schema exactly as Turnstile 0.1.0 wrote it (commit 8b9cf0b).
 V1_SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

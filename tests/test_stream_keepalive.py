@@ -15,7 +15,7 @@ import pytest
 
 from tests.fakes.vllm_fake import VLLMFake
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 DELAY = 0.8  # the engine's time per token: the first comes only after it
 INTERVAL = 0.15

@@ -27,7 +27,7 @@ from fakes.vllm_fake import MODEL, VLLMFake
 
 from turnstile import testbed
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
 TOKEN = "tst-survival-" + secrets.token_urlsafe(16)
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -892,7 +892,7 @@ def test_limits_refuse_before_rendering(tiny_qwen2, servers):
 def test_pause_closes_the_door_first_and_streams_count_in_flight():
     """Unit level: a stream admitted but not yet started is in flight; pause(abort) marks it,
     so it is refused when it starts; a ticket released from another task leaves nothing."""
-    from turnstile.server.control import PolicyControl
+    from turnstile.gateway.control import PolicyControl
 
     async def run() -> None:
         c = PolicyControl()

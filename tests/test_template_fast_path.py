@@ -13,6 +13,8 @@ from turnstile.chat.audit_battery import TOOLS, battery
 from turnstile.chat.content import detect_content_format, normalise
 from turnstile.chat.template import ChatTemplate, TemplateError
 
+pytestmark = pytest.mark.integration
+
 TEMPLATES = sorted(testbed.templates_dir().glob("*.jinja"))
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
 

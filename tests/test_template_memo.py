@@ -11,6 +11,8 @@ import pytest
 
 from turnstile.chat.template import memo_tojson
 
+pytestmark = pytest.mark.unit
+
 
 def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):  # noqa: ANN001, ANN201
     # transformers' filter, as chat_template_utils defines it

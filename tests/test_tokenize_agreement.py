@@ -11,7 +11,7 @@ from turnstile import testbed
 from turnstile.chat.template import ChatTemplate
 from turnstile.chat.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 VOCABS = ["qwen2", "llama-bpe", "llama-spm", "gemma-4"]
 

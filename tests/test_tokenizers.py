@@ -22,6 +22,8 @@ from gguf import GGUFEndian, GGUFWriter, TokenType
 from turnstile import testbed
 from turnstile.chat.tokenizer import LoadedTokenizer, load_tokenizer
 
+pytestmark = pytest.mark.unit
+
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
 # Vocabularies whose vectors are expected to fail, and why. xfail(strict=True): when one starts

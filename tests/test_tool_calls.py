@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 TOOLS = [
     {

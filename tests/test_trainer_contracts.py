@@ -31,7 +31,7 @@ from turnstile.store.trajectories import stitch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainers import venv as trainers_venv  # noqa: E402
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "trainers" / "contract.py"

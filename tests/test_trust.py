@@ -15,6 +15,8 @@ import pytest
 
 from turnstile.auth import TOKEN_FILE, is_loopback
 
+pytestmark = pytest.mark.integration
+
 
 def _chat(base_url: str, text: str, **kw: object) -> None:
     client = openai.OpenAI(base_url=base_url, max_retries=0, **{"api_key": "unused", **kw})

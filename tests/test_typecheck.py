@@ -1,6 +1,6 @@
 """The package type-checks and the tree is linted and formatted: mypy (configured in
 pyproject.toml, ``[tool.mypy]``) over ``turnstile/`` finds nothing (that is where the engine,
-gateway and record contracts, ``engines.base``, ``server.contract``, ``store.records``, are held
+gateway and record contracts, ``engines.base``, ``gateway.contract``, ``store.records``, are held
 to); ruff's linter and formatter find nothing to change."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
 from turnstile.verify import TOLERANCE, LlamaCppScorer, summary, verify, verify_sessions
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _rollout(turnstile, no_end_bias) -> str:

@@ -24,7 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from turnstile import testbed
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from conftest import Turnstile
 
 from turnstile import testbed
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
 END_IDS = (0, 2)  # SmolLM2: <|endoftext|>, <|im_end|>
 NO_END = {str(t): -100 for t in END_IDS}  # runs to max_tokens

@@ -11,7 +11,7 @@ from .chat.patches import apply_patches
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
-from .engines import KINDS
+from .engines import KINDS, capture_kind
 from .engines.http import ENGINE_TIMEOUT_S
 from .parsing import tool_formats
 from .server.limits import Limits
@@ -78,8 +78,10 @@ def serve(args: argparse.Namespace) -> None:
     from .server.error_log import log_to_stderr
 
     try:  # before anything slow: a refused start fails at once
+        if args.mode == "passthrough":
+            capture_kind(args.engine)
         args.trainer_token, where = server_token(args.data, args.token, args.no_auth, args.host)
-    except AuthSetupError as exc:
+    except (AuthSetupError, ValueError) as exc:
         raise SystemExit(f"turnstile: refusing to start: {exc}") from None
     print(f"turnstile: {where}", file=sys.stderr)
     if args.ray:

@@ -25,8 +25,8 @@ from starlette.applications import Starlette
 from . import testbed
 from .auth import load_or_create_token
 from .chat.loaded_tokenizer import LoadedTokenizer
+from .gateway.token_in import Gateway
 from .server.app import create_app
-from .server.gateway import Gateway
 from .store.trajectories import trajectories
 from .wiring import build_gateway
 

@@ -19,16 +19,16 @@ from .chat.policy import Policy
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
-from .engines import make_engine
+from .engines import capture_kind, engine_kind, make_engine
 from .engines.base import Engine
 from .engines.capture import CaptureEngine, capture_engine
 from .engines.http import ENGINE_TIMEOUT_S
 from .engines.pool import ReplicaPool
+from .gateway.capture import PassthroughGateway
+from .gateway.token_in import Gateway
 from .parsing.detect import FormatChoice, detect_format
-from .server.gateway import Gateway
 from .server.limits import Limits
 from .server.monitor import VerifyOptions
-from .server.passthrough import PassthroughGateway
 from .store.database import is_postgres
 from .store.store import Store
 
@@ -142,14 +142,14 @@ def build_passthrough(
 
 def engine_options(args: argparse.Namespace) -> dict:
     """The token-in adapter's options from ``serve``'s flags."""
-    options: dict = {"timeout": args.engine_timeout}
-    if args.engine == "vllm":
-        options["api"] = args.vllm_api
-        if args.engine_logprobs_mode:
-            options["logprobs_mode"] = args.engine_logprobs_mode
-    elif args.engine == "sglang" and args.sglang_original_logprobs:
-        options["original_logprobs"] = True
-    return options
+    given = {
+        "timeout": args.engine_timeout,
+        "api": args.vllm_api,
+        "logprobs_mode": args.engine_logprobs_mode or None,
+        "original_logprobs": args.sglang_original_logprobs or None,
+    }
+    takes = engine_kind(args.engine).options
+    return {k: v for k, v in given.items() if k in takes and v is not None}
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
@@ -177,7 +177,8 @@ def server_from_args(args: argparse.Namespace) -> Server:
     urls = engine_urls(args.engine_url)
     gateway: Gateway | PassthroughGateway
     if args.mode == "passthrough":  # the engine renders; no tokenizer or template here
-        dialect = "sglang" if args.engine == "sglang" else "vllm"
+        dialect = capture_kind(args.engine).capture
+        assert dialect is not None  # capture_kind refused it otherwise
         gateway = build_passthrough(
             urls,
             args.served_model_name or args.model,
@@ -238,9 +239,11 @@ def verify_options(args: argparse.Namespace) -> VerifyOptions | None:
     engine's own render, scored by the same recompute all the same)."""
     if not args.verify_fraction:
         return None
-    kind = "llama-cpp" if args.engine.lower() in ("llamacpp", "llama.cpp") else args.engine
     return VerifyOptions(
-        args.verify_fraction, kind.lower(), args.verify_engine_url, args.verify_threshold
+        args.verify_fraction,
+        engine_kind(args.engine).name,
+        args.verify_engine_url,
+        args.verify_threshold,
     )
 
 

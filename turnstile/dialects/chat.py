@@ -4,19 +4,21 @@ as strictly as it needs), answered as is."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import ClassVar
 
 import orjson
 
-from ..server.contract import AppGateway
-from ..server.errors import APIError
-from ..server.requests import ChatRequest
+from ..errors import APIError
+from ..request import ChatRequest
+from .base import Routes, Served
 
 
 class ChatDialect:
     name = "chat"
     keepalive = b": keep-alive\n\n"
+    routes: ClassVar[Routes] = (("POST", "/chat/completions", "call"),)
 
-    def __init__(self, gateway: AppGateway):
+    def __init__(self, gateway: Served):
         self.gateway = gateway
 
     def parse(self, body: object, session_id: str) -> ChatRequest:

@@ -7,14 +7,15 @@ chunks the event sequence ``message_start`` → (``content_block_start`` → del
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
-from ..server.contract import AppGateway
-from ..server.errors import APIError
-from ..server.requests import ChatRequest, parse_chat_request
+from ..errors import APIError
+from ..request import ChatRequest
 from ..store.records import CallRecord, new_id
+from .base import Routes, Served
+from .chat_request import parse_chat_request
 from .messages_request import chat_body, check_fields
 
 NAME = "messages"
@@ -153,12 +154,20 @@ def _sse(kind: str, data: dict) -> bytes:
 class MessagesDialect:
     name = NAME
     keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # as Anthropic's API sends it
+    routes: ClassVar[Routes] = (
+        ("POST", "/messages", "call"),
+        ("POST", "/messages/count_tokens", "count_tokens"),
+    )
 
-    def __init__(self, gateway: AppGateway):
+    def __init__(self, gateway: Served):
         self.gateway = gateway
 
     def parse(self, body: object, session_id: str) -> ChatRequest:
         return parse(body)
+
+    def count_request(self, body: object, session_id: str) -> ChatRequest:
+        """``count_tokens`` takes no ``max_tokens``: nothing is sampled."""
+        return parse({"max_tokens": 1, **body} if isinstance(body, dict) else body)
 
     def reply(self, req: ChatRequest, completion: dict) -> dict:
         return message(req, req.model or self.gateway.model_name)

@@ -1,5 +1,5 @@
 """An Anthropic Messages request, turned into the one internal request (a Chat Completions body,
-validated by ``server.requests``).
+validated by ``dialects.chat_request``).
 
 Content blocks map onto chat messages as Anthropic pairs them: an assistant turn's ``thinking``,
 ``text`` and ``tool_use`` blocks are one assistant message (reasoning, content, tool calls); a
@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from ..server.errors import APIError
-from ..server.request_fields import Fields
-from ..server.requests import function_tool
+from ..errors import APIError
+from .chat_fields import Fields
+from .chat_request import function_tool
 
 _USED = frozenset(
     {

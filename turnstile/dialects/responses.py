@@ -11,33 +11,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
-from ..server.contract import AppGateway
-from ..server.errors import APIError
-from ..server.requests import ChatRequest, parse_chat_request
+from ..errors import APIError
+from ..request import ChatRequest
 from ..store.records import CallRecord, new_id
-from ..store.store import Store
+from .base import CallReader, Routes, Served
+from .chat_request import parse_chat_request
+from .responses_items import call_id, output_items, response_id, response_object
 from .responses_request import bad, chat_body, check_fields, input_messages, namespaces
+from .responses_stream import ResponseEvents
 
 NAME = "responses"
-
-
-def response_id(call_id: str) -> str:
-    return "resp_" + call_id.removeprefix("call_")
-
-
-def call_id(resp_id: str) -> str:
-    return "call_" + resp_id.removeprefix("resp_")
 
 
 class Chains:
     """The messages behind each response of a session: read from its records (each call's
     ``dialect_state`` holds the input it added, its message the output)."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: CallReader):
         self.store = store
 
     def messages(self, session_id: str, resp_id: str) -> list[dict]:
@@ -141,142 +135,6 @@ def _renamed(exc: APIError) -> APIError:
 # the response object
 
 
-def _usage(rec: CallRecord) -> dict:
-    u = rec.info["usage"]
-    return {
-        "input_tokens": u["prompt_tokens"],
-        "input_tokens_details": {
-            "cached_tokens": u.get("cached_tokens", 0),
-            "cache_write_tokens": 0,
-        },
-        "output_tokens": u["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
-    }
-
-
-def output_items(
-    message: dict,
-    rid: str,
-    logprobs: list | None = None,
-    spaces: dict[str, tuple[str, str]] | None = None,
-) -> list[dict]:
-    """A recorded assistant message as output items: reasoning, message, function calls,
-    each named by the response and its place in the output (as the stream names them); a call
-    of a namespaced tool (``spaces``: flat name → namespace, name) named as its namespace."""
-    items: list[dict] = []
-    suffix = rid.removeprefix("resp_")
-    if message.get("reasoning_content") is not None:
-        items.append(reasoning_item(f"{suffix}_{len(items)}", message["reasoning_content"]))
-    if message.get("content"):
-        items.append(message_item(f"{suffix}_{len(items)}", message["content"], logprobs or []))
-    for c in message.get("tool_calls") or []:
-        items.append(
-            call_item(
-                f"{suffix}_{len(items)}",
-                c["id"],
-                c["function"]["name"],
-                c["function"]["arguments"],
-                spaces=spaces,
-            )
-        )
-    return items
-
-
-def reasoning_item(suffix: str, text: str, status: str = "completed") -> dict:
-    return {
-        "type": "reasoning",
-        "id": f"rs_{suffix}",
-        "summary": [],
-        "status": status,
-        "content": [{"type": "reasoning_text", "text": text}] if text else [],
-    }
-
-
-def text_part(text: str, logprobs: list) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
-
-
-def message_item(suffix: str, text: str, logprobs: list, status: str = "completed") -> dict:
-    return {
-        "type": "message",
-        "id": f"msg_{suffix}",
-        "role": "assistant",
-        "status": status,
-        "content": [text_part(text, logprobs)] if status == "completed" else [],
-    }
-
-
-def call_item(
-    suffix: str,
-    cid: str,
-    name: str,
-    arguments: str,
-    status: str = "completed",
-    spaces: dict[str, tuple[str, str]] | None = None,
-) -> dict:
-    item = {
-        "type": "function_call",
-        "id": f"fc_{suffix}",
-        "call_id": cid,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-    if spaces and name in spaces:
-        item["namespace"], item["name"] = spaces[name]
-    return item
-
-
-def response_object(
-    body: dict,
-    rec: CallRecord | None,
-    model: str,
-    created: float,
-    output: list[dict],
-    status: str = "completed",
-    rid: str = "",
-) -> dict:
-    """A ``response`` as the Responses API gives it; ``body`` is the request's."""
-    rid = response_id(rec.id) if rec else rid
-    incomplete = rec is not None and rec.finish_reason == "length"
-    tools = [
-        {
-            "type": "function",
-            "name": t.get("name"),
-            "description": t.get("description"),
-            "parameters": t.get("parameters"),
-            "strict": t.get("strict", False),
-        }
-        for t in body.get("tools") or []
-    ]
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": int(created),
-        "status": "incomplete" if incomplete and status == "completed" else status,
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
-        "store": body.get("store", True),
-        "temperature": body.get("temperature", 1.0),
-        "text": body.get("text") or {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": tools,
-        "top_p": body.get("top_p", 1.0),
-        "truncation": "disabled",
-        "usage": _usage(rec) if rec else None,
-        "user": body.get("user"),
-        "metadata": body.get("metadata") or {},
-    }
-
-
 def reply(req: ChatRequest, completion: dict) -> dict:
     """The ``response`` object of a whole (non-streamed) call."""
     rec = req.record
@@ -303,18 +161,37 @@ def stored(rec: CallRecord, model: str) -> dict:
 class ResponsesDialect:
     name = NAME
     keepalive = b": keep-alive\n\n"
+    routes: ClassVar[Routes] = (
+        ("POST", "/responses", "call"),
+        ("GET", "/responses/{rid}", "stored"),
+    )
 
-    def __init__(self, gateway: AppGateway):
+    def __init__(self, gateway: Served):
         self.gateway = gateway
 
     def parse(self, body: object, session_id: str) -> ChatRequest:
         return parse(body, session_id, Chains(self.gateway.store))
 
+    def stored(self, session_id: str, rid: str) -> dict:
+        """``GET …/v1/responses/{id}``: a response of this session, rebuilt from its record."""
+        rec = next(
+            (
+                c
+                for c in self.gateway.store.calls(session_id)
+                if c.id == call_id(rid) and c.info.get("dialect") == NAME
+            ),
+            None,
+        )
+        if rec is None:
+            raise APIError(
+                404, f"Response with id {rid!r} not found.", "response_id", code="not_found"
+            )
+        return stored(rec, self.gateway.model_name)
+
     def reply(self, req: ChatRequest, completion: dict) -> dict:
         return reply(req, completion)
 
     async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-        from .responses_stream import ResponseEvents
 
         async for kind, ev in ResponseEvents(req, req.model or self.gateway.model_name).run(chunks):
             yield b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n"

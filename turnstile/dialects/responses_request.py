@@ -1,5 +1,5 @@
 """An OpenAI Responses request, turned into the one internal request (a Chat Completions body,
-validated by ``server.requests``) plus what the response chain needs.
+validated by ``dialects.chat_request``) plus what the response chain needs.
 
 Input items map onto chat messages the way the Responses API itself pairs them: a ``reasoning``
 item, an assistant ``message`` and the ``function_call`` items after it are one assistant turn;
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..server.errors import APIError
-from ..server.request_fields import Fields
-from ..server.requests import function_tool
+from ..errors import APIError
+from .chat_fields import Fields
+from .chat_request import function_tool
 
 # Sampling fields beyond the Responses API that vLLM accepts there too: what an RL harness needs
 # to make a rollout reproducible or bounded (a seed, a logit bias); passed on as Chat's.

@@ -8,9 +8,18 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from ..server.errors import APIError
-from ..server.requests import ChatRequest
-from . import responses as r
+from ..errors import APIError
+from ..request import ChatRequest
+from .responses_items import (
+    call_item,
+    message_item,
+    output_items,
+    reasoning_item,
+    response_id,
+    response_object,
+    text_part,
+)
+from .responses_request import namespaces
 
 
 class ResponseEvents:
@@ -20,13 +29,13 @@ class ResponseEvents:
         self.created = time.time()
         self.seq = 0
         assert req.call_id is not None  # the dialect names the call before it runs
-        self.rid = r.response_id(req.call_id)
+        self.rid = response_id(req.call_id)
         self.suffix = self.rid.removeprefix("resp_")
         self.output: list[dict] = []  # finished items
         self.item: dict | None = None  # the item being streamed
         self.text = ""  # its text so far (message text, reasoning, arguments)
         self.logprobs: list = []
-        self.spaces = r.namespaces(req.raw.get("tools"))  # namespaced tools' flat names
+        self.spaces = namespaces(req.raw.get("tools"))  # namespaced tools' flat names
 
     def _event(self, kind: str, **fields: object) -> tuple[str, dict]:
         ev = {"type": kind, "sequence_number": self.seq, **fields}
@@ -34,7 +43,7 @@ class ResponseEvents:
         return kind, ev
 
     def _response(self, status: str) -> dict:
-        return r.response_object(
+        return response_object(
             self.req.raw, self.req.record, self.model, self.created, self.output, status, self.rid
         )
 
@@ -57,7 +66,7 @@ class ResponseEvents:
                     item_id=item["id"],
                     output_index=self._index,
                     content_index=0,
-                    part=r.text_part("", []),
+                    part=text_part("", []),
                 )
             )
         return out
@@ -69,7 +78,7 @@ class ResponseEvents:
         out = []
         kind = item["type"]
         if kind == "message":
-            part = r.text_part(self.text, self.logprobs)
+            part = text_part(self.text, self.logprobs)
             out += [
                 self._event(
                     "response.output_text.done",
@@ -98,7 +107,7 @@ class ResponseEvents:
                     text=self.text,
                 )
             )
-            done = r.reasoning_item(item["id"].removeprefix("rs_"), self.text)
+            done = reasoning_item(item["id"].removeprefix("rs_"), self.text)
         else:
             out.append(
                 self._event(
@@ -121,7 +130,7 @@ class ResponseEvents:
         if delta.get("reasoning_content"):
             if self.item is None or self.item["type"] != "reasoning":
                 out += self._close()
-                out += self._open(r.reasoning_item(f"{self.suffix}_{n}", "", "in_progress"))
+                out += self._open(reasoning_item(f"{self.suffix}_{n}", "", "in_progress"))
             self.text += delta["reasoning_content"]
             out.append(
                 self._event(
@@ -135,7 +144,7 @@ class ResponseEvents:
         if delta.get("content"):
             if self.item is None or self.item["type"] != "message":
                 out += self._close()
-                out += self._open(r.message_item(f"{self.suffix}_{n}", "", [], "in_progress"))
+                out += self._open(message_item(f"{self.suffix}_{n}", "", [], "in_progress"))
             self.text += delta["content"]
             self.logprobs += logprobs or []
             out.append(
@@ -153,7 +162,7 @@ class ResponseEvents:
             if call.get("id"):  # a new call
                 out += self._close()
                 out += self._open(
-                    r.call_item(
+                    call_item(
                         f"{self.suffix}_{self._index}",
                         call["id"],
                         fn.get("name", ""),
@@ -199,7 +208,7 @@ class ResponseEvents:
         done = self._response("completed")
         if rec is not None and rec.message is not None:
             # what the record holds is the answer, its items named as the stream named them
-            done["output"] = r.output_items(rec.message, self.rid, spaces=self.spaces)
+            done["output"] = output_items(rec.message, self.rid, spaces=self.spaces)
             _keep_ids(done["output"], self.output)
         kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
         yield self._event(kind, response=done)

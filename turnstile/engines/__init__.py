@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .base import (
     Engine,
     EngineAdapter,
@@ -13,14 +11,17 @@ from .base import (
     SamplingParams,
     TokenEvent,
 )
+from .kinds import ENGINE_KINDS, KINDS, EngineKind, capture_kind, engine_kind
 from .llamacpp import LlamaCppEngine
 from .sglang import SGLangEngine
 from .vllm import VLLMEngine
 
-KINDS = ("llama-cpp", "vllm", "sglang")
-
 __all__ = [
+    "ENGINE_KINDS",
     "KINDS",
+    "EngineKind",
+    "capture_kind",
+    "engine_kind",
     "Engine",
     "EngineAdapter",
     "EngineControl",
@@ -36,21 +37,13 @@ __all__ = [
 
 
 def make_engine(kind: str, url: str, **options: object) -> EngineAdapter:
-    """The adapter for ``kind`` ("llama-cpp", "vllm", "sglang") at ``url``.
+    """The adapter for ``kind`` (a name or alias of :data:`ENGINE_KINDS`) at ``url``.
 
     ``options`` go to the adapter: vLLM takes ``api`` ("auto" | "generate" | "completions")
     and ``logprobs_mode`` (its ``--logprobs-mode``); SGLang ``original_logprobs``; all take
     ``timeout`` (seconds)."""
-    # mypy checks here that each adapter meets the token-in contract
-    kinds: dict[str, Callable[..., EngineAdapter]] = {
-        "llama-cpp": LlamaCppEngine,
-        "llamacpp": LlamaCppEngine,
-        "llama.cpp": LlamaCppEngine,
-        "vllm": VLLMEngine,
-        "sglang": SGLangEngine,
-    }
-    try:
-        cls = kinds[kind.lower()]
-    except KeyError:
-        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(KINDS)}") from None
-    return cls(url, **options)
+    found = engine_kind(kind)
+    unknown = sorted(set(options) - set(found.options))
+    if unknown:
+        raise ValueError(f"the {found.name} engine takes no option {', '.join(unknown)}")
+    return found.adapter(url, **options)

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from .base import PROCESSED_LOGPROBS, EngineError, SamplingParams
-from .chat_dialects import Asked, ChatDialect, SGLangChat, VLLMChat
+from .capture_dialects import Asked, ChatDialect, SGLangChat, VLLMChat
 from .http import ENGINE_TIMEOUT_S, HTTPEngine, error_message, json_object, timed_out
 from .sglang import SGLangServer
 from .vllm import VLLMServer

@@ -340,7 +340,7 @@ class VLLMEngine(VLLMServer):
                 route,
                 orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
                 stream,
-                Reader(self, route, params, prompt_ids),
+                Reader(route, params, prompt_ids, self.logprob_kind, self._error),
                 lambda: self._abort(ids),
                 refused,
             ):

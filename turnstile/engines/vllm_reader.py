@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import orjson
 
 from .base import EngineError, Finish, SamplingParams, TokenEvent
 from .http import json_object
-
-if TYPE_CHECKING:
-    from .vllm import VLLMEngine
 
 GENERATE = "/inference/v1/generate"  # token IDs in and out
 COMPLETIONS = "/v1/completions"
@@ -31,9 +27,17 @@ class Reader:
     """Turns response bodies / stream chunks of either route into events and one Finish."""
 
     def __init__(
-        self, engine: VLLMEngine, route: str, params: SamplingParams, prompt_ids: Sequence[int]
+        self,
+        route: str,
+        params: SamplingParams,
+        prompt_ids: Sequence[int],
+        logprob_kind: str,
+        error: Callable[[str, int, bytes], EngineError],
     ):
-        self.engine, self.route, self.params = engine, route, params
+        """``logprob_kind``: what the engine's logprobs are (its ``--logprobs-mode``);
+        ``error``: the engine's error for an answer of ``route`` (status, raw body)."""
+        self.route, self.params = route, params
+        self.logprob_kind, self.error = logprob_kind, error
         self.prompt_len = len(prompt_ids)
         self.pending: list[TokenEvent] = []
         self.ids: list[int] = []
@@ -46,7 +50,7 @@ class Reader:
         if "error" in obj and not obj.get("choices"):
             err = obj["error"] if isinstance(obj["error"], dict) else {}
             code = int(err.get("code") or 500) if str(err.get("code", "")).isdigit() else 500
-            raise self.engine._error(self.route, code, orjson.dumps(obj))
+            raise self.error(self.route, code, orjson.dumps(obj))
         self.request_id = obj.get("request_id") or obj.get("id") or self.request_id
         if obj.get("usage"):
             self.usage = obj["usage"]
@@ -165,7 +169,7 @@ class Reader:
             engine_request_id=self.request_id,
             weight_version=spans[-1]["version"] if spans else None,
             weight_versions=[dict(s) for s in spans] if spans else None,
-            logprob_kind=self.engine.logprob_kind,
+            logprob_kind=self.logprob_kind,
         )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import AutoscalingConfig
 
-from ..server.gateway import Gateway
+from ..gateway.token_in import Gateway
 from ..wiring import Server, server_from_args, share
 
 DEPLOYMENT = "turnstile"

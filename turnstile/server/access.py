@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..errors import APIError
 from .context import context
 from .error_log import note_session
-from .errors import APIError
 
 DEFAULT_SESSION = "default"
 

@@ -19,7 +19,9 @@ from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
 
 from ..chat.loaded_tokenizer import LoadedTokenizer
+from ..dialects import DIALECTS
 from ..dialects.base import Dialect
+from ..gateway.contract import AppGateway
 from ..viewer.routes import (
     ui_page,
     ui_script,
@@ -30,21 +32,12 @@ from ..viewer.routes import (
 )
 from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
-from .contract import AppGateway
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
 from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .monitor import Monitor, VerifyOptions
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
-from .routes_harness import (
-    chat,
-    count_tokens,
-    messages,
-    models,
-    no_websocket,
-    responses,
-    stored_response,
-)
+from .routes_harness import dialect_routes, models, no_websocket
 from .routes_sessions import (
     call_body,
     calls,
@@ -75,16 +68,7 @@ VIEWER_ROUTES = [
 # Harness routes check the capability themselves; trainer() guards the rest; /health is
 # open (engine up or not, for probes). Each route is described in openapi.py.
 ROUTES = [
-    Route("/v1/chat/completions", chat, methods=["POST"]),
-    Route("/s/{sid}/v1/chat/completions", chat, methods=["POST"]),
-    Route("/v1/responses", responses, methods=["POST"]),
-    Route("/s/{sid}/v1/responses", responses, methods=["POST"]),
-    Route("/v1/responses/{rid}", stored_response, methods=["GET"]),
-    Route("/s/{sid}/v1/responses/{rid}", stored_response, methods=["GET"]),
-    Route("/v1/messages", messages, methods=["POST"]),
-    Route("/s/{sid}/v1/messages", messages, methods=["POST"]),
-    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-    Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    *dialect_routes(DIALECTS),
     Route("/v1/models", models, methods=["GET"]),
     Route("/s/{sid}/v1/models", models, methods=["GET"]),
     Route("/v1/sessions", trainer(create_session), methods=["POST"]),
@@ -167,15 +151,7 @@ def create_app(
 
 
 def _dialects(gateway: AppGateway) -> dict[str, Dialect]:
-    from ..dialects.chat import ChatDialect
-    from ..dialects.messages import MessagesDialect
-    from ..dialects.responses import ResponsesDialect
-
-    found: list[Dialect] = [
-        ChatDialect(gateway),
-        ResponsesDialect(gateway),
-        MessagesDialect(gateway),
-    ]
+    found: list[Dialect] = [cls(gateway) for cls in DIALECTS]
     return {d.name: d for d in found}
 
 

@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..chat.loaded_tokenizer import LoadedTokenizer
+from ..errors import APIError
+from ..gateway.contract import AppGateway
 from ..store.store import Store
-from .contract import AppGateway
-from .errors import APIError
 from .limits import Limits
 from .session_index import SessionIndex
 

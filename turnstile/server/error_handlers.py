@@ -12,12 +12,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..engines.base import EngineError
+from ..errors import APIError
 from ..store import database
 from ..store.store import UnstorableText
 from ..store.writes import SessionGone
 from .context import context
 from .error_log import note_error
-from .errors import APIError
 
 
 def respond(request: Request, exc: APIError) -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import APIError
+from ..errors import APIError
 
 
 @dataclass(frozen=True)

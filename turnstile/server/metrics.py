@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..errors import APIError
 from ..store.records import CallRecord
 from . import error_log
-from .errors import APIError
 
 _SECONDS = (
     0.0005,

@@ -7,8 +7,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
+from ..errors import APIError
 from .context import context, json_response, read_json
-from .errors import APIError
 from .openapi import document as openapi_document
 from .validation import weight_version
 

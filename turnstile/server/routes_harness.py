@@ -5,18 +5,20 @@ responses. They check the session's capability themselves (``access.harness_sess
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Iterable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.websockets import WebSocket
 
-from ..dialects.base import Dialect
+from ..dialects.base import CountsTokens, Dialect, RouteKind, StoresResponses
+from ..errors import APIError
+from ..gateway.token_in import ClientGone
 from .access import harness_session, require_json
 from .context import context, json_response, read_json
-from .errors import APIError
-from .gateway import ClientGone
 from .limits import check as check_limits
-from .streaming import EventStream, disconnect_watch
+from .streaming import EventStream, Noted, disconnect_watch
 
 
 async def call(request: Request, dialect: Dialect) -> Response:
@@ -38,7 +40,7 @@ async def call(request: Request, dialect: Dialect) -> Response:
             except ClientGone:  # nobody to answer; the call is recorded as aborted
                 return Response(status_code=499)
             return json_response(dialect.reply(req, done))
-        chunks = await gateway.stream(sid, req)
+        chunks = Noted(await gateway.stream(sid, req))
     except APIError as exc:
         if exc.code == "session_not_found":  # deleted meanwhile (by another process too)
             ctx.sessions.uncache(sid)
@@ -46,32 +48,54 @@ async def call(request: Request, dialect: Dialect) -> Response:
     return EventStream(dialect.stream(req, chunks), chunks, dialect.keepalive, ctx.keepalive)
 
 
-async def chat(request: Request) -> Response:
-    return await call(request, context(request).dialects["chat"])
-
-
-async def responses(request: Request) -> Response:
-    return await call(request, context(request).dialects["responses"])
-
-
-async def messages(request: Request) -> Response:
-    return await call(request, context(request).dialects["messages"])
-
-
-async def count_tokens(request: Request) -> Response:
-    """``POST …/v1/messages/count_tokens``: the prompt tokens the request would send now."""
+async def count_tokens(request: Request, dialect: Dialect) -> Response:
+    """``POST …/count_tokens``: the prompt tokens the request would send now."""
+    assert isinstance(dialect, CountsTokens)
     ctx = context(request)
-    dialect = ctx.dialects["messages"]
     request.state.error_body = dialect.error
     require_json(request)
     sid = await harness_session(request)
     assert sid is not None
     body = await read_json(request, ctx.max_body)
     check_limits(body, ctx.limits)
-    if isinstance(body, dict):
-        body = {"max_tokens": 1, **body}  # not sampled: count_tokens takes none
-    req = dialect.parse(body, sid)
+    req = dialect.count_request(body, sid)
     return json_response({"input_tokens": ctx.gateway.count_tokens(sid, req)})
+
+
+async def stored(request: Request, dialect: Dialect) -> Response:
+    """``GET …/{rid}``: a stored response of this session, rebuilt from its record."""
+    assert isinstance(dialect, StoresResponses)
+    request.state.error_body = dialect.error
+    sid = await harness_session(request)
+    assert sid is not None
+    return json_response(dialect.stored(sid, request.path_params["rid"]))
+
+
+KINDS: dict[RouteKind, Callable[[Request, Dialect], Awaitable[Response]]] = {
+    "call": call,
+    "count_tokens": count_tokens,
+    "stored": stored,
+}
+
+
+def dialect_routes(dialects: Iterable[type[Dialect]]) -> list[Route]:
+    """Each dialect's declared routes, under the bare ``/v1`` and a session's base URL."""
+    routes = []
+    for dialect in dialects:
+        for method, path, kind in dialect.routes:
+            endpoint = _endpoint(KINDS[kind], dialect.name)
+            for prefix in ("/v1", "/s/{sid}/v1"):
+                routes.append(Route(prefix + path, endpoint, methods=[method]))
+    return routes
+
+
+def _endpoint(
+    handler: Callable[[Request, Dialect], Awaitable[Response]], name: str
+) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await handler(request, context(request).dialects[name])
+
+    return endpoint
 
 
 async def models(request: Request) -> Response:
@@ -91,27 +115,6 @@ async def models(request: Request) -> Response:
             ],
         }
     )
-
-
-async def stored_response(request: Request) -> Response:
-    """``GET …/v1/responses/{id}``: a response of this session, rebuilt from its record."""
-    from ..dialects import responses as r
-
-    ctx = context(request)
-    sid = await harness_session(request)
-    assert sid is not None
-    rid = request.path_params["rid"]
-    rec = next(
-        (
-            c
-            for c in ctx.store.calls(sid)
-            if c.id == r.call_id(rid) and c.info.get("dialect") == r.NAME
-        ),
-        None,
-    )
-    if rec is None:
-        raise APIError(404, f"Response with id {rid!r} not found.", "response_id", code="not_found")
-    return json_response(r.stored(rec, ctx.gateway.model_name))
 
 
 async def no_websocket(websocket: WebSocket) -> None:

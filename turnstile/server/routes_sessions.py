@@ -8,11 +8,11 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..errors import APIError
+from ..gateway import record
 from ..store.trajectories import MODES, stitch
 from ..verify import NotSupported, summary, verify_sessions
-from . import record
 from .context import AppContext, context, json_response, read_json
-from .errors import APIError
 from .validation import int_param, number, session_fields
 
 CLOSE_WAIT_S = 30.0  # how long a close waits for the calls it aborted to be recorded

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..auth import CAPABILITY_PREFIX
-from .errors import APIError
-from .record import create_session
+from ..errors import APIError
+from ..gateway.record import create_session
 
 
 class SessionIndex:

@@ -10,7 +10,30 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from .admission import Chunks
+from ..errors import APIError
+from ..gateway.admission import Chunks
+from .error_log import note_error
+
+
+class Noted:
+    """The gateway's chunks as a dialect reads them: an error that reaches the harness
+    in-band, after the 200, is noted for the request's log line (``error_log``)."""
+
+    def __init__(self, chunks: Chunks):
+        self._chunks = chunks
+
+    def __aiter__(self) -> Noted:
+        return self
+
+    async def __anext__(self) -> dict:
+        try:
+            return await self._chunks.__anext__()
+        except APIError as exc:
+            note_error(exc)
+            raise
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
 
 
 class EventStream(StreamingResponse):
@@ -30,7 +53,7 @@ class EventStream(StreamingResponse):
     def __init__(
         self,
         body: AsyncIterator[bytes],
-        source: Chunks,
+        source: Noted,
         keepalive: bytes = b": keep-alive\n\n",
         interval: float | None = None,
     ):

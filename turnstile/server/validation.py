@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import re
 
+from ..errors import APIError
 from ..store.records import INT32_MAX
-from .errors import APIError
 
 MAX_ID_LEN = 256
 WEIGHT_VERSION = re.compile(r"[A-Za-z0-9._:+/@-]{1,128}")

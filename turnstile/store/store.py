@@ -26,7 +26,8 @@ from pathlib import Path
 import orjson
 
 from ..auth import new_capability
-from .database import SQLITE_FILENAME, Database, connect, is_postgres
+from .backends import connect
+from .database import SQLITE_FILENAME, Database, is_postgres
 from .export_side import ExportSide
 from .records import (
     CallRecord,
@@ -145,7 +146,7 @@ class Store(ExportSide):
         task_id: str | None = None,
     ) -> SessionWrite:
         """What :meth:`create_session` writes (checked here: :class:`UnstorableText`), for a
-        writer that groups it with other writes (``server.record``)."""
+        writer that groups it with other writes (``gateway.record``)."""
         sid = _text("id", session_id) or new_id("sess_")
         _text("group_id", group_id)
         _text("task_id", task_id)

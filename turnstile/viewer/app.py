@@ -16,13 +16,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..chat.loaded_tokenizer import LoadedTokenizer
+from ..errors import APIError
+from ..gateway.contract import AppGateway
 from ..server.access import trainer
 from ..server.app import ROUTES as SERVE_ROUTES
 from ..server.app import VIEWER_ROUTES
 from ..server.context import AppContext
-from ..server.contract import AppGateway
 from ..server.error_handlers import EXCEPTION_HANDLERS
-from ..server.errors import APIError
 from ..server.limits import Limits
 from ..server.routes_sessions import call_body, calls, list_sessions, session, trajectories
 from ..server.session_index import SessionIndex

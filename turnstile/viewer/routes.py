@@ -12,8 +12,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..errors import APIError
 from ..server.context import AppContext, context, json_response
-from ..server.errors import APIError
 from ..server.validation import int_param
 from ..store.records import CallRecord
 from ..store.trajectories import MODES, Trajectory, stitch

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import APIError
+from ..errors import APIError
 
 
 @dataclass(frozen=True)

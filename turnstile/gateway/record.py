@@ -18,11 +18,11 @@ import weakref
 from collections.abc import Callable
 
 from ..engines.base import token_versions
+from ..errors import APIError
 from ..store import database
 from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import CallWrite, SessionGone, SessionWrite
-from .errors import APIError
 
 # What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.
 STORE_ERRORS: tuple[type[Exception], ...] = (*database.ERRORS, OSError, SessionGone)

@@ -3,7 +3,7 @@ of its scalar fields: each rejection a 400 naming the field (``messages[2].tool_
 
 from __future__ import annotations
 
-from .errors import APIError
+from ..errors import APIError
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 

@@ -1,5 +1,5 @@
 """The Chat Completions dialect's response shapes: what a harness gets back for a call, whole or
-as chunks (the request side is ``server.requests``). The gateway hands over what was sampled
+as chunks (the request side is ``dialects.chat_request``). The gateway hands over what was sampled
 and recorded; nothing here touches an engine or the store."""
 
 from __future__ import annotations

@@ -14,9 +14,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
+from ..errors import APIError
 from .control import POLICY, PolicyControl, Ticket
-from .error_log import note_error
-from .errors import APIError
 
 POLICY_ABORT = POLICY.reason
 
@@ -38,11 +37,7 @@ class Chunks:
         return self
 
     async def __anext__(self) -> dict:
-        try:
-            return await self._gen.__anext__()
-        except APIError as exc:  # the dialect answers it in-band: the log line says why
-            note_error(exc)
-            raise
+        return await self._gen.__anext__()
 
     async def aclose(self) -> None:
         try:

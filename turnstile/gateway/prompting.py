@@ -12,8 +12,8 @@ from ..chat.history_hash import root_hash
 from ..chat.policy import Policy, append_kind
 from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
-from .errors import APIError
-from .requests import ChatRequest
+from ..errors import APIError
+from ..request import ChatRequest
 
 
 @dataclass

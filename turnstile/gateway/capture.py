@@ -4,9 +4,9 @@ record the token IDs it reports.
 For models Turnstile cannot render (or as a cross-check of its own rendering), the request
 goes to the engine's ``/v1/chat/completions`` as the harness sent it, plus only what is needed
 to get the tokens back, and what the harness did not ask for is taken out of the response
-again (``engines.capture``, ``engines.chat_dialects``). This module is the gateway: it links
-each call into the session's token-prefix lineage (``server.lineage``) and records it, through
-the same door (``server.admission``) and record fields (``server.record``) as token-in.
+again (``engines.capture``, ``engines.capture_dialects``). This module is the gateway: it links
+each call into the session's token-prefix lineage (``gateway.lineage``) and records it, through
+the same door (``gateway.admission``) and record fields (``gateway.record``) as token-in.
 
 The engine renders every prompt, so nothing prevents retokenization drift: it is *detected*.
 A call whose prompt IDs start with a recorded call's prompt + completion is that call's child
@@ -41,27 +41,22 @@ import aiohttp
 import orjson
 
 from ..chat.history_hash import prefix_hashes, root_hash
+from ..dialects.chat_request import parse_capture_request
 from ..engines.base import EngineError
-from ..engines.capture import (
-    Capture,
-    CaptureEngine,
-    Choice,
-    EngineHTTPError,
-    loads,
-)
-from ..engines.chat_dialects import strip_chunk, strip_response
+from ..engines.capture import Capture, CaptureEngine, Choice, EngineHTTPError, loads
+from ..engines.capture_dialects import strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
+from ..errors import APIError
+from ..request import ChatRequest
 from ..store.records import CallRecord
 from ..store.store import Store
 from .admission import Chunks, admitted, open_stream
 from .capture_record import Call, build_record
 from .control import PolicyControl
-from .errors import APIError
 from .lineage import LineageIndex, Link, new_node
 from .lineage import link as lineage_link
 from .record import STORE_ERRORS, commit, committed
-from .requests import ChatRequest, parse_capture_request
 
 
 def _api_error(exc: EngineError) -> APIError:

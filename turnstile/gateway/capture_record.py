@@ -5,19 +5,35 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..chat.history_hash import prefix_hashes
 from ..engines.capture import Capture, CaptureEngine, Choice, request_logprob_warning
-from ..engines.chat_dialects import SAMPLING_KEYS, Asked
-from ..engines.pool import Bound
+from ..engines.capture_dialects import SAMPLING_KEYS, Asked
+from ..engines.pool import Bound, ReplicaPool
+from ..request import ChatRequest
 from ..store.records import CallRecord, new_id
+from .control import PolicyControl
 from .lineage import LineageIndex, Link
 from .record import call_info, weight_version
-from .requests import ChatRequest
 
-if TYPE_CHECKING:
-    from .passthrough import PassthroughGateway
+
+class Recording(Protocol):
+    """What a captured call's record says of its gateway (``capture.PassthroughGateway``)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def engine(self) -> CaptureEngine | ReplicaPool[CaptureEngine]: ...
+
+    @property
+    def primary(self) -> CaptureEngine:
+        """The first replica: what the engine's logprobs are, its model's name."""
+        ...
+
+    @property
+    def control(self) -> PolicyControl: ...
 
 
 @dataclass
@@ -36,7 +52,7 @@ class Call:
 
 
 def build_record(
-    gw: PassthroughGateway,
+    gw: Recording,
     call: Call,
     idx: LineageIndex,
     link: Link | None,

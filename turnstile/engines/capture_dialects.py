@@ -12,12 +12,24 @@ the harness sees the engine's own answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .http import version_tuple
 
-if TYPE_CHECKING:
-    from .capture import Capture
+
+class ReportedChoice(Protocol):
+    ids: list[int] | None
+
+
+class Reported(Protocol):
+    """What a dialect reads the engine's token IDs into (``capture.Capture``)."""
+
+    prompt_ids: list[int] | None
+    weight_version: object
+    weight_versions: list[dict] | None
+
+    def choice(self, index: int) -> ReportedChoice: ...
+
 
 _EMPTY: tuple[object, ...] = (None, "", [], {})
 
@@ -71,7 +83,7 @@ class ChatDialect(Protocol):
         """The fields to add to the harness's body, and what the harness asked for itself."""
         ...
 
-    def read_ids(self, cap: Capture, obj: dict, stream: bool) -> None:
+    def read_ids(self, cap: Reported, obj: dict, stream: bool) -> None:
         """Take the prompt and completion IDs out of a response (or one stream chunk)."""
         ...
 
@@ -100,7 +112,7 @@ class VLLMChat:
             add["return_weight_versions"] = True
         return add, asked
 
-    def read_ids(self, cap: Capture, obj: dict, stream: bool) -> None:
+    def read_ids(self, cap: Reported, obj: dict, stream: bool) -> None:
         if not stream or obj.get("prompt_token_ids") is not None:
             cap.prompt_ids = obj.get("prompt_token_ids")
         for ch in obj.get("choices") or ():
@@ -144,7 +156,7 @@ class SGLangChat:
             "logprobs": True,
         }, asked
 
-    def read_ids(self, cap: Capture, obj: dict, stream: bool) -> None:
+    def read_ids(self, cap: Reported, obj: dict, stream: bool) -> None:
         ext = obj.get("sglext")
         if not stream:
             ext = ext or {}

@@ -1,38 +1,42 @@
 """The hot path of one chat completion: request → render → engine → parse → record → response.
 
 :class:`Gateway` owns the pieces (renderer, engine, store, per-session call trees) and runs a
-validated Chat Completions request through them: the prompt (``server.prompting``), the
-session's trees (``server.session_trees``), the engine, the parser, the record
-(``server.record``), and the response shapes (``server.chat_completions``). It knows nothing
+validated Chat Completions request through them: the prompt (``gateway.prompting``), the
+session's trees (``gateway.session_trees``), the engine, the parser, the record
+(``gateway.record``), and the response shapes (``gateway.answers``). It knows nothing
 about HTTP; ``server.app`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
+from ..chat.detokenize import IncrementalDetokenizer
 from ..chat.policy import Policy
 from ..chat.render import Renderer
+from ..dialects.chat_request import parse_chat_request
 from ..engines.base import Engine, EngineError, Finish, SamplingParams, TokenEvent
+from ..errors import APIError
 from ..parsing import Parser
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
+from ..request import ChatRequest
 from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import SessionGone
-from . import chat_completions as cc
+from . import answers as cc
 from .admission import Chunks, admitted, open_stream
 from .control import PolicyControl, Ticket
-from .errors import APIError
 from .prompting import Prompt, build_prompt
 from .record import STORE_ERRORS, commit, store_error
-from .requests import ChatRequest, parse_chat_request
 from .sampling import sampling_params
 from .session_trees import Entry, SessionTrees, Tree
-from .streamed import CLIENT_GONE, stream_chunks
 from .token_record import Call, Generation, build_record
+
+CLIENT_GONE = "the client disconnected"
 
 
 class ClientGone(Exception):
@@ -338,10 +342,83 @@ class Gateway:
         async def prepare() -> AsyncGenerator[dict, None]:
             nonlocal entry
             entry = self.trees.hold(session_id)
-            return stream_chunks(self, await self._begin(session_id, req, entry.tree))
+            return self._chunks(await self._begin(session_id, req, entry.tree))
 
         def release() -> None:
             if entry is not None:
                 self.trees.release(session_id, entry)
 
         return await open_stream(self.control, prepare, release, session_id)
+
+    async def _chunks(self, call: Call) -> AsyncGenerator[dict, None]:
+        """The chunks of a streamed token-in call: one pass per batch of engine events (the
+        tokens that arrived together leave in one chunk, or a few when the parser splits content
+        from a tool call); the call is recorded before the final chunk."""
+        req, gen = call.req, call.gen
+        parser = self.parser_for(req, call.tail)
+        detok = IncrementalDetokenizer(self.tok)
+        chunk = cc.ChunkMaker(call.started, req.model or self.model_name, req.include_usage)
+
+        yield chunk({"role": "assistant", "content": ""})
+        eog = self.tok.eog_token_ids
+        status = "aborted"
+        error: str | None = CLIENT_GONE
+        visible = cc.StopStrings(call.params.stop).visible
+
+        try:
+            async for batch in self.events(call, stream=True):
+                sampled = [ev for ev in batch if ev.token_id not in eog]
+                text = visible(detok.push_many([ev.token_id for ev in sampled]) if sampled else "")
+                lp = (
+                    [
+                        cc.logprob_entry(self.tok, ev.token_id, ev.logprob, ev.top or [])
+                        for ev in sampled
+                    ]
+                    if req.logprobs and sampled
+                    else None
+                )
+                deltas = parser.feed(text) if text else []
+                if lp and not deltas:
+                    deltas = [{"content": ""}]
+                for i, d in enumerate(deltas):
+                    yield chunk(d, logprobs=lp if i == 0 else None)
+            for d in parser.feed(visible(detok.flush(), last=True)) + parser.finish():
+                yield chunk(d)
+            status, error = "ok", None
+        except EngineError as exc:
+            # The harness is still there: the error record is written before it hears of
+            # the failure, so a read right after the error finds the call.
+            status = "recorded"
+            with contextlib.suppress(APIError):
+                await self.record(call, "error", error=str(exc))
+            raise APIError(exc.status, str(exc), type_="engine_error") from exc
+        except asyncio.CancelledError:
+            why = (
+                self.control.aborted()
+            )  # a pause or the session's close: recorded before it is told
+            if why is None:
+                raise
+            status = "recorded"
+            with contextlib.suppress(APIError):
+                await self.record(call, "aborted", error=why.reason)
+            raise why.error() from None
+        finally:
+            if status not in ("ok", "recorded"):
+                # The harness did not get a whole response: keep the tokens, mark the call.
+                # Nobody waits for this write (the stream may be being torn down).
+                self.record_later(call, status, error)
+        parsed = parser.result()
+        message = parsed.to_openai()
+        assert gen.finish is not None  # events() raised otherwise
+        finish_reason = cc.finish_reason(bool(parsed.tool_calls), gen.finish)
+        rec = await self.record(
+            call,
+            "ok",
+            message,
+            extra={"parse_status": parsed.parse_status},
+            response={"choices": [{"message": message, "finish_reason": finish_reason}]},
+        )
+        req.record = rec
+        yield chunk({}, finish_reason)
+        if req.include_usage:
+            yield chunk.usage(rec)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..engines.base import SamplingParams
+from ..errors import APIError
 from ..parsing import grammar
 from ..parsing.detect import FormatChoice
-from .errors import APIError
-from .requests import ChatRequest
+from ..request import ChatRequest
 
 
 def sampling_params(

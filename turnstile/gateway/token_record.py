@@ -1,24 +1,39 @@
 """A token-in call as its record: what was rendered, sampled and asked, as one
 :class:`~turnstile.store.records.CallRecord`, and the node the call becomes in the session's tree
-once the record is committed (``server.record.commit``)."""
+once the record is committed (``gateway.record.commit``)."""
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..chat.history import Node
 from ..chat.history_hash import prefix_hashes
-from ..engines.base import Finish, SamplingParams
+from ..chat.render import Renderer
+from ..engines.base import Engine, Finish, SamplingParams
+from ..request import ChatRequest
 from ..store.records import CallRecord, new_id
+from .control import PolicyControl
 from .prompting import Prompt
 from .record import call_info, weight_version
-from .requests import ChatRequest
 from .session_trees import Tree
 
-if TYPE_CHECKING:
-    from .gateway import Gateway
+
+class Recording(Protocol):
+    """What a token-in record says of the gateway that made it (``token_in.Gateway``)."""
+
+    @property
+    def renderer(self) -> Renderer: ...
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def control(self) -> PolicyControl: ...
+
+    @property
+    def model_name(self) -> str: ...
 
 
 @dataclass
@@ -55,7 +70,7 @@ class Built:
     echo_hash: bytes | None  # the same with the stop string put back
 
 
-def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) -> dict:
+def request_notes(gw: Recording, req: ChatRequest | None, params: SamplingParams) -> dict:
     """What the call record's info says about the request beyond the sampling: warnings
     (what was asked for but cannot act as asked), the dialect's state, the inert options."""
     warnings = []
@@ -90,7 +105,7 @@ def request_notes(gw: Gateway, req: ChatRequest | None, params: SamplingParams) 
 
 
 def build_record(
-    gw: Gateway,
+    gw: Recording,
     call: Call,
     status: str,
     message: dict | None,

@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..engines.base import EngineControl
+from ..request import ChatRequest
 from ..store.store import Store
 from .admission import Chunks
 from .control import PolicyControl
-from .requests import ChatRequest
 
 if TYPE_CHECKING:
-    from .gateway import Gateway
-    from .passthrough import PassthroughGateway
+    from .capture import PassthroughGateway
+    from .token_in import Gateway
 
 
 class AppGateway(Protocol):

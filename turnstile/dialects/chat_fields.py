@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import APIError
+from ..errors import APIError
 
 
 def openai_refusal(key: str, reason: str | None) -> APIError:
