@@ -514,7 +514,7 @@ def make_gateway(data: Path, spec: dict):
     """The Gateway ``turnstile serve`` builds (template audit left out: Qwen2.5 extends
     exactly), with the in-process engine."""
     from turnstile.chat.audit import Policy
-    from turnstile.server.gateway import Gateway
+    from turnstile.gateway.token_in import Gateway
     from turnstile.store.store import Store
     from turnstile.wiring import build_renderer, detect_parser
 

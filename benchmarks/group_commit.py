@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import _common as c  # noqa: E402
 import store_backends as sb  # noqa: E402
 
-from turnstile.server import record  # noqa: E402
+from turnstile.gateway import record  # noqa: E402
 from turnstile.store.store import Store  # noqa: E402
 
 

@@ -222,7 +222,7 @@ def in_child(args, wd: Path) -> dict:  # noqa: ANN001
 async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     """The same conversation through an in-process Gateway, timing its parts per turn."""
     from turnstile.chat.tokenizer import load_tokenizer
-    from turnstile.server.requests import parse_chat_request
+    from turnstile.dialects.chat_request import parse_chat_request
 
     tok = load_tokenizer(str(c.tiny_qwen2()))
     outputs = [tool_output(t, args.tool_tokens, tok) for t in range(args.turns)]

@@ -50,7 +50,7 @@ async def build(
 ) -> int:
     from long_session import as_sent
 
-    from turnstile.server.requests import parse_chat_request
+    from turnstile.dialects.chat_request import parse_chat_request
 
     histories = {f"{prefix}-{i:05d}": c.base_messages() for i in range(sessions)}
     recorded = {sid: 0 for sid in histories}
