@@ -6,7 +6,7 @@ The writer is driven as the gateway drives it: N agents on one event loop, each 
 ``record.commit`` for its session's next call (the records of ``store_backends.py``: a
 ~500-token delta, 100 sampled tokens with logprobs), so a call is acknowledged only after
 its transaction committed. ``per call`` is the same writer limited to one call per
-transaction (``_Writer.BATCH = 1``). Per call: this process's CPU (the loop and the writer
+transaction (``Writer.BATCH = 1``). Per call: this process's CPU (the loop and the writer
 thread), the database server's CPU, commit latency p50/p99, calls/s, and the transactions
 each database counted (SQLite: WAL commit frames; PostgreSQL: ``xact_commit``).
 
@@ -33,6 +33,7 @@ import store_backends as sb  # noqa: E402
 
 from turnstile.gateway import record  # noqa: E402
 from turnstile.store.store import Store  # noqa: E402
+from turnstile.store.writer import Writer  # noqa: E402
 
 
 def _sessions(store: Store, n_agents: int, calls: int) -> list[list]:
@@ -59,7 +60,7 @@ async def _agents(store: Store, sessions: list[list], lat: list[float]) -> None:
 
 
 def run(name: str, location: str, pg_pid: int | None, mode: str, agents: int, calls: int) -> dict:
-    record._Writer.BATCH = 1 if mode == "per call" else 64
+    Writer.BATCH = 1 if mode == "per call" else 64
     store = Store(location)
     if store.path is not None:
         for db in (store._db, store._wdb):

@@ -111,7 +111,7 @@ def create_app(
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
-        store.observers.append(metrics.committed)
+        store.observe(metrics.committed)
     monitor = None
     if verify is not None and verify.fraction > 0 and store is not None:
         monitor = Monitor(
@@ -123,7 +123,7 @@ def create_app(
             metrics.replica,
             verify.threshold,
         )
-        store.observers.append(monitor.committed)
+        store.observe(monitor.committed)
     ctx = AppContext(
         gateway=gateway,
         store=store,

@@ -18,6 +18,7 @@ is the ``Store``, written once for both.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +38,7 @@ from .records import (
 )
 from .schema import CALL_COLUMNS, SESSION_COLUMNS
 from .session_rows import session_fields, session_from_row
+from .writer import Writer
 from .writes import CallWrite, SessionWrite, call_rows, write_batch
 
 
@@ -80,6 +82,7 @@ class Store(ExportSide):
         keep_bodies: bool = False,
         synchronous: str = "full",
         busy_timeout: float = 5.0,
+        record_fields: dict | None = None,
     ):
         if synchronous not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
@@ -98,7 +101,8 @@ class Store(ExportSide):
         # told of every committed call with the seconds its write took (server.metrics)
         self.observers: list[Callable[[CallRecord, float], None]] = []
         # added to every call's info (turnstile.ray: the gateway replica that recorded it)
-        self.record_fields: dict = {}
+        self.record_fields: dict = dict(record_fields or {})
+        self._writer = Writer(self)  # its thread starts with the first queued write
 
     def reader(self) -> Database:
         """A read-only connection of its own (close it after use): the viewer's listing."""
@@ -374,6 +378,31 @@ class Store(ExportSide):
         (error,) = self.write([CallWrite(c, request_body, response_body, session_created)])
         if error is not None:
             raise error
+
+    def queue(self, write: CallWrite | SessionWrite) -> asyncio.Future:
+        """Hand ``write`` to the store's writer thread (a locked store or a slow sync waits
+        there, not on the event loop); the future resolves on the running loop once it is
+        committed, grouped with the writes queued beside it (group commit)."""
+        return self._writer.submit(write)
+
+    def open_session(
+        self,
+        metadata: dict,
+        session_id: str | None = None,
+        *,
+        group_id: str | None = None,
+        sample_index: int | None = None,
+        task_id: str | None = None,
+    ) -> tuple[asyncio.Future, str]:
+        """A session created (idempotent on its id) through the writer: its future and id."""
+        w = self.session_write(
+            metadata, session_id, group_id=group_id, sample_index=sample_index, task_id=task_id
+        )
+        return self.queue(w), w.session_id
+
+    def observe(self, observer: Callable[[CallRecord, float], None]) -> None:
+        """``observer`` is told of every committed call with the seconds its write took."""
+        self.observers.append(observer)
 
     def write(self, writes: Sequence[CallWrite | SessionWrite]) -> list[BaseException | None]:
         """Write sessions and calls in one transaction: one commit and one sync for all (a
