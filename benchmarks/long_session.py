@@ -251,7 +251,7 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
         req = parse_chat_request(
             {"model": c.MODEL_NAME, "messages": as_sent(msgs), "tools": c.TOOLS, "max_tokens": 64}
         )
-        resp = await gw.complete(session, req)
+        resp = (await gw.complete(session, req)).body
         spent = (share["prompt"] + share["record"]) * 1000
         m = resp["choices"][0]["message"]
         tool = {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"]}

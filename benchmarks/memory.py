@@ -69,7 +69,7 @@ async def build(
                     "max_tokens": 64,
                 }
             )
-            resp = await gw.complete(sid, req)
+            resp = (await gw.complete(sid, req)).body
             m = resp["choices"][0]["message"]
             u = resp["usage"]
             # recorded tokens of this call: the prompt delta + the completion

@@ -357,7 +357,7 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
             # continue from that, with the replies we recorded.
             truth = list(msgs)
         _check(renderer, gw, engine, session, truth, kwargs, random_model)
-        returned = out["choices"][0]["message"]
+        returned = out.body["choices"][0]["message"]
         if not random_model:
             # The test's model only makes sense while our parse renders back to what it
             # sampled (a reply cut by length may not be the rendering of any message).
@@ -484,7 +484,7 @@ def _one_call(gw: Gateway, engine: ScriptedEngine, text: str, messages: list[dic
     renderer = gw.renderer
     engine.next = (renderer.encode_fragment(text) + [min(renderer.tok.eog_token_ids)], "stop")
     body = {"messages": messages, "tools": TOOLS}
-    return asyncio.run(gw.complete("s", parse_chat_request(body)))["choices"][0]["message"]
+    return asyncio.run(gw.complete("s", parse_chat_request(body))).body["choices"][0]["message"]
 
 
 def test_regression_mistral_tool_call_ids(tmp_path: Path) -> None:
@@ -603,7 +603,7 @@ def test_regression_restart_with_another_template(tmp_path: Path) -> None:
     gw.store.create_session({}, "s")
     body = {"messages": [{"role": "user", "content": "hi"}]}
     engine.next = ([9707, 151645], "stop")
-    reply = asyncio.run(gw.complete("s", parse_chat_request(body)))["choices"][0]["message"]
+    reply = asyncio.run(gw.complete("s", parse_chat_request(body))).body["choices"][0]["message"]
     other, engine2 = _gateway("Qwen3-Coder", tmp_path)  # same store, another template
     engine2.next = ([9707, 151645], "stop")
     nxt = {"messages": [*body["messages"], reply, {"role": "user", "content": "more"}]}
@@ -617,7 +617,7 @@ def test_regression_retry_and_divergence_details(tmp_path: Path) -> None:
     gw.store.create_session({}, "s")
     first = {"messages": [{"role": "user", "content": "hi"}]}
     engine.next = ([9707, 151645], "stop")
-    reply = asyncio.run(gw.complete("s", parse_chat_request(first)))["choices"][0]["message"]
+    reply = asyncio.run(gw.complete("s", parse_chat_request(first))).body["choices"][0]["message"]
     asyncio.run(gw.complete("s", parse_chat_request(first)))  # the same request again
     retry = gw.store.calls("s")[-1]
     assert retry.segment_reason == "first_call" and "retry" in retry.info["segment_detail"]
@@ -649,7 +649,7 @@ def test_regression_ambiguous_replies_pick_by_ids(tmp_path: Path) -> None:
     for _ in range(2):
         engine.next = (call + [151645], "stop")
         out = asyncio.run(gw.complete("s", parse_chat_request(body)))
-        replies.append(out["choices"][0]["message"])
+        replies.append(out.body["choices"][0]["message"])
     first_id = gw.store.calls("s")[0].id
     echoed = replies[0]  # the harness continues the first sibling, not the latest
     tool = {"role": "tool", "tool_call_id": echoed["tool_calls"][0]["id"], "content": "18"}

@@ -4,8 +4,9 @@ call's record keeps of the request as it came."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .store.records import CallRecord
 
@@ -48,12 +49,29 @@ class ChatRequest:
     # The wire dialect the harness spoke ("chat", "responses", "messages"): every dialect is
     # turned into this one request, and each call records which one it came in.
     dialect: str = "chat"
-    # Set by the gateway once the call is committed: what a dialect's answer needs beyond the
-    # Chat Completions shape (the stop string that ended it, the call's ID).
-    record: CallRecord | None = field(default=None, repr=False)
     # What a dialect keeps in the call's record to answer later requests (the Responses
     # dialect: the input items this call added to its response chain).
     dialect_state: dict = field(default_factory=dict, repr=False)
     # The call's ID when a dialect names it before the call runs (a streamed response's ID is
     # sent first); None: the gateway draws one.
     call_id: str | None = None
+
+
+@dataclass
+class Answer:
+    """A whole call's answer, returned by the gateway: the internal ``chat.completion`` and the
+    record it was committed as (what a dialect needs beyond that shape: the stop string that
+    ended it, the call's ID). None in capture mode, which records one call per choice."""
+
+    body: dict
+    record: CallRecord | None = None
+
+
+class Streamed(Protocol):
+    """A streamed call's chunks (the internal ``chat.completion.chunk`` shape) and, once they
+    are over, the record the call was committed as (None until then, or if it was not)."""
+
+    @property
+    def record(self) -> CallRecord | None: ...
+
+    def __aiter__(self) -> AsyncIterator[dict]: ...

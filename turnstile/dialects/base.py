@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from ..errors import APIError
-from ..request import ChatRequest
+from ..request import Answer, ChatRequest, Streamed
 from ..store.records import CallRecord
 
 
@@ -54,11 +54,11 @@ class Dialect(Protocol):
         """The internal request (APIError 400 naming the dialect's field otherwise)."""
         ...
 
-    def reply(self, req: ChatRequest, completion: dict) -> dict:
+    def reply(self, req: ChatRequest, answer: Answer) -> dict:
         """The dialect's whole answer, from the internal ``chat.completion``."""
         ...
 
-    def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    def stream(self, req: ChatRequest, chunks: Streamed) -> AsyncIterator[bytes]:
         """The dialect's server-sent events, from the internal chunks (errors in-band)."""
         ...
 

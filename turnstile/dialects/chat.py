@@ -9,7 +9,7 @@ from typing import ClassVar
 import orjson
 
 from ..errors import APIError
-from ..request import ChatRequest
+from ..request import Answer, ChatRequest, Streamed
 from .base import Routes, Served
 
 
@@ -24,10 +24,10 @@ class ChatDialect:
     def parse(self, body: object, session_id: str) -> ChatRequest:
         return self.gateway.parse_request(body)
 
-    def reply(self, req: ChatRequest, completion: dict) -> dict:
-        return completion
+    def reply(self, req: ChatRequest, answer: Answer) -> dict:
+        return answer.body
 
-    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    async def stream(self, req: ChatRequest, chunks: Streamed) -> AsyncIterator[bytes]:
         """``data:`` events ending in ``[DONE]``; an error is sent in-band, as OpenAI does."""
         try:
             async for c in chunks:

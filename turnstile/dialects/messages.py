@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import orjson
 
 from ..errors import APIError
-from ..request import ChatRequest
+from ..request import Answer, ChatRequest, Streamed
 from ..store.records import CallRecord, new_id
 from .base import Routes, Served
 from .chat_request import parse_chat_request
@@ -124,9 +124,8 @@ def usage(rec: CallRecord) -> dict:
     }
 
 
-def message(req: ChatRequest, model: str) -> dict:
-    rec = req.record
-    assert rec is not None  # set by the gateway when recorded
+def message(req: ChatRequest, rec: CallRecord | None, model: str) -> dict:
+    assert rec is not None  # token-in answers with its record (capture takes Chat only)
     reason, seq = stop_reason(rec)
     return {
         "id": message_id(rec.id),
@@ -169,13 +168,13 @@ class MessagesDialect:
         """``count_tokens`` takes no ``max_tokens``: nothing is sampled."""
         return parse({"max_tokens": 1, **body} if isinstance(body, dict) else body)
 
-    def reply(self, req: ChatRequest, completion: dict) -> dict:
-        return message(req, req.model or self.gateway.model_name)
+    def reply(self, req: ChatRequest, answer: Answer) -> dict:
+        return message(req, answer.record, req.model or self.gateway.model_name)
 
     def error(self, exc: APIError) -> dict:
         return error_body(exc)
 
-    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    async def stream(self, req: ChatRequest, chunks: Streamed) -> AsyncIterator[bytes]:
         model = req.model or self.gateway.model_name
         assert req.call_id is not None
         start: dict = {
@@ -200,7 +199,7 @@ class MessagesDialect:
             return
         for kind, data in blocks.close():
             yield _sse(kind, data)
-        rec = req.record
+        rec = chunks.record
         if rec is None:  # the stream was ended without a record (cannot happen when ok)
             return
         reason, seq = stop_reason(rec)

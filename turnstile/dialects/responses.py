@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import orjson
 
 from ..errors import APIError
-from ..request import ChatRequest
+from ..request import Answer, ChatRequest, Streamed
 from ..store.records import CallRecord, new_id
 from .base import CallReader, Routes, Served
 from .chat_request import parse_chat_request
@@ -135,10 +135,10 @@ def _renamed(exc: APIError) -> APIError:
 # the response object
 
 
-def reply(req: ChatRequest, completion: dict) -> dict:
+def reply(req: ChatRequest, answer: Answer) -> dict:
     """The ``response`` object of a whole (non-streamed) call."""
-    rec = req.record
-    assert rec is not None and rec.message is not None  # set by the gateway when recorded
+    rec, completion = answer.record, answer.body
+    assert rec is not None and rec.message is not None  # token-in answers with its record
     choice = completion["choices"][0]
     lps = (choice.get("logprobs") or {}).get("content")
     return response_object(
@@ -188,10 +188,10 @@ class ResponsesDialect:
             )
         return stored(rec, self.gateway.model_name)
 
-    def reply(self, req: ChatRequest, completion: dict) -> dict:
-        return reply(req, completion)
+    def reply(self, req: ChatRequest, answer: Answer) -> dict:
+        return reply(req, answer)
 
-    async def stream(self, req: ChatRequest, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    async def stream(self, req: ChatRequest, chunks: Streamed) -> AsyncIterator[bytes]:
 
         async for kind, ev in ResponseEvents(req, req.model or self.gateway.model_name).run(chunks):
             yield b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n"

@@ -9,7 +9,8 @@ import time
 from collections.abc import AsyncIterator
 
 from ..errors import APIError
-from ..request import ChatRequest
+from ..request import ChatRequest, Streamed
+from ..store.records import CallRecord
 from .responses_items import (
     call_item,
     message_item,
@@ -25,6 +26,7 @@ from .responses_request import namespaces
 class ResponseEvents:
     def __init__(self, req: ChatRequest, model: str):
         self.req = req
+        self.record: CallRecord | None = None  # the call's, once its chunks are over
         self.model = model
         self.created = time.time()
         self.seq = 0
@@ -44,7 +46,7 @@ class ResponseEvents:
 
     def _response(self, status: str) -> dict:
         return response_object(
-            self.req.raw, self.req.record, self.model, self.created, self.output, status, self.rid
+            self.req.raw, self.record, self.model, self.created, self.output, status, self.rid
         )
 
     @property
@@ -183,7 +185,7 @@ class ResponseEvents:
                 )
         return out
 
-    async def run(self, chunks: AsyncIterator[dict]) -> AsyncIterator[tuple[str, dict]]:
+    async def run(self, chunks: Streamed) -> AsyncIterator[tuple[str, dict]]:
         yield self._event("response.created", response=self._response("in_progress"))
         yield self._event("response.in_progress", response=self._response("in_progress"))
         try:
@@ -204,7 +206,7 @@ class ResponseEvents:
             return
         for ev in self._close():
             yield ev
-        rec = self.req.record
+        rec = self.record = chunks.record
         done = self._response("completed")
         if rec is not None and rec.message is not None:
             # what the record holds is the answer, its items named as the stream named them

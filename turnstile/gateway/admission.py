@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from ..errors import APIError
+from ..store.records import CallRecord
 from .control import POLICY, PolicyControl, Ticket
 
 POLICY_ABORT = POLICY.reason
@@ -30,8 +31,18 @@ class Chunks:
     response never iterated them (its client went away first), which a plain async generator
     cannot tell (it runs no ``finally`` when it never started)."""
 
-    def __init__(self, gen: AsyncGenerator[dict, None], end: Callable[[], None]):
-        self._gen, self._end = gen, end
+    def __init__(
+        self,
+        gen: AsyncGenerator[dict, None],
+        end: Callable[[], None],
+        record: Callable[[], CallRecord | None] = lambda: None,
+    ):
+        self._gen, self._end, self._record = gen, end, record
+
+    @property
+    def record(self) -> CallRecord | None:
+        """The record the call was committed as, once it was (the stream's last chunk)."""
+        return self._record()
 
     def __aiter__(self) -> Chunks:
         return self
@@ -65,6 +76,7 @@ async def open_stream(
     prepare: Callable[[], Awaitable[AsyncGenerator[dict, None]]],
     release: Callable[[], None] = _nothing,
     session_id: str | None = None,
+    record: Callable[[], CallRecord | None] = lambda: None,
 ) -> Chunks:
     """Admit a streamed call of ``session_id`` and prepare it (errors raised here are the
     harness's HTTP status); its chunks then run bound to the ticket, and the call ends
@@ -99,4 +111,4 @@ async def open_stream(
         finally:
             end()
 
-    return Chunks(run(), end)
+    return Chunks(run(), end, record)

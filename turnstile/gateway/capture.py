@@ -48,7 +48,7 @@ from ..engines.capture_dialects import strip_chunk, strip_response
 from ..engines.http import sse_data
 from ..engines.pool import Bound, ReplicaPool
 from ..errors import APIError
-from ..request import ChatRequest
+from ..request import Answer, ChatRequest
 from ..store.records import CallRecord
 from ..store.store import Store
 from .admission import Chunks, admitted, open_stream
@@ -266,7 +266,7 @@ class PassthroughGateway:
         session_id: str,
         req: ChatRequest,
         disconnected: Callable[[], Awaitable[object]] | None = None,
-    ) -> dict:
+    ) -> Answer:
         """The whole response. ``disconnected`` is not watched yet: a call whose harness went
         away runs to its end and is recorded."""
         async with admitted(self.control, session_id):
@@ -288,7 +288,7 @@ class PassthroughGateway:
                     raise EngineError(problem, 502)
             await self._record_ok(call, data)
             out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body: whole
-            return strip_response(out, call.asked, engine.dialect)
+            return Answer(strip_response(out, call.asked, engine.dialect))
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
         """Chunks of a streamed completion. The engine's answer to the request (an error

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..engines.base import EngineControl
-from ..request import ChatRequest
+from ..request import Answer, ChatRequest
 from ..store.store import Store
 from .admission import Chunks
 from .control import PolicyControl
@@ -55,9 +55,10 @@ class AppGateway(Protocol):
         session_id: str,
         req: ChatRequest,
         disconnected: Callable[[], Awaitable[object]] | None = None,
-    ) -> dict:
-        """The whole Chat Completions response; ``disconnected`` returns when the harness has
-        gone (a gateway that watches it then raises :class:`~.gateway.ClientGone`)."""
+    ) -> Answer:
+        """The whole Chat Completions response and its record; ``disconnected`` returns when
+        the harness has gone (a gateway that watches it then raises
+        :class:`~.token_in.ClientGone`)."""
         ...
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:

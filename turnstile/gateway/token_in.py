@@ -23,7 +23,7 @@ from ..errors import APIError
 from ..parsing import Parser
 from ..parsing.call_ids import calls_before
 from ..parsing.detect import FormatChoice
-from ..request import ChatRequest
+from ..request import Answer, ChatRequest
 from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import SessionGone
@@ -237,7 +237,7 @@ class Gateway:
         session_id: str,
         req: ChatRequest,
         disconnected: Callable[[], Awaitable[object]] | None = None,
-    ) -> dict:
+    ) -> Answer:
         """The whole response. ``disconnected`` returns when the harness goes away: the
         engine call is then abandoned (the engine stops on the dropped connection), the call
         recorded as aborted, and :class:`ClientGone` raised."""
@@ -257,7 +257,7 @@ class Gateway:
         tree: Tree,
         ticket: Ticket,
         disconnected: Callable[[], Awaitable[object]],
-    ) -> dict:
+    ) -> Answer:
         call = asyncio.ensure_future(self._complete(session_id, req, tree, ticket))
         watch = asyncio.ensure_future(disconnected())
         try:
@@ -284,7 +284,7 @@ class Gateway:
 
     async def _complete(
         self, session_id: str, req: ChatRequest, tree: Tree, ticket: Ticket | None = None
-    ) -> dict:
+    ) -> Answer:
         if ticket is not None:
             self.control.bind(ticket)  # an abort (a pause, the session's close) cancels this task
             if ticket.abort:
@@ -331,24 +331,27 @@ class Gateway:
             extra={"parse_status": parsed.parse_status},
             response={"choices": [choice]},
         )
-        req.record = rec
-        return cc.completion(rec, call.started, req.model or self.model_name, choice)
+        return Answer(cc.completion(rec, call.started, req.model or self.model_name, choice), rec)
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
         """Chunks of a streamed completion. The prompt is rendered (and errors raised) before
         the first chunk; the call is recorded before the final chunk is sent."""
         entry: Entry | None = None
+        call: Call | None = None
 
         async def prepare() -> AsyncGenerator[dict, None]:
-            nonlocal entry
+            nonlocal entry, call
             entry = self.trees.hold(session_id)
-            return self._chunks(await self._begin(session_id, req, entry.tree))
+            call = await self._begin(session_id, req, entry.tree)
+            return self._chunks(call)
 
         def release() -> None:
             if entry is not None:
                 self.trees.release(session_id, entry)
 
-        return await open_stream(self.control, prepare, release, session_id)
+        return await open_stream(
+            self.control, prepare, release, session_id, lambda: call.record if call else None
+        )
 
     async def _chunks(self, call: Call) -> AsyncGenerator[dict, None]:
         """The chunks of a streamed token-in call: one pass per batch of engine events (the
@@ -418,7 +421,7 @@ class Gateway:
             extra={"parse_status": parsed.parse_status},
             response={"choices": [{"message": message, "finish_reason": finish_reason}]},
         )
-        req.record = rec
+        call.record = rec
         yield chunk({}, finish_reason)
         if req.include_usage:
             yield chunk.usage(rec)

@@ -60,6 +60,7 @@ class Call:
     started: float
     tail: str  # the prompt's end as text: does the generation prompt open a reasoning block?
     gen: Generation = field(default_factory=Generation)
+    record: CallRecord | None = None  # once committed ok: what the dialects answer from
 
 
 @dataclass

@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 
 from ..errors import APIError
 from ..gateway.admission import Chunks
+from ..store.records import CallRecord
 from .error_log import note_error
 
 
@@ -21,6 +22,10 @@ class Noted:
 
     def __init__(self, chunks: Chunks):
         self._chunks = chunks
+
+    @property
+    def record(self) -> CallRecord | None:
+        return self._chunks.record
 
     def __aiter__(self) -> Noted:
         return self
