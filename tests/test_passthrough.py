@@ -669,3 +669,39 @@ def test_replicas_keep_a_session_on_one_engine(tmp_path):
                 assert sorted(len([x for x in v if x == sid]) for v in served.values()) == [0, 2]
         finally:
             t.stop()
+
+
+def test_a_call_that_outlives_a_delete_is_not_recorded_into_the_re_created_id(ts, fake):
+    """The session is deleted and created again under the same id while a capture call runs:
+    the call's write fails (404 ``session_not_found``, as token-in answers) and the new
+    session starts with no calls (it used to get the old incarnation's record)."""
+    sid = f"reused-{secrets.token_hex(4)}"
+
+    def create() -> None:
+        httpx.post(ts.url + "/v1/sessions", json={"id": sid}, headers=AUTH).raise_for_status()
+
+    create()
+    fake.token_delay = 0.2
+    out: dict = {}
+    sent = len(fake.chat_log)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 40}
+    url = f"{ts.url}/s/{sid}/v1/chat/completions"
+    t = threading.Thread(
+        target=lambda: out.update(r=httpx.post(url, headers=AUTH, json=body, timeout=60))
+    )
+    try:
+        t.start()
+        deadline = time.monotonic() + 30
+        while len(fake.chat_log) == sent:  # the engine has the call
+            assert time.monotonic() < deadline, "the call never reached the engine"
+            time.sleep(0.02)
+        r = httpx.delete(f"{ts.url}/v1/sessions/{sid}", headers=AUTH)
+        assert r.status_code == 200, r.text
+        create()  # re-created while the old call still runs
+        t.join(60)
+    finally:
+        fake.token_delay = 0.0
+    r = out["r"]
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["code"] == "session_not_found"
+    assert ts.get(f"/v1/sessions/{sid}/calls")["data"] == []

@@ -105,6 +105,7 @@ class PassthroughGateway:
         idx = self._index.get(session_id)
         if idx is None:
             idx = LineageIndex.from_calls(self.store.calls(session_id))
+            idx.created = self.store.session_created(session_id)
             self._index[session_id] = idx
         return idx
 
@@ -173,7 +174,7 @@ class PassthroughGateway:
                 if rec.history_hash is not None:
                     idx.replies[rec.history_hash] = rec.id
 
-        return commit(self.store, rec, call.body, response, then=index)
+        return commit(self.store, rec, call.body, response, call.session_created, then=index)
 
     async def _record_ok(self, call: Call, response: object) -> None:
         """A call the harness gets whole: linked into the session's tree, one record a choice.
@@ -258,7 +259,16 @@ class PassthroughGateway:
         engine, bound = await self._target(session_id)
         body, asked, added = engine.outgoing(req.raw)
         return Call(
-            session_id, req, engine, bound, body, asked, added, Capture(engine.dialect), started
+            session_id,
+            req,
+            engine,
+            bound,
+            body,
+            asked,
+            added,
+            Capture(engine.dialect),
+            started,
+            self.index(session_id).created,
         )
 
     async def complete(

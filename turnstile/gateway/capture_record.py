@@ -49,6 +49,9 @@ class Call:
     added: list[str]
     cap: Capture
     started: float
+    # the session's creation time when the call began: a DELETE (and a re-created id) while
+    # it ran makes its write fail (404), never land in the new session
+    session_created: float | None = None
 
 
 def build_record(

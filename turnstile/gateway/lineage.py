@@ -110,6 +110,7 @@ class LineageIndex:
     leaves: dict[str, Node] = field(default_factory=dict)
     replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
     n_calls: int = 0
+    created: float | None = None  # the session's creation time (a re-created id differs)
 
     @classmethod
     def from_calls(cls, calls: Iterable[CallRecord]) -> LineageIndex:
