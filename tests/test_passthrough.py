@@ -705,3 +705,30 @@ def test_a_call_that_outlives_a_delete_is_not_recorded_into_the_re_created_id(ts
     assert r.status_code == 404, r.text
     assert r.json()["error"]["code"] == "session_not_found"
     assert ts.get(f"/v1/sessions/{sid}/calls")["data"] == []
+
+
+def test_a_harness_that_leaves_a_whole_call_drops_the_engine_call(ts, fake):
+    """A non-streamed capture call whose harness goes away: the engine call is dropped at once
+    (not run to its end) and recorded as aborted, as token-in does."""
+    sid = ts.session()
+    fake.token_delay = 0.5
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}
+    before = len(fake.chat_log)
+    began = time.monotonic()
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # the harness gives up and closes its connection
+            httpx.post(f"{ts.base_url(sid)}/chat/completions", json=body, timeout=1.5)
+        deadline = time.monotonic() + 20
+        while not (calls := ts.get(f"/v1/sessions/{sid}/calls")["data"]):
+            assert time.monotonic() < deadline, "the dropped call was never recorded"
+            time.sleep(0.05)
+        recorded_after = time.monotonic() - began
+    finally:
+        fake.token_delay = 0.0
+    (call,) = calls
+    assert call["status"] == "aborted" and call["error"] == "the client disconnected"
+    sent = fake.chat_log[before]
+    whole = len(sent["choices"][0]["token_ids"]) * 0.5  # what running it to its end takes
+    assert whole > 3.0, whole  # the reply is long enough for the check below to mean it
+    assert recorded_after < whole - 1.0, (recorded_after, whole)
+    assert ts.get("/admin/status")["in_flight"] == 0

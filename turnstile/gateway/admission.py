@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from ..errors import APIError
 from ..store.records import CallRecord
 from .control import POLICY, PolicyControl, Ticket
+
+T = TypeVar("T")
 
 POLICY_ABORT = POLICY.reason
 
@@ -112,3 +115,53 @@ async def open_stream(
             end()
 
     return Chunks(run(), end, record)
+
+
+CLIENT_GONE = "the client disconnected"
+
+
+class ClientGone(Exception):
+    """The harness went away before its (non-streamed) answer was ready."""
+
+
+async def watched(
+    control: PolicyControl,
+    ticket: Ticket,
+    run: Callable[[], Awaitable[T]],
+    disconnected: Callable[[], Awaitable[object]],
+    gone: set[asyncio.Task],
+) -> T:
+    """``run()`` in a task of its own, bound to ``ticket``, while ``disconnected`` watches the
+    harness. If the harness goes first, the task is cancelled (its engine call is dropped, and
+    the engine stops on the dropped connection) with the task in ``gone`` while it unwinds, so
+    it records itself as aborted (``CLIENT_GONE``); then :class:`ClientGone` is raised."""
+
+    async def bound() -> T:
+        control.bind(ticket)  # an abort (a pause, the session's close) cancels this task
+        if ticket.abort:
+            raise ticket.abort.error()
+        return await run()
+
+    call = asyncio.ensure_future(bound())
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        call.cancel()
+        watch.cancel()
+        why = control.aborted()  # aborted (a pause, a close) before the call had begun
+        if why is not None:
+            raise why.error() from None
+        raise
+    if call.done():
+        watch.cancel()
+        return call.result()
+    gone.add(call)
+    call.cancel()
+    try:
+        await call
+    except (asyncio.CancelledError, ClientGone, APIError):
+        pass
+    finally:
+        gone.discard(call)
+    raise ClientGone(ticket.session_id)

@@ -51,7 +51,7 @@ from ..errors import APIError
 from ..request import Answer, ChatRequest
 from ..store.records import CallRecord
 from ..store.store import Store
-from .admission import Chunks, admitted, open_stream
+from .admission import CLIENT_GONE, Chunks, ClientGone, admitted, open_stream, watched
 from .capture_record import Call, build_record
 from .control import PolicyControl
 from .lineage import LineageIndex, Link, new_node
@@ -90,6 +90,7 @@ class PassthroughGateway:
         self.model_name = model_name
         self.control = PolicyControl()
         self._index: dict[str, LineageIndex] = {}
+        self._gone: set[asyncio.Task] = set()  # calls whose harness went away
 
     # sessions
 
@@ -230,10 +231,13 @@ class PassthroughGateway:
             raise _api_error(exc) from exc
         except asyncio.CancelledError:
             why = self.control.aborted()
-            if why is None:
-                raise
-            await self._recorded_failure(call, "aborted", why.reason)
-            raise why.error() from None
+            if why is not None:
+                await self._recorded_failure(call, "aborted", why.reason)
+                raise why.error() from None
+            if asyncio.current_task() in self._gone:  # the harness left (admission.watched)
+                await self._recorded_failure(call, "aborted", CLIENT_GONE)
+                raise ClientGone(call.session_id) from None
+            raise
 
     # the call
 
@@ -277,28 +281,40 @@ class PassthroughGateway:
         req: ChatRequest,
         disconnected: Callable[[], Awaitable[object]] | None = None,
     ) -> Answer:
-        """The whole response. ``disconnected`` is not watched yet: a call whose harness went
-        away runs to its end and is recorded."""
-        async with admitted(self.control, session_id):
-            call = await self._begin(session_id, req)
-            engine = call.engine
-            async with self._failures(call):
+        """The whole response. ``disconnected`` returns when the harness goes away: the engine
+        call is then dropped (the engine aborts it on the closed connection), recorded as
+        aborted with what came back, and :class:`ClientGone` raised."""
+        async with admitted(self.control, session_id) as ticket:
+            if disconnected is None:
+                return await self._complete(session_id, req)
+            return await watched(
+                self.control,
+                ticket,
+                lambda: self._complete(session_id, req),
+                disconnected,
+                self._gone,
+            )
+
+    async def _complete(self, session_id: str, req: ChatRequest) -> Answer:
+        call = await self._begin(session_id, req)
+        engine = call.engine
+        async with self._failures(call):
+            try:
+                resp = await engine.open_chat(call.body)
                 try:
-                    resp = await engine.open_chat(call.body)
-                    try:
-                        raw = await resp.read()
-                    finally:
-                        resp.release()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
-                data = loads(raw, "its response")
-                call.cap.feed_response(data)
-                problem = call.cap.missing()
-                if problem:
-                    raise EngineError(problem, 502)
-            await self._record_ok(call, data)
-            out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body: whole
-            return Answer(strip_response(out, call.asked, engine.dialect))
+                    raw = await resp.read()
+                finally:
+                    resp.release()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise EngineError(f"{engine.label} at {engine.url} failed: {exc}", 502) from exc
+            data = loads(raw, "its response")
+            call.cap.feed_response(data)
+            problem = call.cap.missing()
+            if problem:
+                raise EngineError(problem, 502)
+        await self._record_ok(call, data)
+        out = orjson.loads(raw) if self.store.keep_bodies else data  # the kept body: whole
+        return Answer(strip_response(out, call.asked, engine.dialect))
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
         """Chunks of a streamed completion. The engine's answer to the request (an error

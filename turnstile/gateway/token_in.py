@@ -28,19 +28,13 @@ from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import SessionGone
 from . import answers as cc
-from .admission import Chunks, admitted, open_stream
-from .control import PolicyControl, Ticket
+from .admission import CLIENT_GONE, Chunks, ClientGone, admitted, open_stream, watched
+from .control import PolicyControl
 from .prompting import Prompt, build_prompt
 from .record import STORE_ERRORS, commit, store_error
 from .sampling import sampling_params
 from .session_trees import Entry, SessionTrees, Tree
 from .token_record import Call, Generation, build_record
-
-CLIENT_GONE = "the client disconnected"
-
-
-class ClientGone(Exception):
-    """The harness went away before its (non-streamed) answer was ready."""
 
 
 class Gateway:
@@ -246,49 +240,17 @@ class Gateway:
             try:
                 if disconnected is None:
                     return await self._complete(session_id, req, entry.tree)
-                return await self._watched(session_id, req, entry.tree, ticket, disconnected)
+                return await watched(
+                    self.control,
+                    ticket,
+                    lambda: self._complete(session_id, req, entry.tree),
+                    disconnected,
+                    self._gone,
+                )
             finally:
                 self.trees.release(session_id, entry)
 
-    async def _watched(
-        self,
-        session_id: str,
-        req: ChatRequest,
-        tree: Tree,
-        ticket: Ticket,
-        disconnected: Callable[[], Awaitable[object]],
-    ) -> Answer:
-        call = asyncio.ensure_future(self._complete(session_id, req, tree, ticket))
-        watch = asyncio.ensure_future(disconnected())
-        try:
-            await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            call.cancel()
-            watch.cancel()
-            why = self.control.aborted()  # aborted (a pause, a close) before the call had begun
-            if why is not None:
-                raise why.error() from None
-            raise
-        if call.done():
-            watch.cancel()
-            return call.result()
-        self._gone.add(call)
-        call.cancel()
-        try:
-            await call
-        except (asyncio.CancelledError, ClientGone, APIError):
-            pass
-        finally:
-            self._gone.discard(call)
-        raise ClientGone(session_id)
-
-    async def _complete(
-        self, session_id: str, req: ChatRequest, tree: Tree, ticket: Ticket | None = None
-    ) -> Answer:
-        if ticket is not None:
-            self.control.bind(ticket)  # an abort (a pause, the session's close) cancels this task
-            if ticket.abort:
-                raise ticket.abort.error()
+    async def _complete(self, session_id: str, req: ChatRequest, tree: Tree) -> Answer:
         call = await self._begin(session_id, req, tree)
         gen = call.gen
         try:

@@ -14,7 +14,7 @@ from starlette.websockets import WebSocket
 
 from ..dialects.base import CountsTokens, Dialect, RouteKind, StoresResponses
 from ..errors import APIError
-from ..gateway.token_in import ClientGone
+from ..gateway.admission import ClientGone
 from .access import harness_session, require_json
 from .context import context, json_response, read_json
 from .limits import check as check_limits
