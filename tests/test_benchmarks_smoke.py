@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {
+    "agent_sessions.py": "later calls extended the recorded tokens",
     "overhead.py": "x fastest relay",
     "long_session.py": "Turnstile / relay",
     "memory.py": "bytes / recorded token",
