@@ -660,6 +660,8 @@ class Harness:
                 )
         except Exception as exc:  # noqa: BLE001 - counted and shown
             self.errors.append(f"{t.name} {s.dialect} turn {s.turn}: {type(exc).__name__}: {exc}")
+            if len(self.errors) <= 3:
+                print(f"    error: {self.errors[-1][:300]}", flush=True)
             s.turn = s.plan.turns  # the session ends
             return Turn(t.name, time.perf_counter() - t0, ctx, False, first)
         outs = [self.wl.output(s.plan, s.turn, k)[0] for k in range(len(calls))]
@@ -1280,7 +1282,7 @@ def main() -> None:
     p.add_argument("--modes", default="paced,zero")
     p.add_argument("--prefill-ms", type=float, default=1.0, help="engine ms per 1k prompt tokens")
     p.add_argument("--decode-ms", type=float, default=15.0, help="engine ms per sampled token")
-    p.add_argument("--chunk", type=int, default=4, help="sampled tokens per streamed engine event")
+    p.add_argument("--chunk", type=int, default=16, help="sampled tokens per streamed event")
     p.add_argument("--paced-turns", type=int, default=None, help="turns per session per paced cell")
     p.add_argument("--zero-turns", type=int, default=None, help="turns per zero-latency cell")
     p.add_argument("--rounds", type=int, default=2, help="2: relay, Turnstile, Turnstile, relay")
