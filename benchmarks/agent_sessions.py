@@ -340,7 +340,7 @@ def fake_app(spec: dict) -> Any:
     models = orjson.dumps(
         {
             "object": "list",
-            "data": [{"id": c.MODEL_NAME, "object": "model", "max_model_len": 262144}],
+            "data": [{"id": c.MODEL_NAME, "object": "model", "max_model_len": 1 << 20}],
         }
     )
 
