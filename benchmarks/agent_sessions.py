@@ -21,8 +21,8 @@ Set-up (printed with the results):
   ``--chunk`` tokens); the relay's prompt tokens are estimated from its body's bytes (the
   ratio calibrated on this workload with the real tokenizer and template);
 - the relay is ``_common``'s aiohttp relay (reads and parses the body, forwards the bytes);
-  both proxies on core 1, the fake engine and load generator on core 0; relay and Turnstile
-  alternate cell by cell (ABBA), each sent the same sessions and turns;
+  both proxies on core 1, the load generator on core 0, the fake engine unpinned; relay and
+  Turnstile alternate cell by cell (ABBA), each sent the same sessions and turns;
 - per cell: turns/s relative to the relay, proxy CPU per turn (/proc, all threads) and turns
   per CPU-second, added latency p50/p99 (Turnstile's minus the relay's over the same turns);
   ``zero`` mode repeats the sweep with no engine latency (the proxies' cap);
@@ -402,7 +402,7 @@ def start_fake(spec: Path, log: Path) -> tuple[c.Server, str]:
     s = c.Server(
         [sys.executable, str(HERE), "--serve-fake", str(spec), "--port", str(port)],
         f"http://127.0.0.1:{port}/health",
-        LOADGEN_CPU,
+        None,  # not pinned: it answers on whichever core the machine's other tenants leave free
         log,
     )
     return s, f"http://127.0.0.1:{port}"
@@ -1303,6 +1303,9 @@ def main() -> None:
         import uvicorn
 
         app = fake_app(json.loads(args.serve_fake.read_text()))
+        # Connections stay open between turns (uvicorn closes idle ones after 5 s, and a
+        # reconnect to a fake starved by the machine's other tenants can exceed Turnstile's
+        # 5 s connect timeout: errors a real engine under no such load would not give).
         uvicorn.run(
             app,
             host="127.0.0.1",
@@ -1312,6 +1315,7 @@ def main() -> None:
             http="httptools",
             access_log=False,
             backlog=4096,
+            timeout_keep_alive=900,
         )
         return
     if args.fold:
@@ -1369,7 +1373,7 @@ def main() -> None:
     print(
         f"cells: sessions {args.conc}, modes {args.modes}, rounds "
         f"{'ABBA' if args.rounds > 1 else 'AB'}; proxies on core {PROXY_CPU}, load generator "
-        f"+ fake engine on core {LOADGEN_CPU}"
+        f"on core {LOADGEN_CPU}, fake engine unpinned"
     )
     spec = {
         "chunk": args.chunk,
