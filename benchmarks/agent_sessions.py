@@ -820,6 +820,8 @@ PARTS = [  # (part, frame substrings): the first part whose frames a sample hold
         ["Gateway._commit", "Gateway.record", "token_record.py", "server/record.py"],
     ),
     ("session row on first use", ["SessionIndex.ensure", "session_index.py"]),
+    ("tokenize the delta", ["LoadedTokenizer.encode", "PromptEncoder", "chat/encoding.py"]),
+    ("render the delta (Jinja)", ["Renderer.", "chat/render.py", "chat/template.py", "jinja2"]),
     (
         "history: match + prefix hashes + context",
         [
@@ -831,8 +833,6 @@ PARTS = [  # (part, frame substrings): the first part whose frames a sample hold
             "build_prompt",
         ],
     ),
-    ("tokenize the delta", ["LoadedTokenizer.encode", "PromptEncoder", "chat/encoding.py"]),
-    ("render the delta (Jinja)", ["Renderer.", "chat/render.py", "chat/template.py", "jinja2"]),
     (
         "engine client: request, response -> token events",
         ["engines/vllm", "engines/http", "vllm_reader", "aiohttp", "wire_ids"],
@@ -905,6 +905,10 @@ def fold(raw: Path) -> tuple[int, collections.Counter, collections.Counter, coll
         k = int(n)
         total += k
         frames = stack.split(";")
+        if len(frames) > 1 and "LoadedTokenizer.decode" in frames[-1] and "_begin" in frames[-2]:
+            parts["the prompt's last 16 tokens decoded (Gateway._begin)"] += k
+            leaf[_fn(frames[-1])] += k
+            continue
         for name, keys in PARTS:
             if any(key in f for f in frames for key in keys):
                 parts[name] += k
@@ -955,7 +959,7 @@ def print_profile(raw: Path, cpu_ms: float, title: str) -> None:
     )
 
 
-def start_spy(pid: int, out: Path) -> subprocess.Popen | None:
+def start_spy(pid: int, out: Path, gil: bool = False) -> subprocess.Popen | None:
     exe = Path(sys.executable).parent / "py-spy"
     if not exe.exists():
         exe = c.bench_venv() / "bin" / "py-spy"
@@ -974,6 +978,7 @@ def start_spy(pid: int, out: Path) -> subprocess.Popen | None:
             "--nonblocking",
             "-o",
             str(out),
+            *(["--gil"] if gil else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -1092,7 +1097,11 @@ async def deep(args: argparse.Namespace, h: Harness, targets: list[Target], fake
         slots = [h.session(t.name, p) for p in plans]
         await warm(h, t, slots)
         spy_out = args.workdir / f"spy-{t.name}.txt"
-        spy = start_spy(t.server.pid, spy_out) if args.profile and t.name == "turnstile" else None
+        spy = (
+            start_spy(t.server.pid, spy_out, args.gil)
+            if args.profile and t.name == "turnstile"
+            else None
+        )
         r = await run_cell(h, t, slots, args.deep_turns, 0.0)
         if spy is not None:
             spy.send_signal(2)
@@ -1296,6 +1305,11 @@ def main() -> None:
         "--flat", type=int, default=None, help="turns of the one-session phase (0: skip)"
     )
     p.add_argument("--profile", action="store_true", help="py-spy on Turnstile in the deep phase")
+    p.add_argument(
+        "--gil",
+        action="store_true",
+        help="py-spy samples only the thread holding the GIL (no waits for it, no fsyncs)",
+    )
     p.add_argument("--fold", type=Path, help="fold a py-spy raw profile and exit")
     p.add_argument("--cpu-ms", type=float, default=1.0, help="with --fold: CPU ms per call")
     p.add_argument("--json", type=Path)
@@ -1326,7 +1340,7 @@ def main() -> None:
         return
     q = args.quick
     args.conc = [int(x) for x in (args.conc or ("4,8" if q else "32,96,192,384")).split(",")]
-    args.modes = args.modes.split(",")
+    args.modes = [m for m in args.modes.split(",") if m]  # "": the deep / flat phases only
     args.paced_turns = args.paced_turns or (2 if q else 4)
     args.zero_turns = args.zero_turns or (8 if q else 400)
     args.deep = args.deep if args.deep is not None else (2 if q else 32)
