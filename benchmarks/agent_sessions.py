@@ -33,7 +33,7 @@ Set-up (printed with the results):
 - RSS of each proxy per live session; and, read from Turnstile's store after the run, whether
   every call after a session's first extended its recorded tokens (the run fails otherwise).
 
-    python benchmarks/agent_sessions.py            # the full run (~10 minutes)
+    python benchmarks/agent_sessions.py            # the full run (~17 minutes on 2 shared cores)
     python benchmarks/agent_sessions.py --quick    # smoke run (< 60 s, small counts)
     python benchmarks/agent_sessions.py --fold RAW --cpu-ms X   # fold a py-spy profile
 """
