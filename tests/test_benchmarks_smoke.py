@@ -16,6 +16,7 @@ pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {
+    "agent_sessions.py": "later calls extended the recorded tokens",
     "overhead.py": "x fastest relay",
     "long_session.py": "Turnstile / relay",
     "memory.py": "bytes / recorded token",
