@@ -15,11 +15,11 @@ The test bed installs vLLM into its own venv on first use (about 4 minutes, once
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +36,9 @@ import pytest
 from conftest import Turnstile
 
 from turnstile import testbed, testbed_vllm
+from turnstile.engines import make_engine
+from turnstile.engines.base import EngineAdapter
+from turnstile.engines.http import EngineUnusable
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -81,6 +84,7 @@ class Relay:
     url: str = ""
     exchanges: list[Exchange] = field(default_factory=list)
     aborts: list[tuple[dict, int]] = field(default_factory=list)  # abort bodies, vLLM's status
+    paths: tuple[str, ...] = ()  # the generation routes whose exchanges are kept
 
     def on(self, path: str) -> list[Exchange]:
         return [e for e in self.exchanges if e.path == path]
@@ -113,7 +117,7 @@ def _relay_handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
             if self.path.endswith("/abort_requests") and body:
                 relay.aborts.append((json.loads(body), resp.status))
             ex = None
-            if method == "POST" and self.path in (GENERATE, COMPLETIONS, CHAT) and body:
+            if method == "POST" and self.path in relay.paths and body:
                 ex = Exchange(self.path, json.loads(body), status=resp.status)
                 relay.exchanges.append(ex)
             self.send_response(resp.status)
@@ -152,8 +156,10 @@ def _relay_handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def start_relay(upstream: str) -> tuple[Relay, ThreadingHTTPServer]:
-    relay = Relay(upstream)
+def start_relay(
+    upstream: str, paths: tuple[str, ...] = (GENERATE, COMPLETIONS, CHAT)
+) -> tuple[Relay, ThreadingHTTPServer]:
+    relay = Relay(upstream, paths=paths)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _relay_handler(relay))
     server.daemon_threads = True
     relay.url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -615,13 +621,21 @@ def vllm_defaults(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield url
 
 
+async def _start(engine: EngineAdapter) -> None:
+    try:
+        await engine.start()
+    finally:
+        await engine.close()
+
+
 def test_auto_picks_completions_on_a_vllm_started_on_its_defaults(
     model_dir, vllm_defaults, tmp_path_factory
 ):
     """vLLM 0.32 without --enable-scale-out answers 403 on /inference/v1/generate:
     ``--vllm-api auto`` (the default) says so at start and generates through
     /v1/completions instead of answering 502 per call; a forced ``--vllm-api generate``
-    refuses to start (``turnstile serve`` exits non-zero) and says how to fix vLLM."""
+    refuses to start and says how to fix vLLM (the adapter's EngineUnusable, with which
+    ``turnstile serve`` exits: tests/test_engine_vllm.py)."""
     tmp = tmp_path_factory.mktemp("vllm-defaults-auto")
     rel, server = start_relay(vllm_defaults)
     try:
@@ -644,21 +658,14 @@ def test_auto_picks_completions_on_a_vllm_started_on_its_defaults(
         assert re.search(
             r"generating through /v1/completions \(/inference/v1/generate answered 403", log
         )
-        template = testbed.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
-        forced = subprocess.run(
-            [sys.executable, "-m", "turnstile.cli", "serve", "--engine", "vllm",
-             "--vllm-api", "generate", "--engine-url", rel.url, "--model", str(model_dir),
-             "--chat-template", str(template), "--port", str(testbed.free_port()),
-             "--data", str(tmp / "forced")],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        with pytest.raises(EngineUnusable) as forced:  # what `serve` exits with, saying it
+            asyncio.run(_start(make_engine("vllm", rel.url, api="generate")))
     finally:
         server.shutdown()
         server.server_close()
-    assert forced.returncode != 0
-    assert "serves no token-in route" in forced.stderr
-    assert "/inference/v1/generate answered 403" in forced.stderr
-    assert "--enable-scale-out" in forced.stderr
+    said = str(forced.value)
+    assert "serves no token-in route" in said
+    assert "/inference/v1/generate answered 403" in said and "--enable-scale-out" in said
     assert [(e.path, e.status) for e in rel.exchanges[3:]] == [(GENERATE, 403)]  # one probe
 
 
