@@ -98,3 +98,23 @@ def test_two_turns_are_recorded_as_sglang_sampled(ts, relay, stream):
         assert c["weight_version"] == ["default"] * 6
     chained = exs[0].request["input_ids"] + _sampled(exs[0])[0]
     assert exs[1].request["input_ids"][: len(chained)] == chained
+
+
+def test_the_live_sglang_still_answers_as_the_golden_file():
+    """The answers the SGLang fake is held to (tests/fakes/golden, test_sglang_golden.py) are
+    still this server's."""
+    import json
+
+    import httpx
+    from fakes import sglang_golden as g
+    from fakes import vllm_golden as compare
+
+    assert URL
+    golden = json.loads(g.GOLDEN.read_text())
+    diffs: list[str] = []
+    with httpx.Client(timeout=120) as client:
+        model = client.get(URL + "/v1/models").json()["data"][0]["id"]
+        for case in g.cases(model):
+            got = compare.answer(client, URL, case)
+            diffs += compare.differences(golden["cases"][case.name], got, case.name)
+    assert not diffs, "\n".join(diffs)
