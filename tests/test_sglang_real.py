@@ -1,5 +1,7 @@
 """The SGLang adapter against a real SGLang 0.5.23 on this CPU (torch_native attention, no
-AMX), serving SmolLM2-135M-Instruct: opt-in, ``TURNSTILE_SGLANG_URL=http://...``.
+AMX), serving SmolLM2-135M-Instruct: opt-in, ``TURNSTILE_SGLANG=1`` (the test bed builds
+its venv, ``turnstile.testbed_sglang.sglang_python``, and starts the server) or
+``TURNSTILE_SGLANG_URL=http://...`` (one already running).
 
 Turnstile → the recording relay (``test_vllm_real.Relay``) → SGLang's ``/generate``: the
 records are compared with what SGLang received and returned. Not in the default suite: its
@@ -17,20 +19,33 @@ import pytest
 from conftest import Turnstile
 from test_vllm_real import NO_END, Relay, _chat, _client, start_relay
 
-from turnstile import testbed, testbed_vllm
+from turnstile import testbed, testbed_sglang, testbed_vllm
 
 URL = os.environ.get("TURNSTILE_SGLANG_URL")
+START = os.environ.get("TURNSTILE_SGLANG") == "1"
 pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not URL, reason="set TURNSTILE_SGLANG_URL to a running SGLang (README)"),
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(
+        not (URL or START),
+        reason="opt-in: TURNSTILE_SGLANG=1, or TURNSTILE_SGLANG_URL to a running SGLang (README)",
+    ),
 ]
 GENERATE = "/generate"
 
 
 @pytest.fixture(scope="module")
-def relay() -> Iterator[Relay]:
-    assert URL
-    rel, server = start_relay(URL, paths=(GENERATE,))
+def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if URL:
+        yield URL
+        return
+    log = tmp_path_factory.mktemp("sglang-server") / "sglang.log"
+    with testbed_sglang.sglang_server(testbed_vllm.vllm_model(), log=log) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def relay(sglang: str) -> Iterator[Relay]:
+    rel, server = start_relay(sglang, paths=(GENERATE,))
     yield rel
     server.shutdown()
     server.server_close()
@@ -100,7 +115,7 @@ def test_two_turns_are_recorded_as_sglang_sampled(ts, relay, stream):
     assert exs[1].request["input_ids"][: len(chained)] == chained
 
 
-def test_the_live_sglang_still_answers_as_the_golden_file():
+def test_the_live_sglang_still_answers_as_the_golden_file(sglang):
     """The answers the SGLang fake is held to (tests/fakes/golden, test_sglang_golden.py) are
     still this server's."""
     import json
@@ -109,12 +124,11 @@ def test_the_live_sglang_still_answers_as_the_golden_file():
     from fakes import sglang_golden as g
     from fakes import vllm_golden as compare
 
-    assert URL
     golden = json.loads(g.GOLDEN.read_text())
     diffs: list[str] = []
     with httpx.Client(timeout=120) as client:
-        model = client.get(URL + "/v1/models").json()["data"][0]["id"]
+        model = client.get(sglang + "/v1/models").json()["data"][0]["id"]
         for case in g.cases(model):
-            got = compare.answer(client, URL, case)
+            got = compare.answer(client, sglang, case)
             diffs += compare.differences(golden["cases"][case.name], got, case.name)
     assert not diffs, "\n".join(diffs)
