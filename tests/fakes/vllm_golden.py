@@ -177,14 +177,14 @@ def _pick(value: Any, path: str) -> Any:
 
 def shape(value: Any, key: str = "", in_error: bool = False) -> Any:
     """The structure of a JSON value (see the module's docstring)."""
+    if key in OPAQUE:
+        return "any"
     if isinstance(value, dict):  # keys named by a token ("token_id:25") count as one
         named = {re.sub(r"^token_id:\d+$", "token_id:N", k): v for k, v in value.items()}
         return {k: shape(v, k, in_error or k == "error") for k, v in sorted(named.items())}
     if isinstance(value, list):
         kinds = {json.dumps(shape(v), sort_keys=True) for v in value}
         return ["list", *(json.loads(k) for k in sorted(kinds))]
-    if key in OPAQUE:
-        return "any"
     if key in KEPT or (in_error and key in KEPT_IN_ERROR):
         return {"=": value}
     if value is None:
