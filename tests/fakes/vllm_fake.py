@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import chat as toychat
-from .common import EOS, FakeServer, Generation, Step, ToyModel
+from .common import EOS, FakeServer, Generation, Step, ToyModel, token_text
 
 MODEL = "fake/tiny-model"
 MAX_LOGPROBS = 20
@@ -70,7 +70,12 @@ def _validation(loc: str, msg: str, err_type: str, input_repr: str, ctx: str) ->
     return _Invalid(_error(text, "Bad Request", 400, param))
 
 
-def _sampling_error(message: str, parameter: str | None, sp: dict) -> _Invalid:
+def _sampling_error(
+    message: str, parameter: str | None, sp: dict, value: object = None, v: tuple = (0, 33)
+) -> _Invalid:
+    if v >= (0, 32):  # as a real 0.32 answers (tests/fakes/golden)
+        text = f"{message} (parameter={parameter}, value={value})"
+        return _Invalid(_error(text, "BadRequestError", 400, parameter))
     text = (
         f"1 validation error:\n  {{'type': 'value_error', 'loc': 'body.sampling_params', "
         f"'msg': 'Value error, {message}', 'input': '<dict of {len(sp)} items>', "
@@ -105,6 +110,9 @@ class VLLMFake(FakeServer):
         self.logprobs_mode = logprobs_mode
         self.chat = toychat.ChatScript()  # what /v1/chat/completions answers
         self.chat_log: list[dict] = []  # every chat completion: prompt and sampled ids
+        self.paused = False  # dev mode's /pause, /resume, /is_paused
+        # 0.32 names its build in every completion ("vllm-0.32.0-8a9c8d93"), older ones null
+        self.fingerprint = f"vllm-{version}-fake" if self.v >= (0, 32) else None
 
     # routes
 
@@ -133,6 +141,13 @@ class VLLMFake(FakeServer):
         if self.dev_mode:
             routes.append(Route("/abort_requests", self.dev_abort_requests, methods=["POST"]))
             routes.append(Route("/server_info", self.server_info, methods=["GET"]))
+            routes += [
+                Route("/pause", self.pause, methods=["POST"]),
+                Route("/resume", self.resume, methods=["POST"]),
+                Route("/is_paused", self.is_paused, methods=["GET"]),
+                Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
+                Route("/weight_info", self.weight_info, methods=["GET"]),
+            ]
         return routes
 
     async def get_version(self, request: Request) -> Response:
@@ -150,7 +165,22 @@ class VLLMFake(FakeServer):
             "root": MODEL,
             "parent": None,
             "max_model_len": self.max_model_len,
-            "permission": [],
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                    "object": "model_permission",
+                    "created": int(time.time()),
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
         return Response(
             _dumps_python({"object": "list", "data": [card]}), media_type="application/json"
@@ -191,6 +221,30 @@ class VLLMFake(FakeServer):
         self.abort(list(body["request_ids"]))
         return Response(status_code=200)
 
+    # dev mode (``VLLM_SERVER_DEV_MODE=1``): vLLM's RL routes, answers as 0.32 gives them
+
+    async def pause(self, request: Request) -> Response:
+        await self.record(request)
+        self.paused = True
+        return JSONResponse({"status": "paused"})
+
+    async def resume(self, request: Request) -> Response:
+        await self.record(request)
+        self.paused = False
+        return JSONResponse({"status": "resumed"})
+
+    async def is_paused(self, request: Request) -> Response:
+        return JSONResponse({"is_paused": self.paused})
+
+    async def update_weight_version(self, request: Request) -> Response:
+        """The version every token sampled from now on is reported with."""
+        body = await self.record(request) or {}
+        self.weight_version = str(body.get("new_version"))
+        return JSONResponse({"success": True, "new_version": self.weight_version})
+
+    async def weight_info(self, request: Request) -> Response:
+        return JSONResponse({"weight_version": self.weight_version})
+
     async def dev_abort_requests(self, request: Request) -> Response:
         body = await self.record(request) or {}
         ids = list(body.get("request_ids") or [])
@@ -199,32 +253,56 @@ class VLLMFake(FakeServer):
 
     # /inference/v1/generate
 
-    def _check_sampling(self, sp: dict, prompt_len: int) -> None:
+    def _check_sampling(self, sp: dict, prompt_len: int, route: str = "generate") -> None:
+        if self.v >= (0, 32) and prompt_len > self.max_model_len:  # as a real 0.32 answers
+            if route == "generate":
+                msg = (
+                    f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
+                    f"length of {self.max_model_len}. Make sure that `max_model_len` is no "
+                    "smaller than the number of text tokens."
+                )
+                raise _Invalid(_error(msg, "BadRequestError", 400))
+            msg = (
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {prompt_len} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt_len})"
+            )
+            raise _Invalid(_error(msg, "BadRequestError", 400, "input_tokens"))
         t = sp.get("temperature", 1.0)
         if not isinstance(t, (int, float)) or t < 0:
             raise _sampling_error(
-                f"temperature must be non-negative, got {float(t)}.", "temperature", sp
+                f"temperature must be non-negative, got {float(t)}.", "temperature", sp, t, self.v
             )
         top_p = sp.get("top_p", 1.0)
         if not 0.0 < top_p <= 1.0:
-            raise _sampling_error(f"top_p must be in (0, 1], got {float(top_p)}.", "top_p", sp)
+            raise _sampling_error(
+                f"top_p must be in (0, 1], got {float(top_p)}.", "top_p", sp, top_p, self.v
+            )
         mt = sp.get("max_tokens", 16)
         if mt is not None and mt < 1:
-            raise _sampling_error(f"max_tokens must be at least 1, got {mt}.", "max_tokens", sp)
+            raise _sampling_error(
+                f"max_tokens must be at least 1, got {mt}.", "max_tokens", sp, mt, self.v
+            )
         lp = sp.get("logprobs")
         if lp is not None and lp < -1:
-            raise _sampling_error(f"logprobs must be non-negative or -1, got {lp}.", "logprobs", sp)
+            raise _sampling_error(
+                f"logprobs must be non-negative or -1, got {lp}.", "logprobs", sp, lp, self.v
+            )
         if lp is not None and lp > MAX_LOGPROBS:
             raise _Invalid(
                 _error(
                     f"Requested sample logprobs of {lp}, which is greater than "
-                    f"max allowed: {MAX_LOGPROBS}",
+                    f"max allowed: {MAX_LOGPROBS}"
+                    + (f" (parameter=logprobs, value={lp})" if self.v >= (0, 32) else ""),
                     "BadRequestError",
                     400,
                     "logprobs",
                 )
             )
-        if mt is not None and prompt_len + mt > self.max_model_len:
+        if mt is not None and prompt_len + mt > self.max_model_len and self.v >= (0, 32):
+            sp["max_tokens"] = self.max_model_len - prompt_len  # 0.32 stops at the context's end
+        elif mt is not None and prompt_len + mt > self.max_model_len:
             raise _Invalid(
                 _error(
                     f"'max_tokens' or 'max_completion_tokens' is too large: {mt}. This model's "
@@ -581,7 +659,7 @@ class VLLMFake(FakeServer):
         }
         sp.setdefault("max_tokens", 16)
         try:
-            self._check_sampling(sp, len(ids))
+            self._check_sampling(sp, len(ids), "completions")
         except _Invalid as exc:
             return Response(
                 _dumps_python(exc.body), status_code=exc.status, media_type="application/json"
@@ -606,7 +684,8 @@ class VLLMFake(FakeServer):
             if body.get("stream"):
                 c["prompt_token_ids"] = ids if (first and with_ids) else None
                 c["token_ids"] = [s.token_id for s in steps] if with_ids else None
-                c["weight_versions"] = self.spans(gen) if (wv and last) else None
+                if self.v >= (0, 33):
+                    c["weight_versions"] = self.spans(gen) if (wv and last) else None
             return c
 
         if body.get("stream"):
@@ -624,24 +703,22 @@ class VLLMFake(FakeServer):
                             "created": created,
                             "model": MODEL,
                             "choices": [c],
-                            "kv_transfer_params": None,
                         }
+                        if self.v < (0, 32):
+                            obj["kv_transfer_params"] = None
                         yield b"data: " + _dumps_pydantic(obj) + b"\n\n"
                     usage = self._usage(len(ids), len(gen.steps), False)
-                    yield (
-                        b"data: "
-                        + _dumps_pydantic(
-                            {
-                                "id": rid,
-                                "object": "text_completion",
-                                "created": created,
-                                "model": MODEL,
-                                "choices": [],
-                                "usage": usage,
-                            }
-                        )
-                        + b"\n\n"
-                    )
+                    final = {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": MODEL,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                    if self.v >= (0, 32):
+                        final["system_fingerprint"] = self.fingerprint
+                    yield b"data: " + _dumps_pydantic(final) + b"\n\n"
                     yield b"data: [DONE]\n\n"
                     ok = True
                     self.rec.finished.append(rid)
@@ -659,8 +736,9 @@ class VLLMFake(FakeServer):
             prompt_logprobs=None,
             prompt_token_ids=ids if with_ids else None,
             routed_experts=None,
-            weight_versions=self.spans(gen) if wv else None,
         )
+        if self.v >= (0, 33):
+            c["weight_versions"] = self.spans(gen) if wv else None
         resp = {
             "id": rid,
             "object": "text_completion",
@@ -668,7 +746,7 @@ class VLLMFake(FakeServer):
             "model": MODEL,
             "choices": [c],
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": self.fingerprint,
             "usage": self._usage(len(ids), len(gen.steps), True),
             "kv_transfer_params": None,
             "ec_transfer_params": None,
@@ -687,7 +765,14 @@ class VLLMFake(FakeServer):
 
     async def detokenize(self, request: Request) -> Response:
         body = await self.record(request) or {}
-        text = toychat.decode(list(body.get("tokens") or []), skip_special=False)
+        ids = [int(t) for t in body.get("tokens") or []]
+        text = "".join(
+            toychat.piece(t)
+            if t in toychat.SPECIAL or t in toychat.TEXT or t >= 1000
+            # the generation vocabulary's ids (the chat script's are its specials and 300+)
+            else token_text(t)
+            for t in ids
+        )
         return Response(_dumps_python({"prompt": text}), media_type="application/json")
 
     def _chat_logprobs(self, ids: list[int], start: int, k: int) -> list[dict]:
@@ -831,6 +916,10 @@ class VLLMFake(FakeServer):
                 "stop_reason": None,
                 "token_ids": r.ids if with_ids else None,
             }
+            if self.v >= (0, 32):  # as a real 0.32 answers (tests/fakes/golden)
+                if not c["message"]["tool_calls"]:
+                    del c["message"]["tool_calls"]
+                c["routed_experts"] = None
             if self.v >= (0, 33):
                 c["weight_versions"] = self._chat_spans(len(r.ids)) if wv else None
             choices.append(c)
@@ -841,12 +930,15 @@ class VLLMFake(FakeServer):
             "model": MODEL,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": self.fingerprint,
             "usage": usage,
             "prompt_logprobs": None,
             "prompt_token_ids": prompt if with_ids else None,
             "kv_transfer_params": None,
         }
+        if self.v >= (0, 32):
+            resp.update(prompt_text=None, ec_transfer_params=None, metrics=None)
+            resp["usage"] = {**usage, "completion_tokens_details": None}
         return Response(_dumps_python(resp), media_type="application/json")
 
     async def _chat_stream(
@@ -869,7 +961,10 @@ class VLLMFake(FakeServer):
                 "model": MODEL,
                 "choices": [choice],
             }
-            if first and with_ids:
+            if first and self.v >= (0, 32):  # both, null when not asked (a real 0.32)
+                obj["prompt_token_ids"] = prompt if with_ids else None
+                obj["prompt_text"] = None
+            elif first and with_ids:
                 obj["prompt_token_ids"] = prompt
             return b"data: " + _dumps_pydantic(obj) + b"\n\n"
 
@@ -913,18 +1008,16 @@ class VLLMFake(FakeServer):
                 yield chunk(c)
                 sent = True
         if usage is not None:
-            yield (
-                b"data: "
-                + _dumps_pydantic(
-                    {
-                        "id": rid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": MODEL,
-                        "choices": [],
-                        "usage": usage,
-                    }
-                )
-                + b"\n\n"
-            )
+            final = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": MODEL,
+                "choices": [],
+                "usage": usage,
+            }
+            if self.v >= (0, 32):  # the stream's usage leaves the null details out
+                final["usage"] = {k: v for k, v in usage.items() if v is not None}
+                final["system_fingerprint"] = self.fingerprint
+            yield b"data: " + _dumps_pydantic(final) + b"\n\n"
         yield b"data: [DONE]\n\n"

@@ -217,7 +217,10 @@ class ResponseEvents:
 
 
 def _keep_ids(final: list[dict], streamed: list[dict]) -> None:
-    """The final response names its items as the stream did (the harness matched them)."""
+    """The final response names its items as the stream did (the harness matched them), and
+    its text parts keep the logprobs the stream gave (the record holds no top-k lists)."""
     for f, s in zip(final, streamed, strict=False):
         if f["type"] == s["type"]:
             f["id"] = s["id"]
+            if f["type"] == "message" and f.get("content") and s.get("content"):
+                f["content"][0]["logprobs"] = s["content"][0].get("logprobs") or []

@@ -124,7 +124,9 @@ class VLLMChat:
 
     def strip_ids(self, obj: dict, asked: Asked, stream: bool) -> bool:
         if not asked.prompt_ids:
-            if stream:
+            # 0.32 writes the first chunk's prompt_token_ids (and prompt_text) null when not
+            # asked; earlier versions leave the key out (the fake's older shapes)
+            if stream and "prompt_text" not in obj:
                 obj.pop("prompt_token_ids", None)
             elif "prompt_token_ids" in obj:
                 obj["prompt_token_ids"] = None
