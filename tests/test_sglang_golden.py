@@ -17,7 +17,7 @@ from fakes import sglang_golden as g
 from fakes import vllm_golden as compare
 from fakes.sglang_fake import MODEL, SGLangFake
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NAMES = [c.name for c in g.cases(MODEL)]
 
 

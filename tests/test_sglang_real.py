@@ -24,6 +24,7 @@ from turnstile import testbed, testbed_sglang, testbed_vllm
 URL = os.environ.get("TURNSTILE_SGLANG_URL")
 START = os.environ.get("TURNSTILE_SGLANG") == "1"
 pytestmark = [
+    pytest.mark.heavy,
     pytest.mark.timeout(1800),
     pytest.mark.skipif(
         not (URL or START),

@@ -21,7 +21,7 @@ from fakes.sglang_fake import SAMPLING_FIELDS, SGLangFake
 from turnstile.engines import SamplingParams, SGLangEngine
 from turnstile.testbed_sglang import sglang_package
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @cache

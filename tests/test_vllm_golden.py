@@ -14,7 +14,7 @@ import pytest
 from fakes import vllm_golden as g
 from fakes.vllm_fake import MODEL, VLLMFake
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 @pytest.fixture(scope="module")

@@ -145,9 +145,9 @@ def demo_command(args: argparse.Namespace) -> None:
 
 
 def testbed_command(args: argparse.Namespace) -> None:
-    from . import testbed
+    from .provision import provision
 
-    for k, v in testbed.provision().items():
+    for k, v in provision().items():
         print(f"{k}: {v}")
 
 

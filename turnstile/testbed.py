@@ -465,25 +465,3 @@ def headless_chromium(width: int = 1400, height: int = 900) -> Any:
     ):
         opts.add_argument(arg)
     return webdriver.Chrome(options=opts, service=Service(str(driver)))
-
-
-def provision() -> dict[str, Path]:
-    """Build or unpack everything the tests and the demo need (vLLM's venv and model, the
-    SGLang package: :mod:`turnstile.testbed_vllm`, :mod:`turnstile.testbed_sglang`)."""
-    from .testbed_sglang import sglang_package
-    from .testbed_vllm import vllm_model, vllm_python
-
-    chromium_binary, chromium_driver = chromium()
-    return {
-        "vllm-python": vllm_python(),
-        "vllm-model": vllm_model(),
-        "sglang-package": sglang_package(),
-        "chromium": chromium_binary,
-        "chromedriver": chromium_driver,
-        "llama-server": llama_server_binary(),
-        "models": models_dir(),
-        "templates": templates_dir(),
-        "smollm2": smollm2_gguf(),
-        "tiny-qwen2": tiny_model("qwen2", "Qwen-Qwen2.5-7B-Instruct"),
-        "node-harnesses": node_harnesses(),
-    }
