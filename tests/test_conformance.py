@@ -416,10 +416,17 @@ def test_random_tokens_on_real_vocabularies_never_mismatch_silently(
     run()
 
 
-def test_zz_report_how_much_was_checked() -> None:
-    total = sum(CHECKED.values())
-    print(f"\nconformance: {total} extended calls checked over {len(CHECKED)} templates")
-    assert len(CHECKED) >= 30 and total > 500
+@pytest.mark.parametrize(
+    "name", ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct", "Qwen3-Coder"]
+)
+def test_the_check_really_compares_extended_calls(name: str, tmp_path: Path) -> None:
+    """A fixed three-turn conversation through ``play``: each turn after the first extends the
+    recorded tokens, so each must reach the token-for-token comparison (``_check``): the
+    property tests above cannot pass by checking nothing (this used to be a count read after
+    them, which depended on the order the tests ran in)."""
+    before = CHECKED.get(name, 0)
+    play(name, _plan(_turn(), _turn(), _turn()), tmp_path, random_model=False)
+    assert CHECKED.get(name, 0) - before >= 2
 
 
 # --- named regression cases (issue 10), each a fixed conversation through the same path -------
