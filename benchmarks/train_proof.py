@@ -52,6 +52,7 @@ from turnstile.wiring import build_gateway  # noqa: E402
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"  # the template (hermes tool calls) for both policies
 CLIP = 0.2
+CALL_TOKENS = 96  # the forced call's budget: its text is fixed but for the key, ~25-70 tokens
 PLOT_VENV = "plot-venv"  # matplotlib==3.11.2, in the cache (see plot())
 TOOLS = [
     {
@@ -68,6 +69,17 @@ TOOLS = [
     }
 ]
 KEYS = ["alpha", "bravo", "delta", "echo", "kilo", "lima", "oscar", "tango"]
+# The random-weight policy (--model tiny) never closes a free string, and llama-server fails
+# a grammar-forced call it runs past ("empty grammar stack"): its key is an enum of KEYS.
+KEY_ENUM = False
+
+
+def tools() -> list[dict]:
+    if not KEY_ENUM:
+        return TOOLS
+    t = json.loads(json.dumps(TOOLS))
+    t[0]["function"]["parameters"]["properties"]["key"]["enum"] = KEYS
+    return t
 
 
 def code_of(key: str, seed: int) -> str:
@@ -87,21 +99,25 @@ async def rollout(
     r = await llm.chat.completions.create(
         model="policy",
         messages=msgs,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=tools(),  # type: ignore[arg-type]
         tool_choice={"type": "function", "function": {"name": "lookup"}},
-        max_tokens=max_tokens,
+        max_tokens=CALL_TOKENS,
         temperature=1.0,
         seed=seed,
     )
     call = r.choices[0].message
     msgs.append(call.model_dump(exclude_none=True))
-    for tc in call.tool_calls or []:
+    if not call.tool_calls:  # cut off before the call closed: no answer to give, reward 0
+        await session.set_reward(0.0)
+        await session.close("no call")
+        await llm.close()
+        return {"messages": msgs, "reward": 0.0, "session": session.id}
+    for tc in call.tool_calls:
         msgs.append({"role": "tool", "tool_call_id": tc.id, "content": f"The code is {code}."})
     r = await llm.chat.completions.create(
         model="policy",
         messages=msgs,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
-        tool_choice="none",
+        tools=tools(),  # type: ignore[arg-type]
         max_tokens=max_tokens,
         temperature=1.0,
         seed=seed + 1,
@@ -112,7 +128,7 @@ async def rollout(
     await session.set_reward(reward)
     await session.close("done")
     await llm.close()
-    return {"messages": msgs, "reward": reward}
+    return {"messages": msgs, "reward": reward, "session": session.id}
 
 
 async def collect(base: str, data: Path, name: str, args: argparse.Namespace) -> list:
@@ -134,15 +150,17 @@ async def collect(base: str, data: Path, name: str, args: argparse.Namespace) ->
                 jobs.append(rollout(s, key, code, sample_seed, args.max_tokens))
                 meta.append(gid)
         results = await asyncio.gather(*jobs)
-        by_group: dict[str, list] = {}
+        trajs = {}
         for gid in dict.fromkeys(meta):
-            by_group[gid] = sorted(await ts.group_trajectories(gid), key=lambda t: t.sample_index)
-    out, seen = [], dict.fromkeys(meta, 0)
-    for gid, res in zip(meta, results, strict=True):
-        traj = by_group[gid][seen[gid]]
-        seen[gid] += 1
-        out.append({"group": gid, "traj": traj, **res})
-    return out
+            for t in await ts.group_trajectories(gid):
+                # one trajectory per rollout: a second one is a segment break (a harness
+                # change that rewrote history), which this loop must not pair by position
+                assert t.session_id not in trajs, (t.segment_reason, t.segment_detail)
+                trajs[t.session_id] = t
+    return [
+        {"group": gid, "traj": trajs[res["session"]], **res}
+        for gid, res in zip(meta, results, strict=True)
+    ]
 
 
 def advantages(rewards: list[float], groups: list[str]) -> list[float]:
@@ -166,7 +184,7 @@ def samples(
         pos = np.flatnonzero(t.loss_mask).tolist()
         exact = {"ids": t.token_ids.tolist(), "positions": pos, "behaviour": t.logprobs[pos]}
         turns = [t.logprobs[x["completion_start"] : x["completion_end"]] for x in t.turns]
-        nids, npos, nlps = rerendered(render, encode, r["messages"], TOOLS, turns)
+        nids, npos, nlps = rerendered(render, encode, r["messages"], tools(), turns)
         # what the trainer trains on is not what was sampled (the template's own "\n" after
         # the last end-of-turn is not a difference)
         ids = exact["ids"]
@@ -357,6 +375,8 @@ def main() -> None:
         args.max_tokens = 16
     template = (testbed.templates_dir() / f"{QWEN25}.jinja").read_text()
     if args.model == "tiny":  # random weights on SmolLM2's vocabulary (49152: a fast step)
+        global KEY_ENUM
+        KEY_ENUM = True
         vocab = testbed.smollm2_gguf()
         n_vocab = len(
             next(
