@@ -5,6 +5,7 @@ benchmarks/README.md). This only keeps the scripts working as the code under the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,3 +70,29 @@ def test_peers_quick() -> None:
     rows = [x for x in r.stdout.splitlines() if x.startswith("| turnstile ")]
     exact = [x for x in rows if "/3 " in x]
     assert len(exact) == 2 and all("4/4" in x and "3/3" in x for x in exact), r.stdout[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_train_proof_quick(tmp_path: Path) -> None:
+    """train_proof.py --quick: two GRPO steps per arm on the tiny model through Turnstile and
+    llama-server, the weights synced each step. The exact arm's trainer agrees with the
+    behaviour logprobs (F32 engine, float32 trainer: the bound of
+    tests/test_trainer_agreement.py) and never clips; the re-tokenized arm trains on tokens
+    that were not sampled and clips."""
+    out = tmp_path / "rows.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "train_proof.py"), "--quick", "--json", out],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "| naive |" in r.stdout, r.stdout[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    exact = [x for x in rows if x["arm"] == "exact"]
+    naive = [x for x in rows if x["arm"] == "naive"]
+    assert len(exact) == len(naive) == 2
+    assert all(x["max_abs"] <= 2e-3 and x["clip_frac"] == 0.0 for x in exact), exact
+    assert all(x["tokens_differ"] > 0 and x["clip_frac"] > 0.05 for x in naive), naive

@@ -280,3 +280,33 @@ def summary(results: Sequence[Verified]) -> list[dict]:
         row["naive_tokens_differ"] = sum(v.naive_tokens_differ for v in vs)
         rows.append(row)
     return rows
+
+
+def rerendered(
+    render: Callable[..., str],
+    encode: Callable[[str], list[int]],
+    messages: Sequence[dict],
+    tools: list[dict] | None,
+    turn_logprobs: Sequence[Sequence[float]],
+) -> tuple[list[int], list[int], list[float]]:
+    """What a chat-level pipeline trains on: the conversation the harness holds (parsed tool
+    calls, text) rendered again through the template and encoded, each assistant turn's span
+    found from the render of the messages before it, and the engine's logprobs of that turn
+    laid on the span by position (NaN past the end). ``render(messages, tools, **kw)`` is the
+    template (``Renderer.render``); ``encode`` the tokenizer. Returns (ids, the assistant
+    positions, their logprobs)."""
+    ids = encode(render(list(messages), tools, add_generation_prompt=False))
+    positions: list[int] = []
+    logprobs: list[float] = []
+    turn = 0
+    for k, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        start = len(encode(render(list(messages[:k]), tools, add_generation_prompt=True)))
+        end = len(encode(render(list(messages[: k + 1]), tools, add_generation_prompt=False)))
+        engine = list(turn_logprobs[turn]) if turn < len(turn_logprobs) else []
+        turn += 1
+        n = min(end, len(ids)) - start
+        positions += range(start, start + n)
+        logprobs += [engine[i] if i < len(engine) else math.nan for i in range(n)]
+    return ids, positions, logprobs
