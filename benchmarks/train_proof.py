@@ -53,7 +53,8 @@ from turnstile.wiring import build_gateway  # noqa: E402
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"  # the template (hermes tool calls) for both policies
 CLIP = 0.2
 CALL_TOKENS = 96  # the forced call's budget: its text is fixed but for the key, ~25-70 tokens
-PLOT_VENV = "plot-venv"  # matplotlib==3.11.2, in the cache (see plot())
+PLOT_VENV = "plot-venv"  # in the cache (see plot())
+MATPLOTLIB = "3.11.2"
 TOOLS = [
     {
         "type": "function",
@@ -351,10 +352,14 @@ fig.savefig(sys.argv[2], dpi=110)
 def plot(result: Path, png: Path, title: str) -> None:
     """The PNG, drawn by matplotlib in its own venv (``~/.cache/turnstile/plot-venv``,
     ``pip install matplotlib==3.11.2``) so neither the runtime nor the trainers venv changes."""
-    python = testbed.cache_dir() / PLOT_VENV / "bin" / "python"
-    if not python.exists():
-        print(f"no {python}: skipping the plot", file=sys.stderr)
-        return
+    venv = testbed.cache_dir() / PLOT_VENV
+    python = venv / "bin" / "python"
+    if not python.exists():  # made once, pinned, in the cache (outside the repository)
+        print(f"creating {venv} (matplotlib {MATPLOTLIB})", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"matplotlib=={MATPLOTLIB}"], check=True
+        )
     subprocess.run([str(python), "-c", _PLOT, str(result), str(png), title], check=True)
 
 
