@@ -16,7 +16,7 @@ from turnstile.chat.audit_corpus import corpus_renderer
 from turnstile.chat.encoding import PromptEncoder
 from turnstile.chat.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # the template corpus × vocabularies: minutes
 
 MODELS = testbed.models_dir()
 VOCABS = sorted(p for p in MODELS.glob("ggml-vocab-*.gguf") if "bert-bge" not in p.name)

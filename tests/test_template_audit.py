@@ -24,7 +24,7 @@ from turnstile.chat.patches import apply_patches
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate
 
-pytestmark = [pytest.mark.unit, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 TEMPLATES = sorted(p.stem for p in testbed.templates_dir().glob("*.jinja"))
 _CACHE: dict = {}
