@@ -142,18 +142,6 @@ class PassthroughGateway:
 
     # recording
 
-    def _build(
-        self,
-        call: Call,
-        idx: LineageIndex,
-        link: Link | None,
-        choice: Choice | None,
-        status: str,
-        error: str | None,
-        notes: list[str] | None = None,
-    ) -> CallRecord:
-        return build_record(self, call, idx, link, choice, status, error, notes)
-
     def _commit(
         self, call: Call, idx: LineageIndex, rec: CallRecord, link: Link | None, response: object
     ) -> asyncio.Future:
@@ -187,8 +175,8 @@ class PassthroughGateway:
             idx, call.req.messages, self._hashes(call.req), prompt, call.engine.detokenize
         )
         for i in sorted(cap.choices):
-            rec = self._build(
-                call, idx, link, cap.choices[i], "ok", None, cap.usage_notes(len(prompt))
+            rec = build_record(
+                self, call, idx, link, cap.choices[i], "ok", None, cap.usage_notes(len(prompt))
             )
             await committed(self._commit(call, idx, rec, link, response), call.session_id)
 
@@ -205,7 +193,9 @@ class PassthroughGateway:
             link.parent = idx.parent_of(link.prompt)
         choices: list[Choice | None] = [cap.choices[i] for i in sorted(cap.choices)]
         return [
-            self._commit(call, idx, self._build(call, idx, link, c, status, error), link, response)
+            self._commit(
+                call, idx, build_record(self, call, idx, link, c, status, error), link, response
+            )
             for c in choices or [None]
         ]
 
