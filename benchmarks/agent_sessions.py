@@ -1089,30 +1089,38 @@ def mean_turn_s(wl: Workload, args: argparse.Namespace) -> float:
 
 
 async def deep(args: argparse.Namespace, h: Harness, targets: list[Target], fake_url: str) -> dict:
-    """Sessions resumed at >= 100k-token contexts, no engine latency: turns per CPU-second."""
+    """Sessions resumed at >= 100k-token contexts, no engine latency: turns per CPU-second.
+    With ``--baseline`` and two rounds the cells run ABBA (the same sessions go on)."""
     await pace(fake_url, 0.0, 0.0)
     plans = [h.wl.deep_plan(i, args.deep_context) for i in range(args.deep)]
     out: dict[str, Any] = {}
-    for t in targets:
-        slots = [h.session(t.name, p) for p in plans]
-        await warm(h, t, slots)
-        spy_out = args.workdir / f"spy-{t.name}.txt"
+    slots: dict[str, list[Session]] = {}
+    rows: dict[str, list[dict]] = {t.name: [] for t in targets}
+    order = targets + targets[::-1] if args.baseline and args.rounds > 1 else targets
+    for t in order:
+        if t.name not in slots:
+            slots[t.name] = [h.session(t.name, p) for p in plans]
+            await warm(h, t, slots[t.name])
+        spy_out = args.workdir / f"spy-{t.name}-{len(rows[t.name])}.txt"
         spy = (
             start_spy(t.server.pid, spy_out, args.gil)
-            if args.profile and t.name == "turnstile"
+            if args.profile and t.name == "turnstile" and not rows[t.name]
             else None
         )
-        r = await run_cell(h, t, slots, args.deep_turns, 0.0)
+        r = await run_cell(h, t, slots[t.name], args.deep_turns, 0.0)
+        rows[t.name].append(r)
         if spy is not None:
             spy.send_signal(2)
             spy.wait(60)
             out["profile"] = str(spy_out)
-        out[t.name] = summarize([r])
+        x = summarize([r])
         print(
-            f"  deep  {args.deep:>3} sessions {t.name:<9} {out[t.name]['cpu_ms']:.2f} ms CPU/turn, "
-            f"ctx median {out[t.name]['ctx']:.0f}",
+            f"  deep  {args.deep:>3} sessions {t.name:<9} {x['cpu_ms']:.2f} ms CPU/turn, "
+            f"ctx median {x['ctx']:.0f}",
             flush=True,
         )
+    for name, rs in rows.items():
+        out[name] = summarize(rs)
     return out
 
 
@@ -1237,7 +1245,8 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
                         x["rate"],
                         x["p50"],
                     ]
-                    for k, x in (("relay", r), ("turnstile", t))
+                    for k, x in d.items()
+                    if k in ("relay", "turnstile", "baseline")
                 ],
                 f"\n### At >= {args.deep_context // 1000}k-token contexts, no engine latency "
                 f"({args.deep} sessions)\n",
@@ -1247,6 +1256,11 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
             f"Turnstile turns per CPU-second at >= {args.deep_context // 1000}k contexts: "
             f"{t['per_core']:.0f} (target >= 150); Turnstile / relay CPU "
             f"{t['cpu_ms'] / r['cpu_ms']:.2f}"
+            + (
+                f"; Turnstile / baseline CPU {t['cpu_ms'] / d['baseline']['cpu_ms']:.3f}"
+                if "baseline" in d
+                else ""
+            )
         )
     if "flat" in res:
         fr = res["flat"]
@@ -1312,6 +1326,11 @@ def main() -> None:
     )
     p.add_argument("--fold", type=Path, help="fold a py-spy raw profile and exit")
     p.add_argument("--cpu-ms", type=float, default=1.0, help="with --fold: CPU ms per call")
+    p.add_argument(
+        "--baseline",
+        metavar="SRC",
+        help="also run the turnstile package from SRC (another checkout) in the deep phase",
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--serve-fake", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -1410,6 +1429,11 @@ def main() -> None:
             servers.append(relay)
             ts, ts_url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log")
             servers.append(ts)
+            if args.baseline:
+                base, base_url = c.start_turnstile(
+                    fake_url, wd / "data-base", PROXY_CPU, wd / "baseline.log", args.baseline
+                )
+                servers.append(base)
             targets = [
                 Target("relay", relay_url, relay, {"content-type": "application/json"}),
                 Target(
@@ -1423,6 +1447,8 @@ def main() -> None:
                     },
                 ),
             ]
+            if args.baseline:
+                targets.append(Target("baseline", base_url, base, targets[1].headers))
             res = asyncio.run(sweep(args, h, targets, fake_url))
             ts.stop()
             check = check_store(wd / "data", h.sids)
