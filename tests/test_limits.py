@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnstile.errors import APIError
-from turnstile.server.limits import Limits, check
+from turnstile.server.limits import Checked, Limits, check
 
 pytestmark = pytest.mark.unit
 
@@ -52,3 +52,64 @@ def test_check_refuses_exactly_what_breaks_a_limit(
         assert exc.status == 400 and exc.param in bad, (exc.param, bad)
     else:
         assert not bad, bad
+
+
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "tool"]), "content": JSON})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(MESSAGE, max_size=5),
+    st.lists(MESSAGE, max_size=5),
+    st.integers(0, 5),
+    st.integers(1, 5),
+    st.integers(2, 6),
+)
+def test_a_checked_history_lets_nothing_new_through(
+    first: list[dict], later: list[dict], cut: int, max_string: int, max_depth: int
+) -> None:
+    """A session's next body (its history resent, cut anywhere, then anything appended or
+    changed) is refused exactly when the stateless walk refuses it: what passed before is
+    skipped only where it is equal, so an oversized message anywhere still fails."""
+    lim = Limits(max_string=max_string, max_depth=max_depth)
+    checked = Checked(lim)
+    try:
+        checked.check("s", {"messages": first, "tools": []})
+    except APIError:
+        pass
+    body = {"messages": [*first[:cut], *later], "tools": []}
+    bad = set().union(*(violations(v, k, 1, lim) for k, v in body.items()))
+    try:
+        checked.check("s", body)
+    except APIError as exc:
+        assert exc.param in bad, (exc.param, bad)
+    else:
+        assert not bad, bad
+
+
+def test_an_oversized_message_after_a_passed_history_is_refused() -> None:
+    lim = Limits(max_string=10)
+    checked = Checked(lim)
+    hist = [{"role": "user", "content": "short"}, {"role": "tool", "content": "ok"}]
+    checked.check("s", {"messages": hist})
+    # appended, replacing an old one in place, nested in parts, or one level too deep
+    for msgs, where in (
+        ([*hist, {"role": "tool", "content": "x" * 11}], "messages[2].content"),
+        ([hist[0], {"role": "tool", "content": "x" * 11}], "messages[1].content"),
+        ([*hist, {"content": [{"text": "y" * 11}]}], "messages[2].content[0].text"),
+        ([*hist, "z" * 11], "messages[2]"),
+    ):
+        with pytest.raises(APIError) as exc:
+            checked.check("s", {"messages": msgs})
+        assert exc.value.param == where
+        checked.check("s", {"messages": hist})  # the session's last passed body again
+    deep: object = "a"
+    for _ in range(70):
+        deep = [deep]
+    with pytest.raises(APIError):
+        checked.check("s", {"messages": [*hist, {"content": deep}]})
+    # another session has its own history; a forgotten one is walked whole again
+    with pytest.raises(APIError):
+        checked.check("t", {"messages": [{"content": "x" * 11}]})
+    checked.forget("s")
+    checked.check("s", {"messages": hist})

@@ -13,7 +13,7 @@ from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..errors import APIError
 from ..gateway.contract import AppGateway
 from ..store.store import Store
-from .limits import Limits
+from .limits import Checked, Limits
 from .session_index import SessionIndex
 
 if TYPE_CHECKING:
@@ -39,6 +39,11 @@ class AppContext:
     tokenizer: LoadedTokenizer | None = None
     # seconds of silence after which a stream sends its dialect's keep-alive (None: never)
     keepalive: float | None = 10.0
+    # each session's last body that passed the size limits: a resent history is not walked again
+    checked: Checked = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checked = Checked(self.limits)
 
 
 def context(request: Request) -> AppContext:

@@ -31,7 +31,7 @@ async def call(request: Request, dialect: Dialect) -> Response:
     assert sid is not None
     ctx.sessions.require_open(sid)
     body = await read_json(request, ctx.max_body)
-    check_limits(body, ctx.limits)  # before anything is built from it
+    ctx.checked.check(sid, body)  # before anything is built from it (only what is new)
     req = dialect.parse(body, sid)
     try:
         if not req.stream:

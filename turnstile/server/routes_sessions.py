@@ -78,6 +78,7 @@ async def session(request: Request) -> Response:
         ctx.sessions.uncache(sid)
         ctx.sessions.forget_capability(sid)
         ctx.gateway.forget(sid)
+        ctx.checked.forget(sid)
         if not ctx.store.delete_session(sid):
             raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
         return json_response({"id": sid, "object": "session.deleted", "deleted": True})
@@ -189,6 +190,7 @@ async def close(request: Request) -> Response:
     if ctx.gateway.control.close_session(sid):
         await ctx.gateway.control.settled(CLOSE_WAIT_S, sid)
     ctx.gateway.closed(sid)  # token-in: its call tree is freed (rebuilt from the store if needed)
+    ctx.checked.forget(sid)
     return json_response(session_json(ctx, sid))
 
 
