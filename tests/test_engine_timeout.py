@@ -167,6 +167,25 @@ def test_the_engine_timeout_reaches_every_adapter():
         assert engine._timeout.total == 7.0
 
 
+def test_the_connect_timeout_is_long_by_default_and_reaches_every_adapter():
+    """A starved engine may accept a connection seconds late: the default waits (the old 5 s
+    failed such calls with a 502); the flag reaches every adapter, bounded by the call's."""
+    from turnstile.engines.http import CONNECT_TIMEOUT_S
+    from turnstile.wiring import build_engine, engine_options
+
+    argv = ["serve", "--engine-url", "http://x", "--model", "m"]
+    assert CONNECT_TIMEOUT_S >= 30
+    for kind in FAKES:
+        for extra, want in (
+            ([], CONNECT_TIMEOUT_S),
+            (["--engine-connect-timeout", "12"], 12.0),
+            (["--engine-connect-timeout", "90", "--engine-timeout", "7"], 7.0),
+        ):
+            args = build_parser().parse_args([*argv, "--engine", kind, *extra])
+            engine = build_engine(kind, "http://x", engine_options(args))
+            assert engine._timeout.sock_connect == want, (kind, extra)
+
+
 def test_a_retry_after_a_timeout_is_a_sibling_of_the_failed_call(tiny_qwen2, turnstile_factory):
     """A harness retries a call that timed out (the openai client does by default): the retry
     extends the same recorded call the failed one did, a sibling in the tree, not a new

@@ -12,7 +12,7 @@ from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
 from .engines import KINDS, capture_kind
-from .engines.http import ENGINE_TIMEOUT_S
+from .engines.http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S
 from .parsing import tool_formats
 from .server.limits import Limits
 from .wiring import build_renderer, server_from_args
@@ -220,6 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long one engine call may take, from sending it to its last token (a "
         "call that runs past it is a 504 to the harness, recorded as an error, and the "
         f"engine is told to stop it; default: {ENGINE_TIMEOUT_S:g})",
+    )
+    s.add_argument(
+        "--engine-connect-timeout",
+        type=_seconds,
+        default=CONNECT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long a new connection to the engine may take (an engine that refuses "
+        "connections fails at once; one starved under load may take seconds to accept); "
+        f"default: {CONNECT_TIMEOUT_S:g}",
     )
     s.add_argument("--chat-template", help="Jinja file overriding the model's template")
     s.add_argument(

@@ -22,7 +22,7 @@ from .chat.tokenizer import load_tokenizer
 from .engines import capture_kind, engine_kind, make_engine
 from .engines.base import Engine
 from .engines.capture import CaptureEngine, capture_engine
-from .engines.http import ENGINE_TIMEOUT_S
+from .engines.http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S
 from .engines.pool import ReplicaPool
 from .gateway.capture import PassthroughGateway
 from .gateway.token_in import Gateway
@@ -122,6 +122,7 @@ def build_passthrough(
     original_logprobs: bool = False,
     synchronous: str = "full",
     timeout: float = ENGINE_TIMEOUT_S,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
 ) -> PassthroughGateway:
     """An engine-rendered capture gateway in front of one engine, or a replica pool."""
     urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
@@ -132,6 +133,7 @@ def build_passthrough(
             logprobs_mode=logprobs_mode,
             original_logprobs=original_logprobs,
             timeout=timeout,
+            connect_timeout=connect_timeout,
         )
         for u in urls
     ]
@@ -144,6 +146,7 @@ def engine_options(args: argparse.Namespace) -> dict:
     """The token-in adapter's options from ``serve``'s flags."""
     given = {
         "timeout": args.engine_timeout,
+        "connect_timeout": args.engine_connect_timeout,
         "api": args.vllm_api,
         "logprobs_mode": args.engine_logprobs_mode or None,
         "original_logprobs": args.sglang_original_logprobs or None,
@@ -189,6 +192,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
             original_logprobs=args.sglang_original_logprobs,
             synchronous=args.synchronous,
             timeout=args.engine_timeout,
+            connect_timeout=args.engine_connect_timeout,
         )
         banner = [
             f"passthrough capture ({dialect} token-ID fields), model "

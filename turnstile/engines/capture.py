@@ -20,7 +20,14 @@ import orjson
 
 from .base import PROCESSED_LOGPROBS, EngineError, SamplingParams
 from .capture_dialects import Asked, ChatDialect, SGLangChat, VLLMChat
-from .http import ENGINE_TIMEOUT_S, HTTPEngine, error_message, json_object, timed_out
+from .http import (
+    CONNECT_TIMEOUT_S,
+    ENGINE_TIMEOUT_S,
+    HTTPEngine,
+    error_message,
+    json_object,
+    timed_out,
+)
 from .sglang import SGLangServer
 from .vllm import VLLMServer
 
@@ -365,12 +372,20 @@ def capture_engine(
     logprobs_mode: str | None = None,
     original_logprobs: bool = False,
     timeout: float = ENGINE_TIMEOUT_S,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
 ) -> VLLMCaptureEngine | SGLangCaptureEngine:
     """The capture engine for ``dialect`` at ``url``. ``logprobs_mode``: vLLM's
     ``--logprobs-mode`` when known; ``original_logprobs``: SGLang returns logprobs before
     temperature scaling (``SGLANG_RETURN_ORIGINAL_LOGPROB``)."""
     if dialect == "vllm":
-        return VLLMCaptureEngine(url, logprobs_mode=logprobs_mode, timeout=timeout)
+        return VLLMCaptureEngine(
+            url, logprobs_mode=logprobs_mode, timeout=timeout, connect_timeout=connect_timeout
+        )
     if dialect == "sglang":
-        return SGLangCaptureEngine(url, original_logprobs=original_logprobs, timeout=timeout)
+        return SGLangCaptureEngine(
+            url,
+            original_logprobs=original_logprobs,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+        )
     raise ValueError(f"dialect must be one of {DIALECTS}, not {dialect!r}")

@@ -176,6 +176,11 @@ class GenerationReader(Protocol):
 
 KEEPALIVE_S = 2.0  # idle engine connections are reused for this long, well under 5 s
 ENGINE_TIMEOUT_S = 600.0  # the longest one engine call may take (serve's --engine-timeout)
+# How long a new connection to the engine may take (serve's --engine-connect-timeout). An engine
+# refusing connections fails at once; this bounds only one that does not answer the handshake,
+# which an engine whose accept loop is starved under load does for seconds: 5 s failed such
+# calls with a 502 that a relay without a connect limit never gave.
+CONNECT_TIMEOUT_S = 60.0
 
 
 def timed_out(exc: BaseException) -> bool:
@@ -194,14 +199,26 @@ class HTTPEngine(EngineBase):
 
     url: str
 
-    def __init__(self, url: str, timeout: float = ENGINE_TIMEOUT_S):
+    def __init__(
+        self,
+        url: str,
+        timeout: float = ENGINE_TIMEOUT_S,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+    ):
         """``timeout``: seconds one generation may take, from sending it to its last byte;
-        past it the call fails with 504 (:meth:`_failed`) and the engine is told to stop."""
+        past it the call fails with 504 (:meth:`_failed`) and the engine is told to stop.
+        ``connect_timeout``: seconds a new connection may take (within ``timeout``)."""
         if not timeout > 0:
             raise ValueError(f"the engine timeout must be a positive number of seconds: {timeout}")
+        if not connect_timeout > 0:
+            raise ValueError(
+                f"the engine connect timeout must be a positive number of seconds: "
+                f"{connect_timeout}"
+            )
         self.url = url.rstrip("/")
         self.context_length = 0
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+        self._connect = min(connect_timeout, timeout)
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect)
         self._session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task] = set()
 
@@ -338,7 +355,9 @@ class HTTPEngine(EngineBase):
             kw["data"] = orjson.dumps(body)
             kw["headers"] = {"content-type": "application/json"}
         if timeout is not None:
-            kw["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
+            kw["timeout"] = aiohttp.ClientTimeout(
+                total=timeout, sock_connect=min(timeout, self._connect)
+            )
         try:
             async with self.session.request(method, self.url + path, **kw) as r:
                 return r.status, await r.read()

@@ -22,7 +22,10 @@ class EngineKind:
     # the capture dialect (``engines.capture``) when the engine can render and report the IDs;
     # None: it cannot, and ``--mode passthrough`` is refused for it by name
     capture: str | None = None
-    options: tuple[str, ...] = ("timeout",)  # what its adapter takes beyond the URL
+    options: tuple[str, ...] = (
+        "timeout",
+        "connect_timeout",
+    )  # what its adapter takes beyond the URL
     why_no_capture: str = ""
 
 
@@ -35,8 +38,18 @@ ENGINE_KINDS = (
             "llama-server's chat route does not report the prompt token IDs it rendered"
         ),
     ),
-    EngineKind("vllm", VLLMEngine, capture="vllm", options=("timeout", "api", "logprobs_mode")),
-    EngineKind("sglang", SGLangEngine, capture="sglang", options=("timeout", "original_logprobs")),
+    EngineKind(
+        "vllm",
+        VLLMEngine,
+        capture="vllm",
+        options=("timeout", "connect_timeout", "api", "logprobs_mode"),
+    ),
+    EngineKind(
+        "sglang",
+        SGLangEngine,
+        capture="sglang",
+        options=("timeout", "connect_timeout", "original_logprobs"),
+    ),
 )
 
 KINDS = tuple(k.name for k in ENGINE_KINDS)

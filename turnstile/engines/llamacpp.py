@@ -29,7 +29,7 @@ from .base import (
     logprob_unfitness,
     wire_ids,
 )
-from .http import ENGINE_TIMEOUT_S, HTTPEngine, timed_out
+from .http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S, HTTPEngine, timed_out
 
 _STOP_REASON = {"eos": "stop", "word": "stop", "limit": "length"}
 
@@ -85,8 +85,13 @@ class LlamaCppEngine(HTTPEngine):
     name = "llama-cpp"
     label = "llama-server"
 
-    def __init__(self, url: str, timeout: float = ENGINE_TIMEOUT_S):
-        super().__init__(url, timeout)
+    def __init__(
+        self,
+        url: str,
+        timeout: float = ENGINE_TIMEOUT_S,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+    ):
+        super().__init__(url, timeout, connect_timeout)
         self.model_path = ""
 
     async def refresh(self) -> None:

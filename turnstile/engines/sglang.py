@@ -36,7 +36,14 @@ from .base import (
     logprob_unfitness,
     wire_ids,
 )
-from .http import ENGINE_TIMEOUT_S, HTTPEngine, gateway_status, json_object, new_request_id
+from .http import (
+    CONNECT_TIMEOUT_S,
+    ENGINE_TIMEOUT_S,
+    HTTPEngine,
+    gateway_status,
+    json_object,
+    new_request_id,
+)
 
 
 class SGLangServer(HTTPEngine):
@@ -47,10 +54,15 @@ class SGLangServer(HTTPEngine):
     label = "SGLang"
 
     def __init__(
-        self, url: str, *, original_logprobs: bool = False, timeout: float = ENGINE_TIMEOUT_S
+        self,
+        url: str,
+        *,
+        original_logprobs: bool = False,
+        timeout: float = ENGINE_TIMEOUT_S,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
     ):
         """``original_logprobs``: the server runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``."""
-        super().__init__(url, timeout)
+        super().__init__(url, timeout, connect_timeout)
         self.original_logprobs = original_logprobs
         self.model: str | None = None
         self.version: str | None = None

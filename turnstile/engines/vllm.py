@@ -49,6 +49,7 @@ from .base import (
     wire_ids,
 )
 from .http import (
+    CONNECT_TIMEOUT_S,
     ENGINE_TIMEOUT_S,
     EngineUnusable,
     HTTPEngine,
@@ -80,10 +81,15 @@ class VLLMServer(HTTPEngine):
     label = "vLLM"
 
     def __init__(
-        self, url: str, *, logprobs_mode: str | None = None, timeout: float = ENGINE_TIMEOUT_S
+        self,
+        url: str,
+        *,
+        logprobs_mode: str | None = None,
+        timeout: float = ENGINE_TIMEOUT_S,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
     ):
         """``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
-        super().__init__(url, timeout)
+        super().__init__(url, timeout, connect_timeout)
         if logprobs_mode is not None and logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
         self.version: str | None = None
@@ -148,12 +154,15 @@ class VLLMEngine(VLLMServer):
         api: str = "auto",
         logprobs_mode: str | None = None,
         timeout: float = ENGINE_TIMEOUT_S,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
     ):
         """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
         "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"api must be auto, generate or completions, not {api!r}")
-        super().__init__(url, logprobs_mode=logprobs_mode, timeout=timeout)
+        super().__init__(
+            url, logprobs_mode=logprobs_mode, timeout=timeout, connect_timeout=connect_timeout
+        )
         self.api = api
         self.route: str | None = {"generate": GENERATE, "completions": COMPLETIONS}.get(api)
         self._disabled: str | None = None  # why /inference/v1/generate cannot be used
