@@ -11,6 +11,7 @@ in ``session_index`` and the error responses in ``error_handlers``."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 from collections.abc import AsyncIterator
 
@@ -173,7 +174,15 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             "serve with --chat-template FILE for a template that renders them",
             file=sys.stderr,
         )
-    yield
+    # Everything loaded by now (tokenizer, template, imports: ~100k objects) lives as long as
+    # the server: out of the collector's sight, a full collection scans only what calls keep
+    # (at 100k-token requests those ran every ~70 calls and cost ~4x as much with it).
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # back to the collector (tests start many apps in one process)
     if monitor is not None:
         await monitor.close()
     await gateway.engine.close()
