@@ -20,13 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from .encoding import PromptEncoder
 from .template import ChatTemplate, TemplateError
 from .tokenizer import LoadedTokenizer
 
 STAND_IN_USER = {"role": "user", "content": "dummy"}
+HEADS_KEPT = 16  # distinct stand-in heads kept (system prompt x tools x kwargs)
 
 
 class NotPrefixPreserving(ValueError):
@@ -52,7 +51,8 @@ class Renderer:
         self._anchor = anchor if anchor and len(tokenizer.encode(anchor)) == 1 else None
         self.encoder = PromptEncoder(tokenizer, self._anchor)  # whole prompts, pieces kept
         self.fingerprint = f"{tokenizer.fingerprint}:{template.fingerprint}"
-        self._heads: dict[bytes, str] = {}  # stand-in head renders, see _head
+        # stand-in head renders (system, tools, kwargs, text), most recent first: see _head
+        self._heads: list[tuple[dict | None, list[dict] | None, dict, str]] = []
         self._ignores_tools: bool | None = None
         self._drops_developer: bool | None = None
 
@@ -169,19 +169,24 @@ class Renderer:
 
     def _head(self, head: list[dict], tools: list[dict] | None, kwargs: dict, before: str) -> str:
         """The stand-in head rendered alone. It is the same for every call of a rollout batch
-        (same system message, tools, kwargs), so it is kept; a kept render that no longer
-        prefixes ``before`` (a template that writes today's date) is rendered again."""
-        try:
-            key = orjson.dumps([head[0] if len(head) > 1 else None, tools, kwargs])
-        except (orjson.JSONEncodeError, TypeError):
-            key = None
-        text = self._heads.get(key) if key is not None else None
-        if text is None or not before.startswith(text):
-            text = self.render(head, tools, add_generation_prompt=False, **kwargs)
-            if key is not None:
-                if len(self._heads) >= 256:
-                    self._heads.clear()
-                self._heads[key] = text
+        (same system message, tools, kwargs), so it is kept, found by ``==`` (in C: a coding
+        agent's system prompt and tools are ~150 KB, serialising them as a key cost more than
+        the comparison); a kept render that no longer prefixes ``before`` (a template that
+        writes today's date, or values ``==`` but not alike, ``1`` and ``1.0``) is rendered
+        again."""
+        system = head[0] if len(head) > 1 else None
+        heads = self._heads
+        for i, (s, t, k, text) in enumerate(heads):
+            if s == system and t == tools and k == kwargs:
+                if before.startswith(text):
+                    if i:
+                        heads.insert(0, heads.pop(i))
+                    return text
+                del heads[i]
+                break
+        text = self.render(head, tools, add_generation_prompt=False, **kwargs)
+        heads.insert(0, (system, tools, dict(kwargs), text))
+        del heads[HEADS_KEPT:]
         return text
 
     def _turn_close(self, rendered: str, start: int | None) -> tuple[int, str]:
