@@ -817,7 +817,7 @@ PARTS = [  # (part, frame substrings): the first part whose frames a sample hold
     ),
     (
         "record/commit: record built on the loop",
-        ["Gateway._commit", "Gateway.record", "token_record.py", "server/record.py"],
+        ["TokenCall._commit", "TokenCall.record", "token_record.py", "gateway/record.py"],
     ),
     ("session row on first use", ["SessionIndex.ensure", "session_index.py"]),
     ("tokenize the delta", ["LoadedTokenizer.encode", "PromptEncoder", "chat/encoding.py"]),
@@ -905,8 +905,8 @@ def fold(raw: Path) -> tuple[int, collections.Counter, collections.Counter, coll
         k = int(n)
         total += k
         frames = stack.split(";")
-        if len(frames) > 1 and "LoadedTokenizer.decode" in frames[-1] and "_begin" in frames[-2]:
-            parts["the prompt's last 16 tokens decoded (Gateway._begin)"] += k
+        if len(frames) > 1 and "LoadedTokenizer.decode" in frames[-1] and "start (" in frames[-2]:
+            parts["the prompt's last 16 tokens decoded (Gateway.start)"] += k
             leaf[_fn(frames[-1])] += k
             continue
         for name, keys in PARTS:

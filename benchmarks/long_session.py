@@ -13,7 +13,7 @@ Set-up (printed with the results):
 - after them, in a process of its own, the same conversation through an in-process Gateway (same
   renderer and store, an engine object instead of HTTP; the messages parsed from JSON each call,
   as a server gets them) with the thread CPU of its render + tokenize (``Gateway.prompt``, which
-  includes matching the history and assembling the context) and record (``Gateway._commit``: the
+  includes matching the history and assembling the context) and record (``TokenCall._commit``: the
   record built and handed to the store; the SQLite write runs on the store's thread) measured
   per call; and, side by side, the full re-render a proxy without token-in/token-out would do:
   the whole conversation through transformers' template rendering and the tokenizer
@@ -223,13 +223,14 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     """The same conversation through an in-process Gateway, timing its parts per turn."""
     from turnstile.chat.tokenizer import load_tokenizer
     from turnstile.dialects.chat_request import parse_chat_request
+    from turnstile.gateway.token_call import TokenCall
 
     tok = load_tokenizer(str(c.tiny_qwen2()))
     outputs = [tool_output(t, args.tool_tokens, tok) for t in range(args.turns)]
     gw = c.make_gateway(wd / "inproc", spec)
     # Time the parts of the in-process gateway that must not grow with the context.
     share = {"prompt": 0.0, "record": 0.0}
-    orig_prompt, orig_record = gw.prompt, gw._commit
+    orig_prompt, orig_record = gw.prompt, TokenCall._commit
 
     def timed(name, fn):  # noqa: ANN001, ANN202
         def wrapper(*a, **kw):  # noqa: ANN002, ANN003, ANN202
@@ -241,7 +242,8 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
 
         return wrapper
 
-    gw.prompt, gw._commit = timed("prompt", orig_prompt), timed("record", orig_record)
+    gw.prompt = timed("prompt", orig_prompt)
+    TokenCall._commit = timed("record", orig_record)  # type: ignore[method-assign]
     warm = {"model": c.MODEL_NAME, "messages": c.base_messages(), "tools": c.TOOLS}
     await gw.complete("warm-up", parse_chat_request({**warm, "max_tokens": 64}))  # lazy set-up
 

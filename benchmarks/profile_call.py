@@ -39,7 +39,7 @@ PARTS = [  # (part, frame substrings), first match wins
         "record: thread hand-off (executor submit + worker wake-up)",
         ["ThreadPoolExecutor.submit", "_worker (concurrent"],
     ),
-    ("record: built on the loop", ["Gateway._commit", "Gateway.record"]),
+    ("record: built on the loop", ["TokenCall._commit", "TokenCall.record"]),
     ("session row on first use (SQLite on the loop)", ["SessionIndex.ensure"]),
     ("tokenize the new text", ["LoadedTokenizer.encode", "PromptEncoder.encode"]),
     ("render the delta / a first prompt (Jinja)", ["Renderer.extension", "Renderer.render_full"]),
@@ -53,7 +53,10 @@ PARTS = [  # (part, frame substrings), first match wins
         "request body: read, limits, validation",
         ["read_json", "limits.py", "parse_chat_request", "server/requests.py", "parse_request"],
     ),
-    ("gateway: sampling, notes, response dict", ["Gateway.", "sampling_params", "call_info"]),
+    (
+        "gateway: sampling, notes, response dict",
+        ["Gateway.", "TokenCall.", "sampling_params", "call_info"],
+    ),
     (
         "HTTP server: uvicorn + Starlette layers, response send",
         ["httptools_impl", "starlette/", "proxy_headers", "routes_harness", "harness_session"],

@@ -131,7 +131,7 @@ def create_app(
         max_body=max_body,
         token=token,
         limits=limits or Limits(),
-        sessions=SessionIndex(store),
+        sessions=SessionIndex(store, gateway.control.closed_sessions),
         dialects=_dialects(gateway),
         tokenizer=tokenizer,
         keepalive=keepalive or None,
@@ -145,8 +145,6 @@ def create_app(
     app.state.turnstile = ctx
     app.state.metrics = metrics
     app.state.monitor = monitor
-    # a call that waited at the door while its session was closed is refused there
-    gateway.control.is_closed = ctx.sessions.closed.__contains__
     return app
 
 

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..errors import APIError
 from ..gateway.contract import AppGateway
-from ..store.store import Store
+from ..store.contracts import SessionStore
 from .limits import Limits
 from .session_index import SessionIndex
 
@@ -29,7 +29,7 @@ class AppContext:
     """
 
     gateway: AppGateway
-    store: Store
+    store: SessionStore
     public_url: str
     max_body: int
     token: str | None
