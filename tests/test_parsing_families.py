@@ -48,6 +48,7 @@ ACME = Family(
     grammar=JsonGrammar("<acme:call>", "arguments", "</acme:call>", separator="\n"),
     id_style="mistral9",
     patches=(TemplatePatch("acme-stable", "test repair", "{{ unstable }}", "{{ stable }}"),),
+    ends=("<acme:end>",),
 )
 
 ACME_TEMPLATE = (
@@ -125,6 +126,21 @@ def test_declared_family_patches_its_template(acme: Family) -> None:
     patched, applied = apply_patches(ACME_TEMPLATE)
     assert applied == ["acme-stable"] and "{{ stable }}" in patched
     assert apply_patches(ACME_TEMPLATE, enabled=False) == (ACME_TEMPLATE, [])
+
+
+def test_declared_family_ends_stop_generation(acme: Family) -> None:
+    """A tokenizer's token with the text of a declared end-of-turn marker is an end token: the
+    chat layer reads the family records (``turnstile.families``), not a list of its own."""
+    import tokenizers
+
+    from turnstile.chat.loaded_tokenizer import eog_ids
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0}, unk_token="a"))
+    tok.add_special_tokens(["<acme:end>", "<acme:other>"])
+    end, other = tok.token_to_id("<acme:end>"), tok.token_to_id("<acme:other>")
+    assert end in eog_ids(tok, None, ()) and other not in eog_ids(tok, None, ())
+    unregister_family(acme.name)
+    assert end not in eog_ids(tok, None, ())
 
 
 def test_declared_family_grammar(acme: Family) -> None:
