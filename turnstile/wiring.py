@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,8 +88,10 @@ def build_gateway(
     tool_parser: str | None = None,
     synchronous: str = "full",
     max_trees: int = 1024,
+    record_fields: dict | None = None,
 ) -> Gateway:
-    """A token-in gateway: Turnstile renders every prompt and sends token IDs."""
+    """A token-in gateway: Turnstile renders every prompt and sends token IDs;
+    ``record_fields`` go into every call's record (turnstile.ray: which replica wrote it)."""
     renderer, applied = build_renderer(model, chat_template, patches)
     adapter = build_engine(engine, engine_url, engine_options)
     tok = renderer.tok
@@ -100,7 +103,9 @@ def build_gateway(
         renderer.fingerprint += "+" + "+".join(applied)
     policy = audit(renderer).policy() if audit_template else Policy.permissive()
     name = model_name or Path(model).name
-    store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
+    store = Store(
+        data, keep_bodies=keep_bodies, synchronous=synchronous, record_fields=record_fields
+    )
     return Gateway(
         renderer,
         adapter,
@@ -170,8 +175,15 @@ class Server:
     banner: list[str]
 
 
-def server_from_args(args: argparse.Namespace) -> Server:
-    """``turnstile serve``'s server, in either mode (``args.trainer_token`` already set)."""
+def server_from_args(
+    args: argparse.Namespace,
+    *,
+    record_fields: dict | None = None,
+    session_origin: Callable[[str], Awaitable[str | None]] | None = None,
+) -> Server:
+    """``turnstile serve``'s server, in either mode (``args.trainer_token`` already set).
+    turnstile.ray's replicas add ``record_fields`` (in every call's record) and
+    ``session_origin`` (where a session's base URL points, ``AppContext``)."""
     from .server.app import create_app
 
     urls = engine_urls(args.engine_url)
@@ -209,6 +221,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
             tool_parser=args.tool_parser,
             synchronous=args.synchronous,
             max_trees=args.max_trees,
+            record_fields=record_fields,
         )
         p = gateway.parser
         banner = [
@@ -228,6 +241,7 @@ def server_from_args(args: argparse.Namespace) -> Server:
         tokenizer=None if isinstance(gateway, PassthroughGateway) else gateway.renderer.tok,
         keepalive=args.keepalive,
         verify=verify_options(args),
+        session_origin=session_origin,
     )
     if is_postgres(args.store or ""):
         share(app, gateway)

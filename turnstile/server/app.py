@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -102,12 +102,14 @@ def create_app(
     replica: str | None = None,
     keepalive: float | None = 10.0,
     verify: VerifyOptions | None = None,
+    session_origin: Callable[[str], Awaitable[str | None]] | None = None,
 ) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
     ``replica`` label of its metrics (default: ``host:pid``); ``keepalive``: seconds of
     silence after which a stream sends a keep-alive (0/None: never); ``verify``: the live
-    mismatch monitor's settings (None: off)."""
+    mismatch monitor's settings (None: off); ``session_origin``: where a session's base URL
+    points, by capability (None: ``public_url``; see ``AppContext``)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
@@ -135,6 +137,7 @@ def create_app(
         dialects=_dialects(gateway),
         tokenizer=tokenizer,
         keepalive=keepalive or None,
+        session_origin=session_origin,
     )
     app = Starlette(
         routes=ROUTES,

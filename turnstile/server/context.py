@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,10 @@ class AppContext:
     """The gateway and store behind the routes, the server's settings and the session cache.
 
     ``token``: the trainer's token (None: every route open, ``--no-auth``). ``tokenizer``:
-    what the viewer decodes token IDs with (None: it shows the IDs).
+    what the viewer decodes token IDs with (None: it shows the IDs). ``session_origin``: where
+    a session's harness should call, given its capability (``scheme://host:port``; None:
+    ``public_url``): turnstile.ray names the replica that owns the session, so its calls skip
+    Serve's proxy (``public_url`` stays the fallback).
     """
 
     gateway: AppGateway
@@ -39,6 +43,7 @@ class AppContext:
     tokenizer: LoadedTokenizer | None = None
     # seconds of silence after which a stream sends its dialect's keep-alive (None: never)
     keepalive: float | None = 10.0
+    session_origin: Callable[[str], Awaitable[str | None]] | None = None
 
 
 def context(request: Request) -> AppContext:
