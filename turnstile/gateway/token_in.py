@@ -44,7 +44,9 @@ class Gateway:
         parser: FormatChoice,
         policy: Policy | None = None,
         max_trees: int = 1024,
+        shared: bool = False,
     ):
+        """``shared``: other gateways record into this store too (``SessionTrees``)."""
         self.renderer = renderer
         self.policy = policy or Policy.permissive()
         self.control = PolicyControl()
@@ -53,7 +55,7 @@ class Gateway:
         self.store = store
         self.model_name = model_name
         self.parser = parser
-        self.trees = SessionTrees(store, renderer, max_trees)
+        self.trees = SessionTrees(store, renderer, max_trees, shared)
         self.gone: set[asyncio.Task] = set()  # calls whose harness went away (TokenCall)
 
     def parse_request(self, body: object) -> ChatRequest:

@@ -26,7 +26,7 @@ from ray.serve.config import AutoscalingConfig
 
 from ..auth import is_loopback
 from ..gateway.token_in import Gateway
-from ..wiring import Server, server_from_args, share
+from ..wiring import Server, server_from_args
 from .direct import DirectServer, Owners
 
 DEPLOYMENT = "turnstile"
@@ -53,11 +53,11 @@ class GatewayReplica:
             argparse.Namespace(**options),
             record_fields={"replica": replica},  # which replica recorded a call
             session_origin=owners.origin if owners else None,
+            shared=True,  # other replicas write this store too
         )
         gateway = self.server.gateway
         if not isinstance(gateway, Gateway):
             raise ValueError("turnstile.ray runs token-in gateways")
-        share(self.server.app, gateway)  # other replicas write this store too
         self.direct: DirectServer | None = None
         host = direct_host(options.get("host", "127.0.0.1"), direct) if direct else None
         if host is not None:

@@ -103,13 +103,15 @@ def create_app(
     keepalive: float | None = 10.0,
     verify: VerifyOptions | None = None,
     session_origin: Callable[[str], Awaitable[str | None]] | None = None,
+    shared: bool = False,
 ) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
     ``replica`` label of its metrics (default: ``host:pid``); ``keepalive``: seconds of
     silence after which a stream sends a keep-alive (0/None: never); ``verify``: the live
     mismatch monitor's settings (None: off); ``session_origin``: where a session's base URL
-    points, by capability (None: ``public_url``; see ``AppContext``)."""
+    points, by capability (None: ``public_url``; see ``AppContext``); ``shared``: other
+    gateways write this store too (a session's status is read from it per call)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
@@ -133,7 +135,7 @@ def create_app(
         max_body=max_body,
         token=token,
         limits=limits or Limits(),
-        sessions=SessionIndex(store, gateway.control.closed_sessions),
+        sessions=SessionIndex(store, gateway.control.closed_sessions, shared),
         dialects=_dialects(gateway),
         tokenizer=tokenizer,
         keepalive=keepalive or None,
