@@ -121,6 +121,19 @@ def test_the_layers_only_import_down():
     assert wrong == []
 
 
+def test_testing_is_a_top_layer_nothing_imports():
+    """``turnstile.testing`` (the fakes, the relay) serves the tests and benchmarks: no module
+    of the package outside it imports it, so a fake never reaches a request's path."""
+    wrong = sorted(
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        if not _within(source, "turnstile.testing")
+        for target in targets
+        if _within(target, "turnstile.testing")
+    )
+    assert wrong == []
+
+
 def test_the_server_is_the_http_edge_only():
     """``server/`` holds the HTTP edge: no gateway (a call's lifecycle) and no dialect lives
     there, and the gateways and dialects never reach up into it."""

@@ -27,9 +27,9 @@ import httpx
 import pytest
 from conftest import Turnstile
 
-from tests.fakes.scripted import Script, scripted_vllm
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
+from turnstile.testing.scripted import Script, scripted_vllm
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from turnstile.chat.loaded_tokenizer import LoadedTokenizer
 
-from .common import Generation, Step
-from .vllm_fake import VLLMFake
+from .fake_vllm import VLLMFake
+from .toy_model import Generation, Step
 
 LOGPROB = -0.125  # every scripted token's logprob (exact in binary: compared with ==)
 
@@ -45,8 +45,8 @@ class Script:
 
 
 class ScriptedModel:
-    """What :class:`~tests.fakes.common.ToyModel` is to the vLLM fake, with a script's text in
-    a real tokenizer's IDs, ended by the template's end-of-turn token."""
+    """What :class:`~turnstile.testing.toy_model.ToyModel` is to the vLLM fake, with a
+    script's text in a real tokenizer's IDs, ended by the template's end-of-turn token."""
 
     def __init__(self, tok: LoadedTokenizer, reply: Callable[[str], str], end_id: int):
         self.tok, self.reply, self.end_id = tok, reply, end_id

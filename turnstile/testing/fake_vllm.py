@@ -31,8 +31,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import chat as toychat
-from .common import EOS, FakeServer, Generation, Step, ToyModel, token_text
+from . import toychat
+from .fake_server import FakeServer
+from .toy_model import EOS, Generation, Step, ToyModel, token_text
 
 MODEL = "fake/tiny-model"
 MAX_LOGPROBS = 20
