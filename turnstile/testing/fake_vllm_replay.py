@@ -3,11 +3,14 @@ and tool call), every body serialized once at start, so the engine costs next to
 beside the proxy measured in front of it. It serves vLLM 0.33's ``/inference/v1/generate``
 (token-in: the reply's IDs with logprobs, whole or one SSE event per token) and an OpenAI
 ``/v1/chat/completions`` giving the same reply as text + tool call (for relays and LiteLLM).
-``POST /pace {"ms": M}`` sets the per-token pacing of streams.
+``POST /pace {"ms": M, "prefill_ms_per_1k": P}`` sets the pacing of streams.
 
-The shapes are those of :class:`~turnstile.testing.fake_vllm.VLLMFake` (held to the golden
-answers of a real vLLM) reduced to the fields a proxy reads; run it as a process with
-``python -m turnstile.testing.fake_vllm_replay --port P --spec SPEC.json [--pace-ms MS]``.
+The token-in answers are built once by :class:`~turnstile.testing.fake_vllm.VLLMFake` itself
+(held to the golden answers of a real vLLM) for the reply as a
+:class:`~turnstile.testing.scripted.FixedReply`: the same bytes, served without a framework.
+Only the usage is written per request (the prompt's length). Run it as a process with
+``python -m turnstile.testing.fake_vllm_replay --port P --spec SPEC.json [--pace-ms MS]
+[--prefill-ms-per-1k MS]``.
 """
 
 from __future__ import annotations
@@ -21,69 +24,32 @@ from typing import Any
 import orjson
 
 from .asgi import asgi_body, asgi_lifespan
+from .fake_vllm import VLLMFake
+from .scripted import FixedReply
 
 MODEL_NAME = "bench"
+_USAGE = "@usage@"  # where a whole answer's usage goes
 
 
-def replay_app(spec: dict, pace: float, model: str = MODEL_NAME) -> Any:
-    """A fast fake engine: vLLM 0.33's ``/inference/v1/generate`` (token-in: the reply's token
-    IDs with logprobs, whole or one SSE event per token) and an OpenAI ``/v1/chat/completions``
-    returning the same reply as text + tool call (for the relays and LiteLLM). Bodies are
-    serialized once, at start."""
-    ids, lps = spec["token_ids"], spec["logprobs"]
-    n = len(ids)
+def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float = 0.0) -> Any:
+    """The app: ``spec`` is the reply (``token_ids``, ``logprobs``, ``thought``, ``tool_call``,
+    ``pieces``), ``pace`` seconds per streamed token, ``prefill`` seconds per 1k prompt
+    tokens before a stream's first token (``POST /pace`` changes both)."""
+    fake = VLLMFake("0.33.0")  # the shapes, from the fake held to the golden answers
+    fake.served_model = model
+    gen = FixedReply.from_spec(spec).generate([])
+    n = len(gen.steps)
     rid = "generate-tokens-bench"
-
-    def entry(t: int, lp: float) -> dict:
-        return {
-            "token_id": t,
-            "logprob": lp,
-            "rank": 1,
-            "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}],
-        }
-
-    def gen_choice(tids: list[int], tlps: list[float], finish: str | None) -> dict:
-        return {
-            "index": 0,
-            "finish_reason": finish,
-            "stop_reason": None,
-            "token_ids": tids,
-            "routed_experts": None,
-            "sampling_mask": None,
-            "weight_versions": None,
-            "logprobs": {"content": [entry(t, lp) for t, lp in zip(tids, tlps, strict=True)]},
-        }
-
-    usage = {"prompt_tokens": 1000, "total_tokens": 1000 + n, "completion_tokens": n}
-    gen_whole = orjson.dumps(
-        {
-            "request_id": rid,
-            "model": model,
-            "created": 0,
-            "usage": usage,
-            "output_mode": "tokens",
-            "choices": [gen_choice(ids, lps, "stop")],
-        }
-    )
+    # The whole answer around its usage (the one part that depends on the request).
+    whole = fake.whole_body(rid, [], gen, 0, gen.reason, _USAGE, False, created=0)
+    gen_head, gen_tail = orjson.dumps(whole).split(orjson.dumps(_USAGE))
     gen_events = [
-        b"data: "
-        + orjson.dumps(
-            {
-                "request_id": rid,
-                "usage": None,
-                "output_mode": "tokens",
-                "choices": [gen_choice([t], [lp], "stop" if i == n - 1 else None)],
-            }
+        fake.stream_chunk(
+            rid,
+            fake.token_choice(gen, [s], 0, gen.reason if i == n - 1 else None, True, i == n - 1),
         )
-        + b"\n\n"
-        for i, (t, lp) in enumerate(zip(ids, lps, strict=True))
+        for i, s in enumerate(gen.steps)
     ]
-    gen_events.append(
-        b"data: "
-        + orjson.dumps({"request_id": rid, "usage": usage, "output_mode": "tokens", "choices": []})
-        + b"\n\n"
-    )
-    gen_events.append(b"data: [DONE]\n\n")
 
     call = {"id": "call_bench0", "type": "function", "function": spec["tool_call"]}
     message = {"role": "assistant", "content": spec["thought"], "tool_calls": [call]}
@@ -146,7 +112,7 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME) -> Any:
         {"object": "list", "data": [{"id": model, "object": "model", "max_model_len": 262144}]}
     )
     json_h = [(b"content-type", b"application/json")]
-    state = {"pace": pace}
+    state = {"pace": pace, "prefill": prefill}
     sse_h = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
     async def app(scope, receive, send):  # noqa: ANN001
@@ -155,7 +121,9 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME) -> Any:
         path = scope["path"]
         body = await asgi_body(receive)
         if path == "/pace":  # the benchmark switches pacing between modes
-            state["pace"] = float(orjson.loads(body)["ms"]) / 1000
+            p = orjson.loads(body)
+            state["pace"] = float(p.get("ms", 0.0)) / 1000
+            state["prefill"] = float(p.get("prefill_ms_per_1k", 0.0)) / 1000
             path = "/health"
         if path in ("/health", "/version", "/v1/models"):
             data = {"/health": b"{}", "/version": b'{"version":"0.33.0"}'}.get(path, models)
@@ -168,15 +136,24 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME) -> Any:
             return
         req = orjson.loads(body)
         token_in = path == "/inference/v1/generate"
+        n_prompt = len(req.get("token_ids") or ()) if token_in else 1000
         if not req.get("stream"):
+            data = chat_whole
+            if token_in:
+                data = gen_head + orjson.dumps(fake.usage_counts(n_prompt, n, True)) + gen_tail
             await send({"type": "http.response.start", "status": 200, "headers": json_h})
-            await send(
-                {"type": "http.response.body", "body": gen_whole if token_in else chat_whole}
-            )
+            await send({"type": "http.response.body", "body": data})
             return
         await send({"type": "http.response.start", "status": 200, "headers": sse_h})
-        events = gen_events if token_in else chat_events
-        pace_s = state["pace"]
+        events = chat_events
+        if token_in:
+            events = [*gen_events]
+            if (req.get("stream_options") or {}).get("include_usage"):
+                events.append(fake.usage_chunk(rid, fake.usage_counts(n_prompt, n, False)))
+            events.append(b"data: [DONE]\n\n")
+        pace_s, prefill_s = state["pace"], state["prefill"] * n_prompt / 1000
+        if prefill_s:
+            await asyncio.sleep(prefill_s)
         for i, ev in enumerate(events):
             if pace_s and 0 < i:
                 await asyncio.sleep(pace_s)
@@ -202,9 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--spec", required=True, help="a reply spec (JSON)")
     p.add_argument("--pace-ms", type=float, default=0.0, help="per-token pacing of streams")
+    p.add_argument("--prefill-ms-per-1k", type=float, default=0.0, help="per 1k prompt tokens")
     p.add_argument("--model", default=MODEL_NAME)
     a = p.parse_args(argv)
-    app = replay_app(json.loads(Path(a.spec).read_text()), a.pace_ms / 1000, a.model)
+    spec = json.loads(Path(a.spec).read_text())
+    app = replay_app(spec, a.pace_ms / 1000, a.model, a.prefill_ms_per_1k / 1000)
     # the server settings of `turnstile serve`
     uvicorn.run(
         app,
