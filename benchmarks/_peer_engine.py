@@ -27,16 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
-from pathlib import Path
 
+import _workload
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
 
 WORDS = (
     "I will run the parser tests first to reproduce the failure, then open parser.py around "
@@ -67,7 +61,7 @@ def drifting_reply(tok, n_tokens: int) -> tuple[list[int], list[int]]:
             out += split
         else:
             out.append(t)
-    ids = [*out, c.IM_END]
+    ids = [*out, _workload.IM_END]
     text = tok.decode(out)
     again = tok.encode(text)
     assert again != out, "the reply does not drift"
@@ -78,7 +72,7 @@ class Engine:
     def __init__(self, n_tokens: int):
         from turnstile.wiring import build_renderer
 
-        self.renderer, _ = build_renderer(str(c.tiny_qwen2()))
+        self.renderer, _ = build_renderer(str(_workload.tiny_qwen2()))
         self.tok = self.renderer.tok
         self.template = self.renderer.template
         self.ids, self.canonical = drifting_reply(self.tok, n_tokens)
@@ -167,7 +161,7 @@ def make_app(n_tokens: int):
         if not req.get("stream"):
             body = {
                 "request_id": rid,
-                "model": c.MODEL_NAME,
+                "model": _workload.MODEL_NAME,
                 "created": 0,
                 "usage": eng.usage(len(prompt)),
                 "output_mode": "tokens",
@@ -222,7 +216,7 @@ def make_app(n_tokens: int):
                 "id": cid,
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": req.get("model") or c.MODEL_NAME,
+                "model": req.get("model") or _workload.MODEL_NAME,
                 "choices": [choice],
                 "service_tier": None,
                 "system_fingerprint": None,
@@ -236,7 +230,7 @@ def make_app(n_tokens: int):
             "id": cid,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
-            "model": req.get("model") or c.MODEL_NAME,
+            "model": req.get("model") or _workload.MODEL_NAME,
         }
         first = {
             **head,
@@ -286,7 +280,7 @@ def make_app(n_tokens: int):
         head = {
             "id": "cmpl-bench" + str(len(eng.log)),
             "created": int(time.time()),
-            "model": req.get("model") or c.MODEL_NAME,
+            "model": req.get("model") or _workload.MODEL_NAME,
         }
         if not req.get("stream"):
             choice = {
@@ -332,10 +326,10 @@ def make_app(n_tokens: int):
             "object": "list",
             "data": [
                 {
-                    "id": c.MODEL_NAME,
+                    "id": _workload.MODEL_NAME,
                     "object": "model",
                     "owned_by": "vllm",
-                    "root": c.MODEL_NAME,
+                    "root": _workload.MODEL_NAME,
                     "max_model_len": 32768,
                 }
             ],

@@ -259,7 +259,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def postgres() -> Iterator:
     """A real PostgreSQL server (Debian's package), for the PostgreSQL record store."""
-    from beds.postgres import PostgresServer
+    from turnstile.testing.postgres import PostgresServer
 
     server = PostgresServer().start()
     yield server
