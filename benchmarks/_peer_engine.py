@@ -5,7 +5,9 @@ a reply whose token IDs drift (decode -> re-encode does not give them back).
 Routes (shapes from vLLM 0.33, ``shared/research/engines.md`` section 1):
 
 - ``/inference/v1/generate`` (token-in; Turnstile's vLLM adapter): ``token_ids`` in, the reply's
-  IDs with logprobs out, whole or one SSE event per token;
+  IDs with logprobs out, whole or one SSE event per token: the bytes of
+  ``turnstile.testing.fake_vllm_replay.TokenInReplay`` (built by the fake held to vLLM's
+  golden answers);
 - ``/v1/chat/completions``: the messages rendered with the chat template and encoded (as vLLM
   does); ``return_token_ids`` adds ``prompt_token_ids`` to the response (the first chunk when
   streaming) and ``token_ids`` to each choice (each chunk's delta when streaming);
@@ -32,6 +34,10 @@ import time
 import _workload
 import orjson
 
+from turnstile.testing.fake_vllm_replay import TokenInReplay
+from turnstile.testing.scripted import FixedReply
+
+GENERATE = "/inference/v1/generate"
 WORDS = (
     "I will run the parser tests first to reproduce the failure, then open parser.py around "
     "line 212 and read _read_value closely to find where the comment handling after a closing "
@@ -116,29 +122,7 @@ def make_app(n_tokens: int):
     json_h = [(b"content-type", b"application/json")]
     sse_h = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
-    def gen_choice(lo: int, hi: int, finish: str | None) -> dict:
-        return {
-            "index": 0,
-            "finish_reason": finish,
-            "stop_reason": None,
-            "token_ids": eng.ids[lo:hi],
-            "routed_experts": None,
-            "sampling_mask": None,
-            "weight_versions": None,
-            "logprobs": {
-                "content": [
-                    {
-                        "token_id": eng.ids[i],
-                        "logprob": eng.lps[i],
-                        "rank": 1,
-                        "top_logprobs": [
-                            {"token_id": eng.ids[i], "logprob": eng.lps[i], "rank": 1}
-                        ],
-                    }
-                    for i in range(lo, hi)
-                ]
-            },
-        }
+    token_in = TokenInReplay(FixedReply(eng.ids, eng.lps), _workload.MODEL_NAME)
 
     async def respond(send, body: bytes, status: int = 200) -> None:
         await send({"type": "http.response.start", "status": status, "headers": json_h})
@@ -155,37 +139,6 @@ def make_app(n_tokens: int):
                 }
             )
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-
-    def generate(req: dict, prompt: list[int]) -> tuple[bytes | None, list]:
-        rid = "generate-tokens-bench"
-        if not req.get("stream"):
-            body = {
-                "request_id": rid,
-                "model": _workload.MODEL_NAME,
-                "created": 0,
-                "usage": eng.usage(len(prompt)),
-                "output_mode": "tokens",
-                "choices": [gen_choice(0, n, "stop")],
-            }
-            return orjson.dumps(body), []
-        events = [
-            {
-                "request_id": rid,
-                "usage": None,
-                "output_mode": "tokens",
-                "choices": [gen_choice(i, i + 1, "stop" if i == n - 1 else None)],
-            }
-            for i in range(n)
-        ]
-        events.append(
-            {
-                "request_id": rid,
-                "usage": eng.usage(len(prompt)),
-                "output_mode": "tokens",
-                "choices": [],
-            }
-        )
-        return None, events
 
     def chat(req: dict, prompt: list[int]) -> tuple[bytes | None, list]:
         rti = bool(req.get("return_token_ids"))
@@ -317,7 +270,6 @@ def make_app(n_tokens: int):
         return None, events
 
     routes = {
-        "/inference/v1/generate": generate,
         "/v1/chat/completions": chat,
         "/v1/completions": completions,
     }
@@ -367,10 +319,18 @@ def make_app(n_tokens: int):
             body = {"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None}
             return await respond(send, orjson.dumps(body))
         handler = routes.get(path)
-        if handler is None:
+        if handler is None and path != GENERATE:
             return await respond(send, b'{"detail":"Not Found"}', 404)
         prompt = [int(t) for t in req["token_ids"]] if "token_ids" in req else eng.render(req)
         eng.log.append({"path": path, "prompt": prompt, "completion": eng.ids})
+        if handler is None:  # token-in: the bytes of the fake held to vLLM's golden answers
+            if not req.get("stream"):
+                return await respond(send, token_in.whole(len(prompt)))
+            usage = bool((req.get("stream_options") or {}).get("include_usage"))
+            await send({"type": "http.response.start", "status": 200, "headers": sse_h})
+            for ev in token_in.stream(len(prompt), usage):
+                await send({"type": "http.response.body", "body": ev, "more_body": True})
+            return await send({"type": "http.response.body", "body": b""})
         whole, events = handler(req, prompt)
         if whole is not None:
             return await respond(send, whole)

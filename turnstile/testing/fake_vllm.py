@@ -338,7 +338,7 @@ class VLLMFake(FakeServer):
         """``_create_tokens_logprobs`` per version: the sampled token first, then the top k."""
         if k is None:
             return None
-        content = []
+        content: list[dict] = []
         for s in steps:
             cands = [(s.token_id, s.logprob, s.rank)]
             cands += [(t, v, r + 1) for r, (t, v) in enumerate(s.top) if t != s.token_id]
@@ -377,7 +377,8 @@ class VLLMFake(FakeServer):
         return gen.stop_string
 
     def usage_counts(self, prompt_len: int, n: int, none_fields: bool) -> dict:
-        u = {"prompt_tokens": prompt_len, "total_tokens": prompt_len + n, "completion_tokens": n}
+        u: dict = {"prompt_tokens": prompt_len, "total_tokens": prompt_len + n}
+        u["completion_tokens"] = n
         if none_fields:
             u.update(prompt_tokens_details=None, completion_tokens_details=None)
         return u
@@ -919,7 +920,7 @@ class VLLMFake(FakeServer):
                 await self.pace(rid)
         choices = []
         for i, r in enumerate(replies):
-            c = {
+            c: dict = {
                 "index": i,
                 "message": {
                     "role": "assistant",

@@ -31,25 +31,47 @@ MODEL_NAME = "bench"
 _USAGE = "@usage@"  # where a whole answer's usage goes
 
 
+class TokenInReplay:
+    """vLLM 0.33's ``/inference/v1/generate`` answers for one fixed reply, serialized once by
+    :class:`VLLMFake` (whole and streamed); only the usage is written per request."""
+
+    def __init__(self, reply: FixedReply, model: str = MODEL_NAME):
+        self.fake = VLLMFake("0.33.0")  # the shapes, from the fake held to the golden answers
+        self.fake.served_model = model
+        gen = reply.generate([])
+        self.n = n = len(gen.steps)
+        self.rid = rid = "generate-tokens-bench"
+        whole = self.fake.whole_body(rid, [], gen, 0, gen.reason, _USAGE, False, created=0)
+        self.head, self.tail = orjson.dumps(whole).split(orjson.dumps(_USAGE))
+        self.events = [
+            self.fake.stream_chunk(
+                rid,
+                self.fake.token_choice(
+                    gen, [s], 0, gen.reason if i == n - 1 else None, True, i == n - 1
+                ),
+            )
+            for i, s in enumerate(gen.steps)
+        ]
+
+    def whole(self, n_prompt: int) -> bytes:
+        return self.head + orjson.dumps(self.fake.usage_counts(n_prompt, self.n, True)) + self.tail
+
+    def stream(self, n_prompt: int, include_usage: bool) -> list[bytes]:
+        """The SSE events, ``[DONE]`` included."""
+        events = [*self.events]
+        if include_usage:
+            usage = self.fake.usage_counts(n_prompt, self.n, False)
+            events.append(self.fake.usage_chunk(self.rid, usage))
+        events.append(b"data: [DONE]\n\n")
+        return events
+
+
 def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float = 0.0) -> Any:
     """The app: ``spec`` is the reply (``token_ids``, ``logprobs``, ``thought``, ``tool_call``,
     ``pieces``), ``pace`` seconds per streamed token, ``prefill`` seconds per 1k prompt
     tokens before a stream's first token (``POST /pace`` changes both)."""
-    fake = VLLMFake("0.33.0")  # the shapes, from the fake held to the golden answers
-    fake.served_model = model
-    gen = FixedReply.from_spec(spec).generate([])
-    n = len(gen.steps)
-    rid = "generate-tokens-bench"
-    # The whole answer around its usage (the one part that depends on the request).
-    whole = fake.whole_body(rid, [], gen, 0, gen.reason, _USAGE, False, created=0)
-    gen_head, gen_tail = orjson.dumps(whole).split(orjson.dumps(_USAGE))
-    gen_events = [
-        fake.stream_chunk(
-            rid,
-            fake.token_choice(gen, [s], 0, gen.reason if i == n - 1 else None, True, i == n - 1),
-        )
-        for i, s in enumerate(gen.steps)
-    ]
+    token_in = TokenInReplay(FixedReply.from_spec(spec), model)
+    n = token_in.n
 
     call = {"id": "call_bench0", "type": "function", "function": spec["tool_call"]}
     message = {"role": "assistant", "content": spec["thought"], "tool_calls": [call]}
@@ -135,22 +157,19 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float 
             await send({"type": "http.response.body", "body": b'{"detail":"Not Found"}'})
             return
         req = orjson.loads(body)
-        token_in = path == "/inference/v1/generate"
-        n_prompt = len(req.get("token_ids") or ()) if token_in else 1000
+        generate = path == "/inference/v1/generate"
+        # the chat route's prompt is not tokenized: its usage says 1000 tokens
+        n_prompt = len(req.get("token_ids") or ()) if generate else 1000
         if not req.get("stream"):
-            data = chat_whole
-            if token_in:
-                data = gen_head + orjson.dumps(fake.usage_counts(n_prompt, n, True)) + gen_tail
+            data = token_in.whole(n_prompt) if generate else chat_whole
             await send({"type": "http.response.start", "status": 200, "headers": json_h})
             await send({"type": "http.response.body", "body": data})
             return
         await send({"type": "http.response.start", "status": 200, "headers": sse_h})
         events = chat_events
-        if token_in:
-            events = [*gen_events]
-            if (req.get("stream_options") or {}).get("include_usage"):
-                events.append(fake.usage_chunk(rid, fake.usage_counts(n_prompt, n, False)))
-            events.append(b"data: [DONE]\n\n")
+        if generate:
+            usage = bool((req.get("stream_options") or {}).get("include_usage"))
+            events = token_in.stream(n_prompt, usage)
         pace_s, prefill_s = state["pace"], state["prefill"] * n_prompt / 1000
         if prefill_s:
             await asyncio.sleep(prefill_s)

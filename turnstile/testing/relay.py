@@ -66,7 +66,9 @@ def relay_handler(upstream: str, relay: Relay) -> type[BaseHTTPRequestHandler]:
             if "event-stream" in ctype:
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
-                tokens, probs, last = [], [], {}
+                tokens: list = []
+                probs: list = []
+                last: dict = {}
                 for line in resp:
                     if line.startswith(b"data: ") and line[6:].strip().startswith(b"{"):
                         last = json.loads(line[6:])

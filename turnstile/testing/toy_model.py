@@ -136,7 +136,8 @@ class ToyModel:
         stops = set(stop_token_ids or ())
         if not ignore_eos:
             stops.add(EOS)
-        ctx, steps, text = list(prompt), [], ""
+        ctx, text = list(prompt), ""
+        steps: list[Step] = []
         for _ in range(max_tokens):
             s = self.step(ctx, temperature, top_p, bias, rng, k)
             s.version = version(len(steps))
