@@ -3,7 +3,8 @@ replicas, each reached through Serve's HTTP proxy and directly (a session's base
 replica's own port, ``build_app(direct=True)``), next to the single-process server, against the
 fast fake engine.
 
-Set-up (printed with the results): the fake vLLM engine (``_common._fake_app``, token-in
+Set-up (printed with the results): the fake vLLM engine
+(``turnstile.testing.fake_vllm_replay``, token-in
 ``/inference/v1/generate``, 64 token IDs per reply), the agent workload of ``overhead.py`` (the
 official ``openai`` AsyncOpenAI client, sessions of 4 turns) on session base URLs, as a
 harness is given them: sessions are opened by the trainer before each cell (outside its CPU
@@ -33,18 +34,17 @@ import asyncio
 import json
 import os
 import sqlite3
-import sys
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
-import httpx  # noqa: E402
-import psutil  # noqa: E402
-from overhead import TURNS, Agent, Target, run_cell  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+import _machine
+import _report
+import _servers
+import _workload
+import httpx
+import psutil
+from overhead import TURNS, Agent, Target, run_cell
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class RayCPU:
@@ -86,7 +86,7 @@ class RayCPU:
 def metrics_by_replica(url: str, tries: int = 40) -> dict[str, dict[str, float]]:
     """Store write sum/count per replica, from /metrics (Serve spreads these scrapes)."""
     out: dict[str, dict[str, float]] = {}
-    with httpx.Client(headers={"authorization": f"Bearer {c.TOKEN}"}, timeout=30) as http:
+    with httpx.Client(headers={"authorization": f"Bearer {_servers.TOKEN}"}, timeout=30) as http:
         for _ in range(tries):
             for fam in text_string_to_metric_families(http.get(url + "/metrics").text):
                 for s in fam.samples:
@@ -129,7 +129,7 @@ class SessionAgent(Agent):
 async def open_sessions(url: str, n: int, field: str) -> deque:
     """``n`` sessions opened by the trainer: ``(id, base URL)``, the URL from ``field``."""
     async with httpx.AsyncClient(
-        headers={"authorization": f"Bearer {c.TOKEN}"}, timeout=60
+        headers={"authorization": f"Bearer {_servers.TOKEN}"}, timeout=60
     ) as http:
         out = deque()
         for _ in range(n):
@@ -188,12 +188,12 @@ def ray_target(n: int, fake_url: str, data: Path, port: int, tiny: Path):
             "--data",
             str(data),
             "--served-model-name",
-            c.MODEL_NAME,
+            _workload.MODEL_NAME,
             "--public-url",
             f"http://127.0.0.1:{port}",
         ]
     )
-    args.trainer_token = c.TOKEN
+    args.trainer_token = _servers.TOKEN
     app = build_app(replica_options(args), replicas=n, direct=True)
     serve.run(app, name="turnstile", route_prefix="/")
 
@@ -209,25 +209,27 @@ def main() -> None:
     import ray
     from ray import serve
 
-    spec, base = c.reply_spec(64), c.base_messages(pad_to=3500)
-    tiny = c.tiny_qwen2()
+    spec, base = _workload.reply_spec(64), _workload.base_messages(pad_to=3500)
+    tiny = _workload.tiny_qwen2()
     print(
         "# Turnstile on Ray Serve: 1 vs 2 gateway replicas (Serve's proxy / direct) vs one process"
     )
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     print(
         f"workload: {conc} concurrent agents x {per_agent} calls (sessions of 4 turns, 64-token "
         f"completions) on session base URLs, non-streaming, against the fake vLLM engine; "
         "nothing pinned"
     )
     rows: list[dict] = []
-    with c.workdir("ray-scale") as wd:
+    with _machine.workdir("ray-scale") as wd:
         (wd / "spec.json").write_text(json.dumps(spec))
-        fake, fake_url = c.start_fake(wd / "spec.json", None, wd / "fake.log")
+        fake, fake_url = _servers.start_fake(wd / "spec.json", None, wd / "fake.log")
         try:
-            s, url = c.start_turnstile(fake_url, wd / "single", None, wd / "single.log")
+            s, url = _servers.start_turnstile(fake_url, wd / "single", None, wd / "single.log")
             try:
-                row = asyncio.run(drive(Target("single", url, s, c.TOKEN), conc, per_agent, base))
+                row = asyncio.run(
+                    drive(Target("single", url, s, _servers.TOKEN), conc, per_agent, base)
+                )
                 size, calls = store_bytes(wd / "single")
                 row.update(bytes_per_call=size / calls, parts={"gateway": row["cpu_ms"]})
                 w = metrics_by_replica(url, 1)
@@ -236,11 +238,9 @@ def main() -> None:
             finally:
                 s.stop()
             # the replicas and Serve's proxy import this checkout's turnstile
-            os.environ["PYTHONPATH"] = os.pathsep.join(
-                [str(c.ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-            )
+            os.environ.update(_servers.pythonpath())
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            port = c.free_port()
+            port = _machine.free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             url = f"http://127.0.0.1:{port}"
             cpu = RayCPU()
@@ -248,7 +248,7 @@ def main() -> None:
                 data = wd / f"ray-{n}"
                 ray_target(n, fake_url, data, port, tiny)
                 for how, field in (("serve", "fallback_base_url"), ("direct", "base_url")):
-                    target = Target(f"ray-{n} {how}", url, cpu, c.TOKEN)  # type: ignore[arg-type]
+                    target = Target(f"ray-{n} {how}", url, cpu, _servers.TOKEN)  # type: ignore[arg-type]
                     rows.append(asyncio.run(drive(target, conc, per_agent, base, cpu, field)))
                 size, calls = store_bytes(data)
                 w = metrics_by_replica(url)
@@ -283,7 +283,7 @@ def main() -> None:
             ]
         )
     print(
-        c.table(
+        _report.table(
             [
                 "target",
                 "calls",

@@ -46,6 +46,7 @@ TOP = (
     "turnstile.converters",
     "turnstile.viewer",
     "turnstile.ray",
+    "turnstile.testing",
 )
 BELOW["turnstile.families"] = TOP
 
@@ -139,6 +140,19 @@ def test_the_layers_only_import_down():
         if _within(source, layer)
         for target in targets
         if any(_within(target, b) for b in banned)
+    )
+    assert wrong == []
+
+
+def test_testing_is_a_top_layer_nothing_imports():
+    """``turnstile.testing`` (the fakes, the relay) serves the tests and benchmarks: no module
+    of the package outside it imports it, so a fake never reaches a request's path."""
+    wrong = sorted(
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        if not _within(source, "turnstile.testing")
+        for target in targets
+        if _within(target, "turnstile.testing")
     )
     assert wrong == []
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import Relay, _relay_handler
 
 from turnstile import testbed
+from turnstile.testing.relay import Relay, relay_handler
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -55,7 +55,7 @@ class Gate:
 
 def gated_relay(upstream: str, gate: Gate) -> tuple[Relay, ThreadingHTTPServer]:
     rel = Relay("")
-    base = _relay_handler(upstream, rel)
+    base = relay_handler(upstream, rel)
 
     class Handler(base):  # type: ignore[misc, valid-type]
         def do_POST(self) -> None:  # noqa: N802
