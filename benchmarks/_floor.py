@@ -39,9 +39,8 @@ TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 def floor_app(upstream: str, model_dir: Path, data: str | None = None):  # noqa: ANN201
-    from _common import asgi_body, asgi_lifespan
-
     from turnstile.chat.tokenizer import load_tokenizer
+    from turnstile.testing.asgi import asgi_body, asgi_lifespan
 
     tok = load_tokenizer(str(model_dir)).tokenizer
     db = sqlite3.connect(Path(data or tempfile.mkdtemp()) / "floor.sqlite3", isolation_level=None)

@@ -5,7 +5,9 @@ a reply whose token IDs drift (decode -> re-encode does not give them back).
 Routes (shapes from vLLM 0.33, ``shared/research/engines.md`` section 1):
 
 - ``/inference/v1/generate`` (token-in; Turnstile's vLLM adapter): ``token_ids`` in, the reply's
-  IDs with logprobs out, whole or one SSE event per token;
+  IDs with logprobs out, whole or one SSE event per token: the bytes of
+  ``turnstile.testing.fake_vllm_replay.TokenInReplay`` (built by the fake held to vLLM's
+  golden answers);
 - ``/v1/chat/completions``: the messages rendered with the chat template and encoded (as vLLM
   does); ``return_token_ids`` adds ``prompt_token_ids`` to the response (the first chunk when
   streaming) and ``token_ids`` to each choice (each chunk's delta when streaming);
@@ -27,17 +29,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
-from pathlib import Path
 
+import _workload
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from turnstile.testing.fake_vllm_replay import TokenInReplay
+from turnstile.testing.scripted import FixedReply
 
-import _common as c  # noqa: E402
-
+GENERATE = "/inference/v1/generate"
 WORDS = (
     "I will run the parser tests first to reproduce the failure, then open parser.py around "
     "line 212 and read _read_value closely to find where the comment handling after a closing "
@@ -67,7 +67,7 @@ def drifting_reply(tok, n_tokens: int) -> tuple[list[int], list[int]]:
             out += split
         else:
             out.append(t)
-    ids = [*out, c.IM_END]
+    ids = [*out, _workload.IM_END]
     text = tok.decode(out)
     again = tok.encode(text)
     assert again != out, "the reply does not drift"
@@ -78,7 +78,7 @@ class Engine:
     def __init__(self, n_tokens: int):
         from turnstile.wiring import build_renderer
 
-        self.renderer, _ = build_renderer(str(c.tiny_qwen2()))
+        self.renderer, _ = build_renderer(str(_workload.tiny_qwen2()))
         self.tok = self.renderer.tok
         self.template = self.renderer.template
         self.ids, self.canonical = drifting_reply(self.tok, n_tokens)
@@ -122,29 +122,7 @@ def make_app(n_tokens: int):
     json_h = [(b"content-type", b"application/json")]
     sse_h = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
-    def gen_choice(lo: int, hi: int, finish: str | None) -> dict:
-        return {
-            "index": 0,
-            "finish_reason": finish,
-            "stop_reason": None,
-            "token_ids": eng.ids[lo:hi],
-            "routed_experts": None,
-            "sampling_mask": None,
-            "weight_versions": None,
-            "logprobs": {
-                "content": [
-                    {
-                        "token_id": eng.ids[i],
-                        "logprob": eng.lps[i],
-                        "rank": 1,
-                        "top_logprobs": [
-                            {"token_id": eng.ids[i], "logprob": eng.lps[i], "rank": 1}
-                        ],
-                    }
-                    for i in range(lo, hi)
-                ]
-            },
-        }
+    token_in = TokenInReplay(FixedReply(eng.ids, eng.lps), _workload.MODEL_NAME)
 
     async def respond(send, body: bytes, status: int = 200) -> None:
         await send({"type": "http.response.start", "status": status, "headers": json_h})
@@ -161,37 +139,6 @@ def make_app(n_tokens: int):
                 }
             )
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-
-    def generate(req: dict, prompt: list[int]) -> tuple[bytes | None, list]:
-        rid = "generate-tokens-bench"
-        if not req.get("stream"):
-            body = {
-                "request_id": rid,
-                "model": c.MODEL_NAME,
-                "created": 0,
-                "usage": eng.usage(len(prompt)),
-                "output_mode": "tokens",
-                "choices": [gen_choice(0, n, "stop")],
-            }
-            return orjson.dumps(body), []
-        events = [
-            {
-                "request_id": rid,
-                "usage": None,
-                "output_mode": "tokens",
-                "choices": [gen_choice(i, i + 1, "stop" if i == n - 1 else None)],
-            }
-            for i in range(n)
-        ]
-        events.append(
-            {
-                "request_id": rid,
-                "usage": eng.usage(len(prompt)),
-                "output_mode": "tokens",
-                "choices": [],
-            }
-        )
-        return None, events
 
     def chat(req: dict, prompt: list[int]) -> tuple[bytes | None, list]:
         rti = bool(req.get("return_token_ids"))
@@ -222,7 +169,7 @@ def make_app(n_tokens: int):
                 "id": cid,
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": req.get("model") or c.MODEL_NAME,
+                "model": req.get("model") or _workload.MODEL_NAME,
                 "choices": [choice],
                 "service_tier": None,
                 "system_fingerprint": None,
@@ -236,7 +183,7 @@ def make_app(n_tokens: int):
             "id": cid,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
-            "model": req.get("model") or c.MODEL_NAME,
+            "model": req.get("model") or _workload.MODEL_NAME,
         }
         first = {
             **head,
@@ -286,7 +233,7 @@ def make_app(n_tokens: int):
         head = {
             "id": "cmpl-bench" + str(len(eng.log)),
             "created": int(time.time()),
-            "model": req.get("model") or c.MODEL_NAME,
+            "model": req.get("model") or _workload.MODEL_NAME,
         }
         if not req.get("stream"):
             choice = {
@@ -323,7 +270,6 @@ def make_app(n_tokens: int):
         return None, events
 
     routes = {
-        "/inference/v1/generate": generate,
         "/v1/chat/completions": chat,
         "/v1/completions": completions,
     }
@@ -332,10 +278,10 @@ def make_app(n_tokens: int):
             "object": "list",
             "data": [
                 {
-                    "id": c.MODEL_NAME,
+                    "id": _workload.MODEL_NAME,
                     "object": "model",
                     "owned_by": "vllm",
-                    "root": c.MODEL_NAME,
+                    "root": _workload.MODEL_NAME,
                     "max_model_len": 32768,
                 }
             ],
@@ -373,10 +319,18 @@ def make_app(n_tokens: int):
             body = {"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None}
             return await respond(send, orjson.dumps(body))
         handler = routes.get(path)
-        if handler is None:
+        if handler is None and path != GENERATE:
             return await respond(send, b'{"detail":"Not Found"}', 404)
         prompt = [int(t) for t in req["token_ids"]] if "token_ids" in req else eng.render(req)
         eng.log.append({"path": path, "prompt": prompt, "completion": eng.ids})
+        if handler is None:  # token-in: the bytes of the fake held to vLLM's golden answers
+            if not req.get("stream"):
+                return await respond(send, token_in.whole(len(prompt)))
+            usage = bool((req.get("stream_options") or {}).get("include_usage"))
+            await send({"type": "http.response.start", "status": 200, "headers": sse_h})
+            for ev in token_in.stream(len(prompt), usage):
+                await send({"type": "http.response.body", "body": ev, "more_body": True})
+            return await send({"type": "http.response.body", "body": b""})
         whole, events = handler(req, prompt)
         if whole is not None:
             return await respond(send, whole)

@@ -20,7 +20,7 @@ Set-up (printed with the results):
   latency = prefill per 1k prompt tokens + decode per sampled token (streamed in events of
   ``--chunk`` tokens); the relay's prompt tokens are estimated from its body's bytes (the
   ratio calibrated on this workload with the real tokenizer and template);
-- the relay is ``_common``'s aiohttp relay (reads and parses the body, forwards the bytes);
+- the relay is ``_relays.py``'s aiohttp relay (reads and parses the body, forwards the bytes);
   both proxies on core 1, the load generator on core 0, the fake engine unpinned; relay and
   Turnstile alternate cell by cell (ABBA), each sent the same sessions and turns;
 - per cell: turns/s relative to the relay, proxy CPU per turn (/proc, all threads) and turns
@@ -53,12 +53,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
+import _machine
+import _report
+import _servers
+import _workload
+import orjson
+from _agent_workload import Plan, Reply, Workload
 
-import _common as c  # noqa: E402
-import orjson  # noqa: E402
-from _agent_workload import Plan, Reply, Workload  # noqa: E402
+from turnstile.testing.asgi import asgi_body, asgi_lifespan
 
 LOADGEN_CPU, PROXY_CPU = 0, 1
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
@@ -134,7 +136,7 @@ def _formats(v: int, r: dict, chunk: int) -> dict[str, tuple[bytes, list[bytes]]
             "id": "chatcmpl-b",
             "object": "chat.completion.chunk",
             "created": 0,
-            "model": c.MODEL_NAME,
+            "model": _workload.MODEL_NAME,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         }
 
@@ -147,7 +149,7 @@ def _formats(v: int, r: dict, chunk: int) -> dict[str, tuple[bytes, list[bytes]]
             "id": "chatcmpl-b",
             "object": "chat.completion",
             "created": 0,
-            "model": c.MODEL_NAME,
+            "model": _workload.MODEL_NAME,
             "choices": [
                 {
                     "index": 0,
@@ -195,7 +197,7 @@ def _formats(v: int, r: dict, chunk: int) -> dict[str, tuple[bytes, list[bytes]]
         "object": "response",
         "created_at": 0,
         "status": "completed",
-        "model": c.MODEL_NAME,
+        "model": _workload.MODEL_NAME,
         "output": output,
         "usage": {"input_tokens": 1000, "output_tokens": n, "total_tokens": 1000 + n},
     }
@@ -246,7 +248,7 @@ def _formats(v: int, r: dict, chunk: int) -> dict[str, tuple[bytes, list[bytes]]
         "id": f"msg_{v}",
         "type": "message",
         "role": "assistant",
-        "model": c.MODEL_NAME,
+        "model": _workload.MODEL_NAME,
         "content": content,
         "stop_reason": "tool_use",
         "stop_sequence": None,
@@ -340,15 +342,15 @@ def fake_app(spec: dict) -> Any:
     models = orjson.dumps(
         {
             "object": "list",
-            "data": [{"id": c.MODEL_NAME, "object": "model", "max_model_len": 1 << 20}],
+            "data": [{"id": _workload.MODEL_NAME, "object": "model", "max_model_len": 1 << 20}],
         }
     )
 
     async def app(scope, receive, send):  # noqa: ANN001, ANN202
         if scope["type"] == "lifespan":
-            return await c.asgi_lifespan(receive, send)
+            return await asgi_lifespan(receive, send)
         path = scope["path"]
-        body = await c.asgi_body(receive)
+        body = await asgi_body(receive)
         if path == "/pace":
             p = orjson.loads(body)
             state["prefill"], state["decode"] = p["prefill_ms_per_1k"] / 1000, p["decode_ms"] / 1000
@@ -397,9 +399,9 @@ def fake_app(spec: dict) -> Any:
     return app
 
 
-def start_fake(spec: Path, log: Path) -> tuple[c.Server, str]:
-    port = c.free_port()
-    s = c.Server(
+def start_fake(spec: Path, log: Path) -> tuple[_machine.Server, str]:
+    port = _machine.free_port()
+    s = _machine.Server(
         [sys.executable, str(HERE), "--serve-fake", str(spec), "--port", str(port)],
         f"http://127.0.0.1:{port}/health",
         None,  # not pinned: it answers on whichever core the machine's other tenants leave free
@@ -551,7 +553,7 @@ def _parse_whole(dialect: str, d: dict) -> tuple[str | None, list[Call]]:
 class Target:
     name: str
     url: str
-    server: c.Server
+    server: _machine.Server
     headers: dict[str, str]
     http: Any = None
 
@@ -594,7 +596,7 @@ class Harness:
         wl, h = self.wl, self.wl.harnesses[plan.harness]
         d = h.dialect
         user = wl.user(plan)
-        head: dict[str, Any] = {"model": c.MODEL_NAME}
+        head: dict[str, Any] = {"model": _workload.MODEL_NAME}
         if d == "chat":
             hist: list[dict] = [
                 {"role": "system", "content": h.system},
@@ -736,7 +738,7 @@ def calibrate(wl: Workload) -> dict[str, float]:
 
     from turnstile.wiring import build_renderer
 
-    renderer, _ = build_renderer(str(c.tiny_qwen2()))
+    renderer, _ = build_renderer(str(_workload.tiny_qwen2()))
     template = renderer.template
     h = Harness(wl, "cal", (1 / 3, 1 / 3, 1 / 3))
     out = {}
@@ -817,7 +819,7 @@ PARTS = [  # (part, frame substrings): the first part whose frames a sample hold
     ),
     (
         "record/commit: record built on the loop",
-        ["Gateway._commit", "Gateway.record", "token_record.py", "server/record.py"],
+        ["TokenCall._commit", "TokenCall.record", "token_record.py", "gateway/record.py"],
     ),
     ("session row on first use", ["SessionIndex.ensure", "session_index.py"]),
     ("tokenize the delta", ["LoadedTokenizer.encode", "PromptEncoder", "chat/encoding.py"]),
@@ -905,8 +907,8 @@ def fold(raw: Path) -> tuple[int, collections.Counter, collections.Counter, coll
         k = int(n)
         total += k
         frames = stack.split(";")
-        if len(frames) > 1 and "LoadedTokenizer.decode" in frames[-1] and "_begin" in frames[-2]:
-            parts["the prompt's last 16 tokens decoded (Gateway._begin)"] += k
+        if len(frames) > 1 and "LoadedTokenizer.decode" in frames[-1] and "start (" in frames[-2]:
+            parts["the prompt's last 16 tokens decoded (Gateway.start)"] += k
             leaf[_fn(frames[-1])] += k
             continue
         for name, keys in PARTS:
@@ -940,20 +942,20 @@ def print_profile(raw: Path, cpu_ms: float, title: str) -> None:
         return
     print(f"\n{title}: {total} samples, {cpu_ms:.2f} ms of Turnstile CPU per turn")
     print(
-        c.table(
+        _report.table(
             ["part of the call", "% of samples", "ms per turn"],
             [[p, n / total * 100, cpu_ms * n / total] for p, n in parts.most_common()],
         )
     )
     print("\ntop functions, own time (leaf frames):")
     print(
-        c.table(
+        _report.table(
             ["function", "% of samples"], [[f, n / total * 100] for f, n in leaf.most_common(15)]
         )
     )
     print("\ntop Turnstile functions, including what they call:")
     print(
-        c.table(
+        _report.table(
             ["function", "% of samples"], [[f, n / total * 100] for f, n in incl.most_common(20)]
         )
     )
@@ -962,7 +964,7 @@ def print_profile(raw: Path, cpu_ms: float, title: str) -> None:
 def start_spy(pid: int, out: Path, gil: bool = False) -> subprocess.Popen | None:
     exe = Path(sys.executable).parent / "py-spy"
     if not exe.exists():
-        exe = c.bench_venv() / "bin" / "py-spy"
+        exe = _machine.bench_venv() / "bin" / "py-spy"
     if not exe.exists():
         return None
     p = subprocess.Popen(
@@ -1000,8 +1002,8 @@ def summarize(rows: list[dict]) -> dict:
         "rate": turns / sum(r["wall"] for r in rows),
         "cpu_ms": sum(r["cpu"] for r in rows) / max(1, turns) * 1000,
         "per_core": turns / max(1e-9, sum(r["cpu"] for r in rows)),
-        "p50": c.pct(lat, 50) * 1000,
-        "p99": c.pct(lat, 99) * 1000,
+        "p50": _report.pct(lat, 50) * 1000,
+        "p99": _report.pct(lat, 99) * 1000,
         "ctx": statistics.median([x for r in rows for x in r["ctx"]] or [0]),
     }
 
@@ -1052,7 +1054,7 @@ async def sweep(args: argparse.Namespace, h: Harness, targets: list[Target], fak
                     f"  {mode:<5} {conc:>3} sessions {t.name:<9} "
                     f"{r['turns'] / r['wall']:7.1f} turns/s "
                     f"{r['cpu'] / max(1, r['turns']) * 1000:6.2f} ms CPU/turn  "
-                    f"p50 {c.pct(r['lat'], 50) * 1000:7.0f} ms"
+                    f"p50 {_report.pct(r['lat'], 50) * 1000:7.0f} ms"
                     + (f"  {r['errors']} errors" if r["errors"] else ""),
                     flush=True,
                 )
@@ -1165,7 +1167,7 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
             ]
         )
     print(
-        c.table(
+        _report.table(
             [
                 "engine",
                 "sessions",
@@ -1204,7 +1206,7 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
             ]
         )
     print(
-        c.table(
+        _report.table(
             [
                 "proxy",
                 "sessions",
@@ -1223,7 +1225,7 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
         d = res["deep"]
         r, t = d["relay"], d["turnstile"]
         print(
-            c.table(
+            _report.table(
                 [
                     "proxy",
                     "turns",
@@ -1274,7 +1276,7 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
             ratios.append(ts / rl)
             out.append([f"{w[0]['turn']}-{w[-1]['turn']}", w[-1]["ctx"], rl, ts, ts / rl])
         print(
-            c.table(
+            _report.table(
                 [
                     "turns",
                     "context tokens (last)",
@@ -1371,7 +1373,7 @@ def main() -> None:
             min(args.prefill_ms, 0.2),
             1,
         )
-    c.pin(LOADGEN_CPU)
+    _machine.pin(LOADGEN_CPU)
     try:
         import uvloop
 
@@ -1382,8 +1384,8 @@ def main() -> None:
 
     t_start = time.time()
     print("# Coding-agent sessions: Turnstile vs a plain relay, one fake engine")
-    print(f"machine: {c.machine()}")
-    tok = load_tokenizer(str(c.tiny_qwen2()))
+    print(f"machine: {_machine.machine()}")
+    tok = load_tokenizer(str(_workload.tiny_qwen2()))
     wl = Workload(args.seed, tok, (2_500, 3_000) if q else (25_000, 30_000))
     mix = (0.6, 0.2, 0.2)
     h = Harness(wl, f"a{args.seed}-{int(time.time()) % 100000}", mix)
@@ -1415,22 +1417,26 @@ def main() -> None:
         "chunk": args.chunk,
         "bytes_per_token": bpt,
         "replies": [
-            {"token_ids": [*r.token_ids, c.IM_END], "thought": r.thought, "calls": r.calls}
+            {"token_ids": [*r.token_ids, _workload.IM_END], "thought": r.thought, "calls": r.calls}
             for r in wl.replies
         ],
     }
-    with c.workdir("agents") as wd:
+    with _machine.workdir("agents") as wd:
         args.workdir = wd
         (wd / "spec.json").write_text(json.dumps(spec))
         fake, fake_url = start_fake(wd / "spec.json", wd / "fake.log")
         servers = [fake]
         try:
-            relay, relay_url = c.start_relay("relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log")
+            relay, relay_url = _servers.start_relay(
+                "relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log"
+            )
             servers.append(relay)
-            ts, ts_url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log")
+            ts, ts_url = _servers.start_turnstile(
+                fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log"
+            )
             servers.append(ts)
             if args.baseline:
-                base, base_url = c.start_turnstile(
+                base, base_url = _servers.start_turnstile(
                     fake_url, wd / "data-base", PROXY_CPU, wd / "baseline.log", args.baseline
                 )
                 servers.append(base)
@@ -1442,7 +1448,7 @@ def main() -> None:
                     ts,
                     {
                         "content-type": "application/json",
-                        "authorization": f"Bearer {c.TOKEN}",
+                        "authorization": f"Bearer {_servers.TOKEN}",
                         "anthropic-version": "2023-06-01",
                     },
                 ),

@@ -21,12 +21,10 @@ import asyncio
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
+import _machine
+import _report
+import _servers
 
 ENGINE_CPU, PROXY_CPU = 0, 1
 TOPICS = [
@@ -62,7 +60,7 @@ async def run_batch(
                 r = await http.post(
                     base_url + "/v1/sessions",
                     json={"metadata": {"i": i}},
-                    headers={"authorization": f"Bearer {c.TOKEN}"},
+                    headers={"authorization": f"Bearer {_servers.TOKEN}"},
                 )
                 url = r.json()["base_url"]
             client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, http_client=http)
@@ -109,14 +107,14 @@ def main() -> None:
     model = testbed.smollm2_gguf()
     testbed.llama_server_binary()
     print("# End to end: SmolLM2-135M on llama-server, through Turnstile vs direct")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     print(
         f"set-up: {sessions} sessions x {turns} turns x {max_tokens} tokens, 2 at a time; "
         f"llama-server (-np 2 -t 1) on core {ENGINE_CPU}, Turnstile on core {PROXY_CPU}; "
         f"{rounds} round(s), direct and Turnstile alternating"
     )
     totals = {"direct": [0.0, 0, 0], "turnstile": [0.0, 0, 0]}
-    with c.workdir("e2e") as wd:
+    with _machine.workdir("e2e") as wd:
         log = wd / "llama.log"
         port = testbed.free_port()
         cmd = [
@@ -135,10 +133,10 @@ def main() -> None:
             "1",
             "--no-webui",
         ]
-        engine = c.Server(cmd, f"http://127.0.0.1:{port}/health", ENGINE_CPU, log)
+        engine = _machine.Server(cmd, f"http://127.0.0.1:{port}/health", ENGINE_CPU, log)
         engine_url = f"http://127.0.0.1:{port}"
         tport = testbed.free_port()
-        ts = c.Server(
+        ts = _machine.Server(
             [
                 sys.executable,
                 "-m",
@@ -158,7 +156,7 @@ def main() -> None:
             f"http://127.0.0.1:{tport}/health",
             PROXY_CPU,
             wd / "turnstile.log",
-            env={"TURNSTILE_TOKEN": c.TOKEN},
+            env={"TURNSTILE_TOKEN": _servers.TOKEN},
             timeout=300,
         )
         ts_url = f"http://127.0.0.1:{tport}"
@@ -191,7 +189,9 @@ def main() -> None:
         )
     ]
     print()
-    print(c.table(["path", "calls", "generated tokens", "wall s", "ms / generated token"], rows))
+    print(
+        _report.table(["path", "calls", "generated tokens", "wall s", "ms / generated token"], rows)
+    )
     print(
         f"\nTurnstile / direct wall time: {t[0] / d[0]:.3f} "
         f"({(t[0] / d[0] - 1) * 100:+.1f}%); per generated token: "

@@ -3,8 +3,9 @@ positive and negative cases) plus hypothesis-built hostile chat and session bodi
 past 255 levels, integers past 2^63/2^64, template kwargs that collide with the template's own
 variables, malformed tool schemas under a forced tool call, ...).
 
-Set-up: a fast fake vLLM engine (``_common.py fake``: a fixed 64-token reply) and Turnstile
-(``_common.py turnstile``: ``turnstile serve``'s app with the vLLM token-in adapter, tiny
+Set-up: a fast fake vLLM engine (``turnstile.testing.fake_vllm_replay``: a fixed 64-token
+reply) and Turnstile
+(``_servers.py turnstile``: ``turnstile serve``'s app with the vLLM token-in adapter, tiny
 Qwen2-vocabulary model, Qwen2.5 template) as separate processes; requests go one at a time over
 real HTTP with the trainer's token (harness routes through real session base URLs, and half
 of the session-scoped requests name a real session, call or capability). Passes: no response
@@ -21,16 +22,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
+import _machine
+import _report
+import _servers
+import _workload
 
 TIMEOUT = 30.0
 DESTRUCTIVE = {("DELETE", "/v1/sessions/{sid}"), ("POST", "/v1/sessions/{sid}/close")}
@@ -403,13 +403,13 @@ def run(requests: int, seed: int = 0, keep: bool = False, quiet: bool = False) -
     from hypothesis import strategies as st
     from schemathesis import GenerationMode
 
-    spec = c.reply_spec(64)
-    with c.workdir("fuzz", keep) as wd:
+    spec = _workload.reply_spec(64)
+    with _machine.workdir("fuzz", keep) as wd:
         spec_path = wd / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        fake, fake_url = c.start_fake(spec_path, None, wd / "fake.log")
+        fake, fake_url = _servers.start_fake(spec_path, None, wd / "fake.log")
         try:
-            ts, url = c.start_turnstile(fake_url, wd / "data", None, wd / "turnstile.log")
+            ts, url = _servers.start_turnstile(fake_url, wd / "data", None, wd / "turnstile.log")
             try:
                 return _fuzz(
                     url,
@@ -447,7 +447,7 @@ def _fuzz(
 ) -> dict:
     import httpx
 
-    fz = Fuzzer(url, c.TOKEN, pid, seed)
+    fz = Fuzzer(url, _servers.TOKEN, pid, seed)
     doc = httpx.get(url + "/openapi.json", headers=fz.auth, timeout=30).json()
     for _ in range(4):
         fz.pool.append(fz.new_session(calls=2))
@@ -538,7 +538,7 @@ def report(res: dict) -> str:
     rows.append(["total", *total, "", sum(r[5] for r in rows), sum(r[6] for r in rows)])
     rss = res["rss_mb"]
     out = [
-        c.table(
+        _report.table(
             ["route", "requests", "2xx", "4xx", "4xx codes", ">=500", "hangs"],
             rows,
             f"# Fuzz: {res['requests']} requests in {res['wall_s']:.0f} s",
@@ -570,9 +570,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--failures", help="write the failing requests (whole bodies) to this file")
+    p.add_argument("--result", help="write the whole result (JSON) to this file (tests read it)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args()
-    res = run(300 if a.quick else a.requests, a.seed, a.keep)
+    res = run(300 if a.quick else a.requests, a.seed, a.keep, a.quiet)
     print(report(res))
+    if a.result:
+        Path(a.result).write_text(json.dumps(res))
     if a.failures:
         Path(a.failures).write_text(json.dumps(res["failures"], indent=1))
     ok = not res["failures"] and not res["after"]

@@ -19,21 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import _machine
+import _report
+import store_backends as sb
+
+from turnstile.gateway import record
+from turnstile.store.store import Store
+from turnstile.store.writer import Writer
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-import _common as c  # noqa: E402
-import store_backends as sb  # noqa: E402
-
-from turnstile.gateway import record  # noqa: E402
-from turnstile.store.store import Store  # noqa: E402
-from turnstile.store.writer import Writer  # noqa: E402
 
 
 def _sessions(store: Store, n_agents: int, calls: int) -> list[list]:
@@ -94,7 +91,7 @@ def run(name: str, location: str, pg_pid: int | None, mode: str, agents: int, ca
         "CPU ms/call": cpu / n * 1000,
         "db server CPU ms": srv / n * 1000,
         "p50 ms": statistics.median(lat) * 1000,
-        "p99 ms": c.pct(lat, 99) * 1000,
+        "p99 ms": _report.pct(lat, 99) * 1000,
         "calls/s": n / wall,
         "commits/call": commits / n,
     }
@@ -104,14 +101,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
-    from beds.postgres import PostgresServer
+    from turnstile.testing.postgres import PostgresServer
 
     print("# Group commit vs one transaction per call (the gateway's store writer)")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     server = PostgresServer().start()
     rows = []
     try:
-        with c.workdir("group-commit") as wd:
+        with _machine.workdir("group-commit") as wd:
             for agents in (1, 4) if args.quick else (1, 8, 32, 256):
                 calls = max(2, (40 if args.quick else 2000) // agents)
                 for mode in ("per call", "group"):
@@ -122,7 +119,7 @@ def main() -> None:
                     )
     finally:
         server.remove()
-    print(c.table(list(rows[0]), [list(r.values()) for r in rows]))
+    print(_report.table(list(rows[0]), [list(r.values()) for r in rows]))
     for store in ("sqlite", "postgres"):
         for agents in sorted({r["agents"] for r in rows}):
             got = {r["writer"]: r for r in rows if r["store"] == store and r["agents"] == agents}

@@ -6,14 +6,15 @@ Set-up (printed with the results):
   and the harness appends the reply and a ~440-token tool output (~500 new tokens per turn, so
   the context reaches ~100k tokens); the harness (the official ``openai`` client) resends the
   whole history every call, as agent harnesses do;
-- processes: the fast fake engine (``_common._fake_app``) and the load generator on core 0;
+- processes: the fast fake engine (``turnstile.testing.fake_vllm_replay``) and the load
+  generator on core 0;
   the aiohttp relay and Turnstile (real Qwen2 tokenizer + Qwen2.5 template, SQLite records,
   vLLM token-in adapter) each on core 1, called alternately turn by turn;
 - per turn: CPU of each proxy process for that call (/proc, all threads), Turnstile / relay;
 - after them, in a process of its own, the same conversation through an in-process Gateway (same
   renderer and store, an engine object instead of HTTP; the messages parsed from JSON each call,
   as a server gets them) with the thread CPU of its render + tokenize (``Gateway.prompt``, which
-  includes matching the history and assembling the context) and record (``Gateway._commit``: the
+  includes matching the history and assembling the context) and record (``TokenCall._commit``: the
   record built and handed to the store; the SQLite write runs on the store's thread) measured
   per call; and, side by side, the full re-render a proxy without token-in/token-out would do:
   the whole conversation through transformers' template rendering and the tokenizer
@@ -39,11 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
-import orjson  # noqa: E402
+import _inprocess
+import _machine
+import _report
+import _servers
+import _workload
+import orjson
 
 LOADGEN_CPU, PROXY_CPU = 0, 1
 LINES = [
@@ -65,7 +67,7 @@ def naive_render(gw, msgs: list[dict]) -> list[int]:  # noqa: ANN001
     template = gw.renderer.template
     rendered, _ = render_jinja_template(
         conversations=[template.messages(msgs)],
-        tools=c.TOOLS,
+        tools=_workload.TOOLS,
         chat_template=template.source,
         add_generation_prompt=True,
         **template.variables,
@@ -98,11 +100,11 @@ def tree_memory(gw, session_id: str) -> dict:  # noqa: ANN001
     """Live bytes the gateway holds for one session's call tree, by part."""
     tree = gw.trees.get(session_id)
     parts = {
-        "token log": c.live_bytes(tree.log),
-        "previous request": c.live_bytes(tree._last),
-        "hash cache": c.live_bytes(tree._seen),
+        "token log": _inprocess.live_bytes(tree.log),
+        "previous request": _inprocess.live_bytes(tree._last),
+        "hash cache": _inprocess.live_bytes(tree._seen),
     }
-    parts["whole tree"] = c.live_bytes(tree)
+    parts["whole tree"] = _inprocess.live_bytes(tree)
     parts["recorded tokens"] = len(tree.log) - tree.copied
     return parts
 
@@ -118,16 +120,16 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
 
     from turnstile.chat.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(str(c.tiny_qwen2()))
+    tok = load_tokenizer(str(_workload.tiny_qwen2()))
     outputs = [tool_output(t, args.tool_tokens, tok) for t in range(args.turns)]
     spec_path = wd / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    fake, fake_url = c.start_fake(spec_path, LOADGEN_CPU, wd / "fake.log")
-    relay, relay_url = c.start_relay("relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log")
-    ts, ts_url = c.start_turnstile(fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log")
+    fake, fake_url = _servers.start_fake(spec_path, LOADGEN_CPU, wd / "fake.log")
+    relay, relay_url = _servers.start_relay("relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log")
+    ts, ts_url = _servers.start_turnstile(fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log")
     base = base_url = None
     if args.baseline:
-        base, base_url = c.start_turnstile(
+        base, base_url = _servers.start_turnstile(
             fake_url, wd / "data-base", PROXY_CPU, wd / "turnstile-base.log", args.baseline
         )
     rows = []
@@ -143,7 +145,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
             "turnstile": (
                 ts,
                 openai.AsyncOpenAI(
-                    base_url=ts_url + "/v1", api_key=c.TOKEN, max_retries=0, http_client=http
+                    base_url=ts_url + "/v1", api_key=_servers.TOKEN, max_retries=0, http_client=http
                 ),
             ),
         }
@@ -151,19 +153,22 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
             clients["base"] = (
                 base,
                 openai.AsyncOpenAI(
-                    base_url=base_url + "/v1", api_key=c.TOKEN, max_retries=0, http_client=http
+                    base_url=base_url + "/v1",
+                    api_key=_servers.TOKEN,
+                    max_retries=0,
+                    http_client=http,
                 ),
             )
-        histories = {name: c.base_messages() for name in clients}
+        histories = {name: _workload.base_messages() for name in clients}
         for turn in range(args.turns):
             row = {"turn": turn + 1}
             for name, (server, client) in clients.items():
                 msgs = histories[name]
                 cpu0 = server.cpu()
                 r = await client.chat.completions.create(
-                    model=c.MODEL_NAME,
+                    model=_workload.MODEL_NAME,
                     messages=msgs,
-                    tools=c.TOOLS,
+                    tools=_workload.TOOLS,
                     max_tokens=64,
                     extra_headers={"x-session-id": "long"},
                 )
@@ -176,7 +181,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                 ]
                 if name == "turnstile":
                     row["body_kb"] = (
-                        len(orjson.dumps({"messages": msgs[:-2], "tools": c.TOOLS})) / 1000
+                        len(orjson.dumps({"messages": msgs[:-2], "tools": _workload.TOOLS})) / 1000
                     )
             rows.append(row)
             if (turn + 1) % 25 == 0 or turn == 0:
@@ -223,13 +228,14 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     """The same conversation through an in-process Gateway, timing its parts per turn."""
     from turnstile.chat.tokenizer import load_tokenizer
     from turnstile.dialects.chat_request import parse_chat_request
+    from turnstile.gateway.token_call import TokenCall
 
-    tok = load_tokenizer(str(c.tiny_qwen2()))
+    tok = load_tokenizer(str(_workload.tiny_qwen2()))
     outputs = [tool_output(t, args.tool_tokens, tok) for t in range(args.turns)]
-    gw = c.make_gateway(wd / "inproc", spec)
+    gw = _inprocess.make_gateway(wd / "inproc", spec)
     # Time the parts of the in-process gateway that must not grow with the context.
     share = {"prompt": 0.0, "record": 0.0}
-    orig_prompt, orig_record = gw.prompt, gw._commit
+    orig_prompt, orig_record = gw.prompt, TokenCall._commit
 
     def timed(name, fn):  # noqa: ANN001, ANN202
         def wrapper(*a, **kw):  # noqa: ANN002, ANN003, ANN202
@@ -241,21 +247,31 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
 
         return wrapper
 
-    gw.prompt, gw._commit = timed("prompt", orig_prompt), timed("record", orig_record)
-    warm = {"model": c.MODEL_NAME, "messages": c.base_messages(), "tools": c.TOOLS}
+    gw.prompt = timed("prompt", orig_prompt)
+    TokenCall._commit = timed("record", orig_record)  # type: ignore[method-assign]
+    warm = {
+        "model": _workload.MODEL_NAME,
+        "messages": _workload.base_messages(),
+        "tools": _workload.TOOLS,
+    }
     await gw.complete("warm-up", parse_chat_request({**warm, "max_tokens": 64}))  # lazy set-up
 
     async def call(session: str, msgs: list[dict], turn: int) -> float:
         """One turn of ``session``: its share in ms; the reply and tool output appended."""
         share["prompt"] = share["record"] = 0.0
         req = parse_chat_request(
-            {"model": c.MODEL_NAME, "messages": as_sent(msgs), "tools": c.TOOLS, "max_tokens": 64}
+            {
+                "model": _workload.MODEL_NAME,
+                "messages": as_sent(msgs),
+                "tools": _workload.TOOLS,
+                "max_tokens": 64,
+            }
         )
         resp = (await gw.complete(session, req)).body
         spent = (share["prompt"] + share["record"]) * 1000
         m = resp["choices"][0]["message"]
         tool = {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"]}
-        msgs += [c.echo(m), {**tool, "content": outputs[turn]}]
+        msgs += [_workload.echo(m), {**tool, "content": outputs[turn]}]
         return spent
 
     # Beside each turn of the long session, one delta turn (2-6) of a fresh short session:
@@ -263,15 +279,15 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     # the machine lands in both (turns 2-6 of the long session alone moved the ratio at turn
     # 200 between 0.77 and 1.59 from run to run).
     rows = []
-    msgs = c.base_messages()
+    msgs = _workload.base_messages()
     ref: list[dict] = []
     ref_id = ""
     for turn in range(args.turns):
         row: dict = {"messages": len(msgs), "share": await call("long", msgs, turn)}
-        if len(ref) in (0, 2 * 6 + len(c.base_messages())):  # a new short session
-            ref[:], ref_id = c.base_messages(), f"ref-{turn}"
+        if len(ref) in (0, 2 * 6 + len(_workload.base_messages())):  # a new short session
+            ref[:], ref_id = _workload.base_messages(), f"ref-{turn}"
             await call(ref_id, ref, 0)
-        k = (len(ref) - len(c.base_messages())) // 2
+        k = (len(ref) - len(_workload.base_messages())) // 2
         row["ref_share"] = await call(ref_id, ref, k)
         rows.append(row)
     # The full re-renders after the timed turns: each churns through megabytes (a 117k-token
@@ -300,22 +316,22 @@ def main() -> None:
     )
     args = p.parse_args()
     args.turns = args.turns or (7 if args.quick else 200)
-    c.pin(LOADGEN_CPU)
-    spec = c.reply_spec(64)
+    _machine.pin(LOADGEN_CPU)
+    spec = _workload.reply_spec(64)
     if args.inproc_json:
-        with c.workdir("long-inproc") as wd:
+        with _machine.workdir("long-inproc") as wd:
             out = asyncio.run(drive_inproc(args, spec, wd))
         Path(args.inproc_json).write_text(json.dumps(out))
         return
     print("# Long session: per-call work vs context length")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     print(
         f"set-up: 1 session, {args.turns} turns, 64 sampled + ~{args.tool_tokens} tool-output "
         f"tokens per turn; load generator + fake engine on core {LOADGEN_CPU}, relay and "
         f"Turnstile on core {PROXY_CPU}"
     )
     t_start = time.time()
-    with c.workdir("long") as wd:
+    with _machine.workdir("long") as wd:
         out = asyncio.run(drive(args, spec, wd))
     rows = out["rows"]
     new_segments = sum(1 for s in out["segments"] if s is not None)
@@ -350,7 +366,7 @@ def main() -> None:
             ]
         )
     print(
-        c.table(
+        _report.table(
             [
                 "turn",
                 "context tokens",
@@ -371,7 +387,7 @@ def main() -> None:
         bas = [r["base"] for r in rows]
         print("\nbaseline (the turnstile package from --baseline), same calls, windowed medians:")
         print(
-            c.table(
+            _report.table(
                 ["turn", "baseline CPU ms", "baseline / relay", "Turnstile / baseline"],
                 [
                     [
@@ -404,7 +420,7 @@ def main() -> None:
         "sys.getsizeof over everything reachable from it); target <= 12 B/token:"
     )
     print(
-        c.table(
+        _report.table(
             ["part", "bytes", "bytes / recorded token"], [[k, v, v / n_tok] for k, v in mem.items()]
         )
     )

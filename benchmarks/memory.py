@@ -25,15 +25,13 @@ import asyncio
 import functools
 import gc
 import os
-import sys
 import time
 import tracemalloc
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
+import _inprocess
+import _machine
+import _report
+import _workload
 
 
 def rss() -> int:
@@ -52,7 +50,7 @@ async def build(
 
     from turnstile.dialects.chat_request import parse_chat_request
 
-    histories = {f"{prefix}-{i:05d}": c.base_messages() for i in range(sessions)}
+    histories = {f"{prefix}-{i:05d}": _workload.base_messages() for i in range(sessions)}
     recorded = {sid: 0 for sid in histories}
     turn = 0
     while any(n < tokens for n in recorded.values()):
@@ -63,9 +61,9 @@ async def build(
             # session's previous request) is counted, not shared with the harness's history
             req = parse_chat_request(
                 {
-                    "model": c.MODEL_NAME,
+                    "model": _workload.MODEL_NAME,
                     "messages": as_sent(msgs),
-                    "tools": c.TOOLS,
+                    "tools": _workload.TOOLS,
                     "max_tokens": 64,
                 }
             )
@@ -74,7 +72,7 @@ async def build(
             u = resp["usage"]
             # recorded tokens of this call: the prompt delta + the completion
             recorded[sid] = u["prompt_tokens"] + u["completion_tokens"]
-            msgs.append(c.echo(m))
+            msgs.append(_workload.echo(m))
             msgs.append(
                 {
                     "role": "tool",
@@ -113,15 +111,15 @@ def main() -> None:
     tokens = args.tokens or (4000 if args.quick else 32000)
     import long_session
 
-    spec = c.reply_spec(64)
+    spec = _workload.reply_spec(64)
     print("# Memory and disk per recorded token")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     print(
         f"set-up: {sessions} concurrent sessions x {tokens} tokens, ~{args.tool_tokens + 64} "
         f"recorded tokens per call (64 sampled), in-process Gateway + SQLite store"
     )
-    with c.workdir("memory") as wd:
-        gw = c.make_gateway(wd / "data", spec)
+    with _machine.workdir("memory") as wd:
+        gw = _inprocess.make_gateway(wd / "data", spec)
         outputs = [long_session.tool_output(t, args.tool_tokens, gw.tok) for t in range(64)]
         gw.renderer.encode_fragment = functools.lru_cache(maxsize=None)(gw.renderer.encode_fragment)
         # warm everything that is allocated once (template compile, caches, the memo of the
@@ -139,11 +137,12 @@ def main() -> None:
         elapsed = time.time() - t0
         gc.collect()
         # The harness's own message lists live in this process too: leave out what was
-        # allocated here (memory.py, _common.py), keep what the gateway allocated.
+        # allocated here (memory.py, the benchmarks' helper modules), keep what the gateway
+        # allocated.
         snap = tracemalloc.take_snapshot().filter_traces(
             [
                 tracemalloc.Filter(False, "*/benchmarks/memory.py"),
-                tracemalloc.Filter(False, "*/benchmarks/_common.py"),
+                tracemalloc.Filter(False, "*/benchmarks/_*.py"),
             ]
         )
         live = sum(st.size for st in snap.statistics("filename")) - base_py
@@ -157,7 +156,7 @@ def main() -> None:
             ["RSS growth (incl. the harness's histories)", grown, grown / total, "-"],
             ["SQLite file growth (after checkpoint)", disk, disk / total, 8],
         ]
-        print(c.table(["what", "bytes", "bytes / recorded token", "target"], rows))
+        print(_report.table(["what", "bytes", "bytes / recorded token", "target"], rows))
         print("\ntop allocation sites (tracemalloc, by line):")
         for st in snap.statistics("lineno")[:8]:
             f = st.traceback[0]

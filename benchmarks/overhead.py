@@ -3,7 +3,8 @@ and the LiteLLM proxy, measured side by side in one run.
 
 Set-up (printed with the results):
 
-- a fast fake engine (``_common._fake_app``): vLLM 0.33 ``/inference/v1/generate`` for Turnstile
+- a fast fake engine (``turnstile.testing.fake_vllm_replay``): vLLM 0.33
+  ``/inference/v1/generate`` for Turnstile
   (token-in: 64 token IDs with logprobs, all at once or one SSE event per token) and an OpenAI
   ``/v1/chat/completions`` with the same reply as text + tool call for the relays and LiteLLM;
 - targets: ``direct`` (the client straight to the fake: the baseline for added latency),
@@ -32,23 +33,24 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
-import orjson  # noqa: E402
+import _machine
+import _report
+import _servers
+import _workload
+import orjson
 
 TURNS = 4  # agent turns per session
 LOADGEN_CPU, PROXY_CPU = 0, 1
 
 
 class Target:
-    def __init__(self, name: str, url: str, server: c.Server | None, api_key: str = "unused"):
+    def __init__(
+        self, name: str, url: str, server: _machine.Server | None, api_key: str = "unused"
+    ):
         self.name, self.url, self.server, self.api_key = name, url, server, api_key
         self.client = None
         self.agents: list[Agent] = []
@@ -88,14 +90,14 @@ class Agent:
 
     async def call(self, client, mode: str, sizes: list[int], lat: list[float]) -> bool:
         kw = dict(
-            model=c.MODEL_NAME,
+            model=_workload.MODEL_NAME,
             messages=self.msgs,
-            tools=c.TOOLS,
+            tools=_workload.TOOLS,
             max_tokens=64,
             temperature=1.0,
             extra_headers={"x-session-id": self.sid},
         )
-        sizes.append(len(orjson.dumps({"messages": self.msgs, "tools": c.TOOLS})))
+        sizes.append(len(orjson.dumps({"messages": self.msgs, "tools": _workload.TOOLS})))
         t0 = time.perf_counter()
         try:
             content, calls = await self._create(client, mode, kw)
@@ -109,7 +111,7 @@ class Agent:
         self.msgs = [
             *self.msgs,
             {"role": "assistant", "content": content or None, "tool_calls": calls},
-            c.tool_result(calls[0]["id"], self.turn),
+            _workload.tool_result(calls[0]["id"], self.turn),
         ]
         self.turn += 1
         if self.turn == TURNS:
@@ -170,8 +172,8 @@ async def run_cell(target: Target, mode: str, conc: int, per_agent: int) -> dict
         "calls": len(lat),
         "errors": errors,
         "cpu_ms": used / n * 1000,
-        "p50": c.pct(lat, 50) * 1000,
-        "p99": c.pct(lat, 99) * 1000,
+        "p50": _report.pct(lat, 50) * 1000,
+        "p99": _report.pct(lat, 99) * 1000,
         "rps": len(lat) / wall,
         "wall": wall,
         "req_bytes": sum(sizes) / max(1, len(sizes)),
@@ -213,7 +215,7 @@ async def measure(
     await warm_up(targets, max(concs), base)
     rows = []
     for mode in modes:
-        await asyncio.to_thread(c.set_pace, fake_url, pace_ms if mode == "paced" else 0.0)
+        await asyncio.to_thread(_servers.set_pace, fake_url, pace_ms if mode == "paced" else 0.0)
         for conc in concs:
             for t in targets:
                 rows.append(await run_cell(t, mode, conc, plan(quick, conc, mode)))
@@ -267,7 +269,7 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
             "paced": f"streaming, one token every {pace:g} ms",
         }[mode]
         out.append(
-            c.table(
+            _report.table(
                 [
                     "conc",
                     "proxy",
@@ -310,37 +312,37 @@ def main() -> None:
     if args.quick and "litellm" in names:
         names.remove("litellm")
         skipped["litellm"] = "left out of --quick runs (it takes ~25 s to start)"
-    elif "litellm" in names and (why := c.litellm_available()):
+    elif "litellm" in names and (why := _servers.litellm_available()):
         names.remove("litellm")
         skipped["litellm"] = why
-    c.pin(LOADGEN_CPU)
+    _machine.pin(LOADGEN_CPU)
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    spec = c.reply_spec(64)
-    base = c.base_messages(pad_to=3500)
+    spec = _workload.reply_spec(64)
+    base = _workload.base_messages(pad_to=3500)
     print("# Per-call overhead: Turnstile vs minimal relays vs LiteLLM")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     print(
         f"pinning: load generator (openai {__import__('openai').__version__} AsyncOpenAI) and "
         f"fake engine on core {LOADGEN_CPU}, each proxy on core {PROXY_CPU}"
     )
     print(
         f"workload: agent sessions of {TURNS} turns, 64-token completions (a thought + a "
-        f"Hermes tool call), tools={len(c.TOOLS)}; concurrency {concs}; modes {modes}"
+        f"Hermes tool call), tools={len(_workload.TOOLS)}; concurrency {concs}; modes {modes}"
     )
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")
     rows: list[dict] = []
     t_start = time.time()
-    with c.workdir("overhead") as wd:
+    with _machine.workdir("overhead") as wd:
         spec_path = wd / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        fake, fake_url = c.start_fake(spec_path, LOADGEN_CPU, wd / "fake.log")
-        servers: list[c.Server] = [fake]
+        fake, fake_url = _servers.start_fake(spec_path, LOADGEN_CPU, wd / "fake.log")
+        servers: list[_machine.Server] = [fake]
         try:
             targets = []
             for name in names:
@@ -348,17 +350,19 @@ def main() -> None:
                     targets.append(Target(name, fake_url, None))
                 elif name.startswith("relay") or name == "floor":
                     (wd / name).mkdir()
-                    s, url = c.start_relay(name, fake_url, PROXY_CPU, wd / f"{name}.log", wd / name)
+                    s, url = _servers.start_relay(
+                        name, fake_url, PROXY_CPU, wd / f"{name}.log", wd / name
+                    )
                     servers.append(s)
                     targets.append(Target(name, url, s))
                 elif name == "turnstile":
-                    s, url = c.start_turnstile(
+                    s, url = _servers.start_turnstile(
                         fake_url, wd / "data", PROXY_CPU, wd / "turnstile.log"
                     )
                     servers.append(s)
-                    targets.append(Target(name, url, s, c.TOKEN))
+                    targets.append(Target(name, url, s, _servers.TOKEN))
                     if args.baseline:
-                        s, url = c.start_turnstile(
+                        s, url = _servers.start_turnstile(
                             fake_url,
                             wd / "data-base",
                             PROXY_CPU,
@@ -366,11 +370,11 @@ def main() -> None:
                             args.baseline,
                         )
                         servers.append(s)
-                        targets.append(Target("turnstile-base", url, s, c.TOKEN))
+                        targets.append(Target("turnstile-base", url, s, _servers.TOKEN))
                 elif name == "litellm":
-                    s, url = c.start_litellm(fake_url, PROXY_CPU, wd / "litellm.log", wd)
+                    s, url = _servers.start_litellm(fake_url, PROXY_CPU, wd / "litellm.log", wd)
                     servers.append(s)
-                    targets.append(Target(name, url, s, c.LITELLM_KEY))
+                    targets.append(Target(name, url, s, _servers.LITELLM_KEY))
             rows += asyncio.run(
                 measure(targets, modes, concs, args.quick, base, fake_url, args.pace_ms)
             )

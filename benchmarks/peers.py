@@ -47,10 +47,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
+import _machine
+import _report
+import _servers
+import _workload
 
 HERE = Path(__file__).resolve().parent
 TURNS = 4
@@ -73,7 +73,7 @@ NO_STREAM = {
 
 
 def venv_python(name: str) -> Path:
-    return c.cache_dir() / VENVS[name] / "bin" / "python"
+    return _machine.cache_dir() / VENVS[name] / "bin" / "python"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ class Target:
     processes to charge CPU to, and how to read back what it recorded."""
 
     name = ""
-    servers: list[c.Server]
+    servers: list[_machine.Server]
     headers: dict[str, str]
 
     def __init__(self) -> None:
@@ -113,7 +113,7 @@ class Relay(Target):
 
     def __init__(self, engine: str, wd: Path):
         super().__init__()
-        s, self.base = c.start_relay("relay-aiohttp", engine, PROXY_CPU, wd / "relay.log")
+        s, self.base = _servers.start_relay("relay-aiohttp", engine, PROXY_CPU, wd / "relay.log")
         self.servers = [s]
 
     def url(self, session: dict) -> str:
@@ -125,9 +125,11 @@ class Turnstile(Target):
 
     def __init__(self, engine: str, wd: Path):
         super().__init__()
-        s, self.base = c.start_turnstile(engine, wd / "ts-data", PROXY_CPU, wd / "turnstile.log")
+        s, self.base = _servers.start_turnstile(
+            engine, wd / "ts-data", PROXY_CPU, wd / "turnstile.log"
+        )
         self.servers = [s]
-        self.headers = {"authorization": f"Bearer {c.TOKEN}"}
+        self.headers = {"authorization": f"Bearer {_servers.TOKEN}"}
 
     def url(self, session: dict) -> str:
         return self.base + "/v1/chat/completions"
@@ -158,7 +160,7 @@ class AgentLightning(Target):
 
     def __init__(self, engine: str, wd: Path):
         super().__init__()
-        port, admin = c.free_port(), c.free_port()
+        port, admin = _machine.free_port(), _machine.free_port()
         env = {
             # agentlightning's LLMProxy starts LiteLLM's proxy without a master key, which
             # LiteLLM 1.108 refuses unless told that this is local development.
@@ -167,7 +169,7 @@ class AgentLightning(Target):
             "LITELLM_LOG": "ERROR",
             "LITELLM_TELEMETRY": "False",
         }
-        s = c.Server(
+        s = _machine.Server(
             [
                 str(venv_python(self.name)),
                 str(HERE / "_peer_agentlightning.py"),
@@ -178,7 +180,7 @@ class AgentLightning(Target):
                 "--upstream",
                 engine,
                 "--model",
-                c.MODEL_NAME,
+                _workload.MODEL_NAME,
             ],
             f"http://127.0.0.1:{admin}/health",
             PROXY_CPU,
@@ -232,15 +234,15 @@ class AgentLightning1(Target):
 
     def __init__(self, engine: str, wd: Path):
         super().__init__()
-        port = c.free_port()
-        s = c.Server(
+        port = _machine.free_port()
+        s = _machine.Server(
             [
                 str(venv_python(self.name)),
                 "-m",
                 "agentlightning.server",
                 "host=127.0.0.1",
                 f"port={port}",
-                f"default_proxy.model_name={c.MODEL_NAME}",
+                f"default_proxy.model_name={_workload.MODEL_NAME}",
                 f"hydra.run.dir={wd / 'agl1-hydra'}",
             ],
             f"http://127.0.0.1:{port}/healthz",
@@ -254,7 +256,7 @@ class AgentLightning1(Target):
 
         req = urllib.request.Request(
             self.base + "/api/models",
-            json.dumps([{"model": c.MODEL_NAME, "endpoint": engine + "/v1"}]).encode(),
+            json.dumps([{"model": _workload.MODEL_NAME, "endpoint": engine + "/v1"}]).encode(),
             {"content-type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -299,8 +301,8 @@ class VenvPeer(Target):
 
     def __init__(self, engine: str, wd: Path):
         super().__init__()
-        port = c.free_port()
-        s = c.Server(
+        port = _machine.free_port()
+        s = _machine.Server(
             [
                 str(venv_python(self.name)),
                 str(HERE / self.script),
@@ -309,7 +311,7 @@ class VenvPeer(Target):
                 "--upstream",
                 engine,
                 "--model",
-                c.MODEL_NAME,
+                _workload.MODEL_NAME,
                 "--tokenizer",
                 str(export_tokenizer(wd)),
             ],
@@ -364,7 +366,7 @@ def export_tokenizer(wd: Path) -> Path:
         return out
     from turnstile.chat.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(str(c.tiny_qwen2()))
+    tok = load_tokenizer(str(_workload.tiny_qwen2()))
     out.mkdir(parents=True, exist_ok=True)
     tok.tokenizer.save(str(out / "tokenizer.json"))
     specials = {t: i for t, i in tok.special_tokens.items()} if tok.special_tokens else {}
@@ -422,7 +424,7 @@ class Agent:
         s = self.session
         assert s is not None
         body = {
-            "model": c.MODEL_NAME,
+            "model": _workload.MODEL_NAME,
             "messages": self.msgs,
             "max_tokens": 64,
             "temperature": 1.0,
@@ -514,7 +516,7 @@ async def run_cell(target: Target, stream: bool, conc: int, per_agent: int, base
         "calls": len(lat),
         "errors": errors,
         "cpu_ms": cpu / n * 1000,
-        "p50": c.pct(lat, 50) * 1000,
+        "p50": _report.pct(lat, 50) * 1000,
         "rps": len(lat) / wall,
     }
 
@@ -642,7 +644,7 @@ def report(rows: list[dict], exact: list[dict], concs: list[int], skipped: dict)
         for conc in concs:
             heads += [f"CPU ms/call @{conc}", f"x Turnstile @{conc}", f"calls/s @{conc}"]
         heads.append("errors")
-        out.append(c.table(heads, table, f"\n### {title}\n"))
+        out.append(_report.table(heads, table, f"\n### {title}\n"))
     table = []
     for e in exact:
         rec = "-" if e["records"] is None else e["records"]
@@ -659,7 +661,7 @@ def report(rows: list[dict], exact: list[dict], concs: list[int], skipped: dict)
             ]
         )
     out.append(
-        c.table(
+        _report.table(
             [
                 "peer",
                 "mode",
@@ -700,9 +702,9 @@ def main() -> None:
     names = [n for n in args.targets.split(",") if n]
     skipped = {n: why for n in names if (why := unavailable(n))}
     names = [n for n in names if n not in skipped]
-    c.pin(LOADGEN_CPU)
+    _machine.pin(LOADGEN_CPU)
     print("# Peers that capture tokens: Turnstile vs agentlightning (0.3, 1.0), nemo-gym, tokin")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     print(
         f"pinning: load generator (httpx) and fake engine on core {LOADGEN_CPU}, each target "
         f"on core {PROXY_CPU}; sessions of {TURNS} turns, 64-token drifting replies; "
@@ -710,11 +712,11 @@ def main() -> None:
     )
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")
-    base = c.base_messages()
+    base = _workload.base_messages()
     t_start = time.time()
-    with c.workdir("peers") as wd:
-        port = c.free_port()
-        engine_srv = c.Server(
+    with _machine.workdir("peers") as wd:
+        port = _machine.free_port()
+        engine_srv = _machine.Server(
             [
                 sys.executable,
                 str(HERE / "_peer_engine.py"),

@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, os.environ.get("TURNSTILE_SRC") or str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
+import _machine
+import _report
+import _servers
+import _workload
 
 PARTS = [  # (part, frame substrings), first match wins
     ("record: SQLite write (store thread)", ["Store.add_call"]),
@@ -39,7 +39,7 @@ PARTS = [  # (part, frame substrings), first match wins
         "record: thread hand-off (executor submit + worker wake-up)",
         ["ThreadPoolExecutor.submit", "_worker (concurrent"],
     ),
-    ("record: built on the loop", ["Gateway._commit", "Gateway.record"]),
+    ("record: built on the loop", ["TokenCall._commit", "TokenCall.record"]),
     ("session row on first use (SQLite on the loop)", ["SessionIndex.ensure"]),
     ("tokenize the new text", ["LoadedTokenizer.encode", "PromptEncoder.encode"]),
     ("render the delta / a first prompt (Jinja)", ["Renderer.extension", "Renderer.render_full"]),
@@ -53,7 +53,10 @@ PARTS = [  # (part, frame substrings), first match wins
         "request body: read, limits, validation",
         ["read_json", "limits.py", "parse_chat_request", "server/requests.py", "parse_request"],
     ),
-    ("gateway: sampling, notes, response dict", ["Gateway.", "sampling_params", "call_info"]),
+    (
+        "gateway: sampling, notes, response dict",
+        ["Gateway.", "TokenCall.", "sampling_params", "call_info"],
+    ),
     (
         "HTTP server: uvicorn + Starlette layers, response send",
         ["httptools_impl", "starlette/", "proxy_headers", "routes_harness", "harness_session"],
@@ -85,14 +88,14 @@ def fold(raw: Path) -> tuple[int, collections.Counter]:
 async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
     import overhead as o
 
-    (wd / "spec.json").write_text(json.dumps(c.reply_spec(64)))
-    fake, fake_url = c.start_fake(wd / "spec.json", 0, wd / "fake.log")
-    ts, url = c.start_turnstile(fake_url, wd / "data", 1, wd / "ts.log")
+    (wd / "spec.json").write_text(json.dumps(_workload.reply_spec(64)))
+    fake, fake_url = _servers.start_fake(wd / "spec.json", 0, wd / "fake.log")
+    ts, url = _servers.start_turnstile(fake_url, wd / "data", 1, wd / "ts.log")
     spy = None
     try:
 
         def start_spy() -> subprocess.Popen | None:
-            exe = c.bench_venv() / "bin" / "py-spy"
+            exe = _machine.bench_venv() / "bin" / "py-spy"
             if not exe.exists():  # the test venv has it too
                 exe = Path(sys.executable).parent / "py-spy"
             if args.quick or not exe.exists():
@@ -120,8 +123,8 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
 
         if args.long:
             return await _long(args, ts, url, start_spy, wd)
-        target = o.Target("turnstile", url, ts, c.TOKEN)
-        await o.warm_up([target], args.conc, c.base_messages())
+        target = o.Target("turnstile", url, ts, _servers.TOKEN)
+        await o.warm_up([target], args.conc, _workload.base_messages())
         spy = start_spy()
         cell = await o.run_cell(target, args.mode, args.conc, max(1, args.calls // args.conc))
         print(f"{cell['calls']} calls, {cell['errors']} errors")
@@ -141,23 +144,23 @@ async def _long(args, ts, url, start_spy, wd: Path) -> float:  # noqa: ANN001
 
     from turnstile.chat.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(str(c.tiny_qwen2()))
+    tok = load_tokenizer(str(_workload.tiny_qwen2()))
     client = openai.AsyncOpenAI(
         base_url=url + "/v1",
-        api_key=c.TOKEN,
+        api_key=_servers.TOKEN,
         max_retries=0,
         http_client=httpx.AsyncClient(timeout=600),
     )
-    msgs, cpu, late = c.base_messages(), [], args.long * 3 // 4
+    msgs, cpu, late = _workload.base_messages(), [], args.long * 3 // 4
     spy = None
     for turn in range(args.long):
         if turn == late:
             spy = start_spy()
         cpu0 = ts.cpu()
         r = await client.chat.completions.create(
-            model=c.MODEL_NAME,
+            model=_workload.MODEL_NAME,
             messages=msgs,
-            tools=c.TOOLS,
+            tools=_workload.TOOLS,
             max_tokens=64,
             extra_headers={"x-session-id": "long"},
         )
@@ -196,9 +199,9 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.calls, args.long = 8, (8 if args.long else None)
-    c.pin(0)
+    _machine.pin(0)
     print("# Where a Turnstile call's CPU goes (py-spy on the server)")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     what = (
         f"long session, {args.long} turns"
         if args.long
@@ -208,7 +211,7 @@ def main() -> None:
         f"set-up: {what}; fake engine + load generator on core 0, Turnstile on core 1"
         f"{'; py-spy --gil' if args.gil else ''}"
     )
-    with c.workdir("profile") as wd:
+    with _machine.workdir("profile") as wd:
         spy_out = wd / "spy.txt"
         ms = asyncio.run(drive(args, wd, spy_out))
         print(f"Turnstile CPU per call: {ms:.2f} ms")
@@ -219,7 +222,7 @@ def main() -> None:
         if args.raw:
             shutil.copyfile(spy_out, args.raw)
     rows = [[name, n / total * 100, ms * n / total] for name, n in parts.most_common()]
-    print(c.table(["part of the call", "% of samples", "ms per call"], rows))
+    print(_report.table(["part of the call", "% of samples", "ms per call"], rows))
     print(f"({total} samples)")
 
 

@@ -1,19 +1,27 @@
-"""Turnstile on Ray Serve (issue 15): calls/s and CPU per call with 1 and 2 gateway replicas
-behind Serve's HTTP proxy, next to the single-process server, against the fast fake engine.
+"""Turnstile on Ray Serve (issues 15, 28): calls/s and CPU per call with 1 and 2 gateway
+replicas, each reached through Serve's HTTP proxy and directly (a session's base URL naming its
+replica's own port, ``build_app(direct=True)``), next to the single-process server, against the
+fast fake engine.
 
-Set-up (printed with the results): the fake vLLM engine (``_common._fake_app``, token-in
+Set-up (printed with the results): the fake vLLM engine
+(``turnstile.testing.fake_vllm_replay``, token-in
 ``/inference/v1/generate``, 64 token IDs per reply), the agent workload of ``overhead.py`` (the
-official ``openai`` AsyncOpenAI client, sessions of 4 turns named by ``X-Session-Id``, so
-Serve's router keys on them), one local Ray node (``ray.init``, no dashboard). Targets:
+official ``openai`` AsyncOpenAI client, sessions of 4 turns) on session base URLs, as a
+harness is given them: sessions are opened by the trainer before each cell (outside its CPU
+window), each agent takes the next one's ``base_url`` (or, for the Serve row of a direct
+deployment, its ``fallback_base_url``: Serve's proxy). One local Ray node (``ray.init``, no
+dashboard). Targets:
 
 - ``single``: ``turnstile serve`` as one process (uvicorn), the baseline;
-- ``ray-1``, ``ray-2``: ``turnstile.ray.build_app`` with 1 and 2 replicas (one CPU each).
+- ``ray-N serve``: ``turnstile.ray.build_app`` with N replicas (one CPU each), calls through
+  Serve's proxy;
+- ``ray-N direct``: the same deployment, calls on the replicas' own ports.
 
 CPU per call is summed over the processes that serve it: the gateway (``single``); for Ray the
 replicas, the HTTP proxy, and the rest of Ray (controller, raylet, GCS, workers), each shown.
-Ray's routing overhead per call is ``ray-1`` minus ``single``. Store write time per call comes
-from each gateway's own ``/metrics`` (``turnstile_store_write_seconds``); bytes per call from
-the store file.
+Store write time per call comes from each gateway's own ``/metrics``
+(``turnstile_store_write_seconds``, a deployment's two rows together); bytes per call from the
+store file.
 
     python benchmarks/ray_scale.py            # full run (~3 minutes)
     python benchmarks/ray_scale.py --quick    # smoke run
@@ -26,17 +34,17 @@ import asyncio
 import json
 import os
 import sqlite3
-import sys
+from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import _common as c  # noqa: E402
-import httpx  # noqa: E402
-import psutil  # noqa: E402
-from overhead import Agent, Target, run_cell  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+import _machine
+import _report
+import _servers
+import _workload
+import httpx
+import psutil
+from overhead import TURNS, Agent, Target, run_cell
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class RayCPU:
@@ -78,7 +86,7 @@ class RayCPU:
 def metrics_by_replica(url: str, tries: int = 40) -> dict[str, dict[str, float]]:
     """Store write sum/count per replica, from /metrics (Serve spreads these scrapes)."""
     out: dict[str, dict[str, float]] = {}
-    with httpx.Client(headers={"authorization": f"Bearer {c.TOKEN}"}, timeout=30) as http:
+    with httpx.Client(headers={"authorization": f"Bearer {_servers.TOKEN}"}, timeout=30) as http:
         for _ in range(tries):
             for fam in text_string_to_metric_families(http.get(url + "/metrics").text):
                 for s in fam.samples:
@@ -96,20 +104,65 @@ def store_bytes(data: Path) -> tuple[int, int]:
     return (data / "turnstile.sqlite3").stat().st_size, calls
 
 
+class SessionAgent(Agent):
+    """overhead.py's agent on a session's base URL (what a harness is given), each session one
+    the trainer opened ahead; ``run_cell``'s shared client is not used."""
+
+    def __init__(self, base: list[dict], pool: deque, http: httpx.AsyncClient):
+        self.pool, self.http = pool, http
+        super().__init__(base)
+
+    def new_session(self) -> None:
+        import openai
+
+        self.sid, url = self.pool.popleft()
+        self.oa = openai.AsyncOpenAI(
+            base_url=url, api_key="unused", max_retries=2, http_client=self.http
+        )
+        self.msgs = list(self.base)
+        self.turn = 0
+
+    async def call(self, client, mode: str, sizes: list[int], lat: list[float]) -> bool:
+        return await super().call(self.oa, mode, sizes, lat)
+
+
+async def open_sessions(url: str, n: int, field: str) -> deque:
+    """``n`` sessions opened by the trainer: ``(id, base URL)``, the URL from ``field``."""
+    async with httpx.AsyncClient(
+        headers={"authorization": f"Bearer {_servers.TOKEN}"}, timeout=60
+    ) as http:
+        out = deque()
+        for _ in range(n):
+            r = await http.post(url + "/v1/sessions", json={"metadata": {}})
+            r.raise_for_status()
+            s = r.json()
+            out.append((s["id"], s[field]))
+    return out
+
+
 async def drive(
-    target: Target, conc: int, per_agent: int, base: list[dict], cpu: RayCPU | None = None
+    target: Target,
+    conc: int,
+    per_agent: int,
+    base: list[dict],
+    cpu: RayCPU | None = None,
+    field: str = "base_url",
 ) -> dict:
-    """Warm up (connections, trees, code paths), then one measured cell; with ``cpu``, the
-    cell's CPU per call of each Ray role."""
-    target.make_client(conc)
-    target.agents = [Agent(base) for _ in range(conc)]
+    """Open the sessions, warm up (connections, trees, code paths), then one measured cell;
+    with ``cpu``, the cell's CPU per call of each Ray role."""
+    pool = await open_sessions(target.url, conc * ((per_agent + 2) // TURNS + 3), field)
+    http = httpx.AsyncClient(
+        timeout=300,
+        limits=httpx.Limits(max_connections=conc + 16, max_keepalive_connections=conc + 16),
+    )
+    target.agents = [SessionAgent(base, pool, http) for _ in range(conc)]
     await run_cell(target, "plain", conc, 2)
     before = cpu.by_role() if cpu else {}
     row = await run_cell(target, "plain", conc, per_agent)
     if cpu:
         after = cpu.by_role()
         row["parts"] = {k: (after[k] - before[k]) / max(1, row["calls"]) * 1000 for k in after}
-    await target.client.close()
+    await http.aclose()
     return row
 
 
@@ -135,13 +188,14 @@ def ray_target(n: int, fake_url: str, data: Path, port: int, tiny: Path):
             "--data",
             str(data),
             "--served-model-name",
-            c.MODEL_NAME,
+            _workload.MODEL_NAME,
             "--public-url",
             f"http://127.0.0.1:{port}",
         ]
     )
-    args.trainer_token = c.TOKEN
-    serve.run(build_app(replica_options(args), replicas=n), name="turnstile", route_prefix="/")
+    args.trainer_token = _servers.TOKEN
+    app = build_app(replica_options(args), replicas=n, direct=True)
+    serve.run(app, name="turnstile", route_prefix="/")
 
 
 def main() -> None:
@@ -155,22 +209,27 @@ def main() -> None:
     import ray
     from ray import serve
 
-    spec, base = c.reply_spec(64), c.base_messages(pad_to=3500)
-    tiny = c.tiny_qwen2()
-    print("# Turnstile on Ray Serve: 1 vs 2 gateway replicas vs one process")
-    print(f"machine: {c.machine()}")
+    spec, base = _workload.reply_spec(64), _workload.base_messages(pad_to=3500)
+    tiny = _workload.tiny_qwen2()
+    print(
+        "# Turnstile on Ray Serve: 1 vs 2 gateway replicas (Serve's proxy / direct) vs one process"
+    )
+    print(f"machine: {_machine.machine()}")
     print(
         f"workload: {conc} concurrent agents x {per_agent} calls (sessions of 4 turns, 64-token "
-        f"completions), non-streaming, against the fake vLLM engine; nothing pinned"
+        f"completions) on session base URLs, non-streaming, against the fake vLLM engine; "
+        "nothing pinned"
     )
     rows: list[dict] = []
-    with c.workdir("ray-scale") as wd:
+    with _machine.workdir("ray-scale") as wd:
         (wd / "spec.json").write_text(json.dumps(spec))
-        fake, fake_url = c.start_fake(wd / "spec.json", None, wd / "fake.log")
+        fake, fake_url = _servers.start_fake(wd / "spec.json", None, wd / "fake.log")
         try:
-            s, url = c.start_turnstile(fake_url, wd / "single", None, wd / "single.log")
+            s, url = _servers.start_turnstile(fake_url, wd / "single", None, wd / "single.log")
             try:
-                row = asyncio.run(drive(Target("single", url, s, c.TOKEN), conc, per_agent, base))
+                row = asyncio.run(
+                    drive(Target("single", url, s, _servers.TOKEN), conc, per_agent, base)
+                )
                 size, calls = store_bytes(wd / "single")
                 row.update(bytes_per_call=size / calls, parts={"gateway": row["cpu_ms"]})
                 w = metrics_by_replica(url, 1)
@@ -179,26 +238,25 @@ def main() -> None:
             finally:
                 s.stop()
             # the replicas and Serve's proxy import this checkout's turnstile
-            os.environ["PYTHONPATH"] = os.pathsep.join(
-                [str(c.ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-            )
+            os.environ.update(_servers.pythonpath())
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            port = c.free_port()
+            port = _machine.free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             url = f"http://127.0.0.1:{port}"
             cpu = RayCPU()
             for n in (1, 2):
                 data = wd / f"ray-{n}"
                 ray_target(n, fake_url, data, port, tiny)
-                target = Target(f"ray-{n}", url, cpu, c.TOKEN)  # type: ignore[arg-type]
-                row = asyncio.run(drive(target, conc, per_agent, base, cpu))
+                for how, field in (("serve", "fallback_base_url"), ("direct", "base_url")):
+                    target = Target(f"ray-{n} {how}", url, cpu, _servers.TOKEN)  # type: ignore[arg-type]
+                    rows.append(asyncio.run(drive(target, conc, per_agent, base, cpu, field)))
                 size, calls = store_bytes(data)
-                row["bytes_per_call"] = size / calls
                 w = metrics_by_replica(url)
-                row["store_ms"] = {
+                store_ms = {
                     k[:8]: v["sum"] / v["count"] * 1000 for k, v in w.items() if v.get("count")
                 }
-                rows.append(row)
+                for row in rows[-2:]:
+                    row.update(bytes_per_call=size / calls, store_ms=store_ms)
                 serve.delete("turnstile")
             serve.shutdown()
             ray.shutdown()
@@ -218,13 +276,14 @@ def main() -> None:
                 r["p99"],
                 r["cpu_ms"],
                 r["cpu_ms"] - single["cpu_ms"],
+                f"x{r['cpu_ms'] / single['cpu_ms']:.2f}",
                 " ".join(f"{k} {v:.2f}" for k, v in parts.items()),
                 " ".join(f"{v:.2f}" for v in r["store_ms"].values()),
                 r["bytes_per_call"],
             ]
         )
     print(
-        c.table(
+        _report.table(
             [
                 "target",
                 "calls",
@@ -234,12 +293,13 @@ def main() -> None:
                 "p99 ms",
                 "CPU ms/call",
                 "vs single",
+                "ratio",
                 "CPU ms/call by process",
                 "store write ms/call (per replica)",
                 "store bytes/call",
             ],
             table,
-            "\n### 1 vs 2 replicas vs one process\n",
+            "\n### 1 vs 2 replicas, through Serve's proxy and direct, vs one process\n",
         )
     )
     if a.json:

@@ -27,17 +27,15 @@ import time
 from pathlib import Path
 
 import httpx
+from _report import table
+from _workload import tiny_qwen2
+
+from turnstile import testbed
+from turnstile.testing.fake_vllm import VLLMFake
+from turnstile.testing.toy_model import EOS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from _common import table, tiny_qwen2  # noqa: E402
-from fakes.common import EOS  # noqa: E402
-from fakes.vllm_fake import VLLMFake  # noqa: E402
-
-from turnstile import testbed  # noqa: E402
 
 TOKEN = "soak-" + secrets.token_urlsafe(16)
 AUTH = {"authorization": f"Bearer {TOKEN}"}

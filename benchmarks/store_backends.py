@@ -26,24 +26,23 @@ import asyncio
 import multiprocessing
 import random
 import statistics
-import sys
 import threading
 import time
 from array import array
 from pathlib import Path
 from typing import Any
 
+import _machine
+import _report
+import _servers
+import _workload
+import psutil
+import psycopg
+
+from turnstile.store.records import CallRecord
+from turnstile.store.store import Store
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-import _common as c  # noqa: E402
-import psutil  # noqa: E402
-import psycopg  # noqa: E402
-
-from turnstile.store.records import CallRecord  # noqa: E402
-from turnstile.store.store import Store  # noqa: E402
 
 INFO = {
     "model": "qwen2.5-7b-instruct",
@@ -200,7 +199,7 @@ def store_alone(name: str, location: str, pg_pid: int | None, calls: int, thread
         "threads": threads,
         "calls": n,
         "p50 ms": statistics.median(lat) * 1000,
-        "p99 ms": c.pct(lat, 99) * 1000,
+        "p99 ms": _report.pct(lat, 99) * 1000,
         "writer CPU ms": sum(cpu) / n * 1000,
         "db server CPU ms": srv / n * 1000,
         "calls/s": n / wall,
@@ -250,7 +249,7 @@ def fleet_writes(name: str, location: str, procs: int, calls: int) -> dict:
         "writer processes": procs,
         "calls": len(lat),
         "p50 ms": statistics.median(lat) * 1000,
-        "p99 ms": c.pct(lat, 99) * 1000,
+        "p99 ms": _report.pct(lat, 99) * 1000,
         "commits/s (all)": len(lat) / wall,
     }
 
@@ -258,7 +257,7 @@ def fleet_writes(name: str, location: str, procs: int, calls: int) -> dict:
 class WithDatabase:
     """A gateway server whose CPU counts with its database server's (for overhead.Target)."""
 
-    def __init__(self, server: c.Server, pg_pid: int):
+    def __init__(self, server: _machine.Server, pg_pid: int):
         self.server, self.pg_pid = server, pg_pid
         self.db_cpu = 0.0
 
@@ -277,20 +276,20 @@ def end_to_end(pg_url: str, pg_pid: int, quick: bool, wd: Path) -> list[dict]:
     import overhead as o
 
     spec = wd / "spec.json"
-    spec.write_text(json.dumps(c.reply_spec(64)))
-    fake, fake_url = c.start_fake(spec, o.LOADGEN_CPU, wd / "fake.log")
+    spec.write_text(json.dumps(_workload.reply_spec(64)))
+    fake, fake_url = _servers.start_fake(spec, o.LOADGEN_CPU, wd / "fake.log")
     servers: list = [fake]
     try:
-        lite, lite_url = c.start_turnstile(fake_url, wd / "data", o.PROXY_CPU, wd / "ts.log")
-        pg, pg_gw = c.start_turnstile(fake_url, pg_url, o.PROXY_CPU, wd / "ts-pg.log")
+        lite, lite_url = _servers.start_turnstile(fake_url, wd / "data", o.PROXY_CPU, wd / "ts.log")
+        pg, pg_gw = _servers.start_turnstile(fake_url, pg_url, o.PROXY_CPU, wd / "ts-pg.log")
         servers += [lite, pg]
         targets = [
-            o.Target("turnstile-sqlite", lite_url, lite, c.TOKEN),
-            o.Target("turnstile-pg", pg_gw, pg, c.TOKEN),
-            o.Target("turnstile-pg+db", pg_gw, WithDatabase(pg, pg_pid), c.TOKEN),
+            o.Target("turnstile-sqlite", lite_url, lite, _servers.TOKEN),
+            o.Target("turnstile-pg", pg_gw, pg, _servers.TOKEN),
+            o.Target("turnstile-pg+db", pg_gw, WithDatabase(pg, pg_pid), _servers.TOKEN),
         ]
         concs = [2] if quick else [1, 32]
-        base = c.base_messages(pad_to=3500)
+        base = _workload.base_messages(pad_to=3500)
         return asyncio.run(o.measure(targets, ["plain"], concs, quick, base, fake_url, 0.0))
     finally:
         for s in reversed(servers):
@@ -301,13 +300,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
-    from beds.postgres import PostgresServer
+    from turnstile.testing.postgres import PostgresServer
 
     print("# The record store per call: SQLite file vs PostgreSQL (loopback, fsync on)")
-    print(f"machine: {c.machine()}")
+    print(f"machine: {_machine.machine()}")
     server = PostgresServer().start()
     try:
-        with c.workdir("store-backends") as wd:
+        with _machine.workdir("store-backends") as wd:
             calls = 200 if args.quick else 4000
             rows = []
             for threads in (1, 8):
@@ -315,14 +314,18 @@ def main() -> None:
                 rows.append(store_alone("sqlite", lite, None, calls, threads))
                 pg = server.database()
                 rows.append(store_alone("postgres", pg, server.proc.pid, calls, threads))
-            print(c.table(list(rows[0]), [list(r.values()) for r in rows], "## 1. The store alone"))
+            print(
+                _report.table(
+                    list(rows[0]), [list(r.values()) for r in rows], "## 1. The store alone"
+                )
+            )
             fleet = []
             for procs in (1, 4):
                 n = (100 if args.quick else 1000) // procs
                 fleet.append(fleet_writes("sqlite", str(wd / f"fleet{procs}"), procs, n))
                 fleet.append(fleet_writes("postgres", server.database(), procs, n))
             print(
-                c.table(
+                _report.table(
                     list(fleet[0]),
                     [list(r.values()) for r in fleet],
                     "## 1b. Gateway processes writing one store at once (a fleet's replicas)",
@@ -334,7 +337,11 @@ def main() -> None:
                 [r["target"], r["conc"], r["calls"], r["cpu_ms"], r["p50"], r["p99"], r["rps"]]
                 for r in e2e
             ]
-            print(c.table(head, table, "## 2. The gateway end to end (non-streaming agent turns)"))
+            print(
+                _report.table(
+                    head, table, "## 2. The gateway end to end (non-streaming agent turns)"
+                )
+            )
             for conc in sorted({r["conc"] for r in e2e}):
                 got = {r["target"]: r["cpu_ms"] for r in e2e if r["conc"] == conc}
                 lite_ms = got["turnstile-sqlite"]

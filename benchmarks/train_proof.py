@@ -16,7 +16,10 @@ sampled ones, the mismatch between the trainer's logprobs and the behaviour logp
 given (mean |Δ|, k3 KL, max |Δ|), the importance ratio's spread and clip fraction, and the
 mean reward; prints a table, writes JSON and a plot (``docs/train_proof.png``).
 
-    ~/.cache/turnstile/venv/bin/python benchmarks/train_proof.py [--quick]
+    ~/.cache/turnstile/venv/bin/python -m benchmarks.train_proof [--quick]  # from the root
+
+(``-m`` from the root makes ``benchmarks`` and ``tests`` importable, for ``policy_gguf`` and the
+trainers venv.)
         [--model tiny|smollm2] [--seeds 3] [--steps 6] [--tasks 2] [--group-size 4]
 """
 
@@ -37,18 +40,15 @@ from pathlib import Path
 import numpy as np
 import openai
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import turnstile  # noqa: E402
-from benchmarks import policy_gguf  # noqa: E402
-from tests.trainers import venv as trainers_venv  # noqa: E402
-from turnstile import testbed  # noqa: E402
-from turnstile.auth import load_or_create_token  # noqa: E402
-from turnstile.demo import _serve  # noqa: E402
-from turnstile.server.app import create_app  # noqa: E402
-from turnstile.verify import rerendered  # noqa: E402
-from turnstile.wiring import build_gateway  # noqa: E402
+import turnstile
+from benchmarks import policy_gguf
+from tests.trainers import venv as trainers_venv
+from turnstile import testbed
+from turnstile.auth import load_or_create_token
+from turnstile.demo import _serve
+from turnstile.server.app import create_app
+from turnstile.verify import rerendered
+from turnstile.wiring import build_gateway
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"  # the template (hermes tool calls) for both policies
 CLIP = 0.2
@@ -323,6 +323,8 @@ import json, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+ROOT = Path(__file__).resolve().parent.parent
 rows = json.load(open(sys.argv[1]))["rows"]
 fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
 panels = [("mean_abs", "mean |Δ logprob| (train vs behaviour)", True),

@@ -147,8 +147,8 @@ def test_an_abort_counts_each_call_once():
 
 def test_closing_a_session_aborts_its_calls_and_refuses_those_at_the_door():
     async def go() -> tuple[int, list[str | None], str | None, int]:
-        control, closed = PolicyControl(), set()
-        control.is_closed = closed.__contains__
+        control = PolicyControl()
+        closed = control.closed_sessions  # what the app's session index adds to
         step = asyncio.Event()
         seen: list[str | None] = []
 

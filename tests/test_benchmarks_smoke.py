@@ -23,7 +23,7 @@ SCRIPTS = {
     "memory.py": "bytes / recorded token",
     "end_to_end.py": "Turnstile / direct wall time",
     "soak.py": "RSS after close",
-    "ray_scale.py": "1 vs 2 replicas vs one process",
+    "ray_scale.py": "1 vs 2 replicas, through Serve's proxy and direct, vs one process",
     "profile_call.py": "Turnstile CPU per call",
     "store_backends.py": "gateway+database pg/sqlite",
     "group_commit.py": "group / per call: CPU",

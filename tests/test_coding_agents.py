@@ -3,7 +3,7 @@ Anthropic Messages, streamed), Codex CLI (``codex exec``, Responses, streamed) a
 (``openai.chat``, ``openai.responses`` with its default ``store``, ``@ai-sdk/anthropic``), each
 pinned (``turnstile.testbed.NODE_HARNESSES``), given only a base URL, a key and a model name.
 
-The policy is scripted (``tests/fakes/scripted.py``): the engine decodes each prompt with
+The policy is scripted (``turnstile/testing/scripted.py``): the engine decodes each prompt with
 SmolLM2's real tokenizer and samples, in that vocabulary, a tool call in the Qwen2.5 template's
 syntax, then a final answer. So each harness really runs its tool in a scratch directory (a
 ``cat`` of a file holding a fresh random word) and sends the result back. Each test checks
@@ -27,9 +27,9 @@ import httpx
 import pytest
 from conftest import Turnstile
 
-from tests.fakes.scripted import Script, scripted_vllm
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
+from turnstile.testing.scripted import Script, scripted_vllm
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 

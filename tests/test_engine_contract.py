@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fakes.common import EOS, IM_END, FakeServer
-from fakes.sglang_fake import SGLangFake
-from fakes.vllm_fake import VLLMFake
 
 from turnstile import testbed
 from turnstile.engines import Engine, EngineError, Finish, SamplingParams, TokenEvent, make_engine
+from turnstile.testing.fake_server import FakeServer
+from turnstile.testing.fake_sglang import SGLangFake
+from turnstile.testing.fake_vllm import VLLMFake
+from turnstile.testing.toy_model import EOS, IM_END
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -7,10 +7,10 @@ import asyncio
 
 import orjson
 import pytest
-from fakes.common import EOS, IM_END
-from fakes.sglang_fake import SGLangFake
 
 from turnstile.engines import EngineError, SamplingParams, make_engine
+from turnstile.testing.fake_sglang import SGLangFake
+from turnstile.testing.toy_model import EOS, IM_END
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 PROMPT = [3, 1, 4, 1, 5]

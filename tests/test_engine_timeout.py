@@ -13,14 +13,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fakes.common import FakeServer, ToyModel
-from fakes.sglang_fake import SGLangFake
-from fakes.vllm_fake import VLLMFake
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from turnstile.cli import build_parser
+from turnstile.testing.fake_server import FakeServer
+from turnstile.testing.fake_sglang import SGLangFake
+from turnstile.testing.fake_vllm import VLLMFake
+from turnstile.testing.toy_model import ToyModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

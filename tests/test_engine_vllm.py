@@ -10,12 +10,12 @@ import sys
 
 import orjson
 import pytest
-from fakes.common import EOS, IM_END
-from fakes.vllm_fake import VLLMFake
 
 from turnstile.engines import EngineError, Finish, SamplingParams, VLLMEngine, make_engine
 from turnstile.engines.http import EngineUnusable
 from turnstile.testbed import free_port
+from turnstile.testing.fake_vllm import VLLMFake
+from turnstile.testing.toy_model import EOS, IM_END
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 PROMPT = [5, 6, 7, 8, 9]

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fakes.vllm_fake import VLLMFake
 
 from turnstile import testbed
+from turnstile.testing.fake_vllm import VLLMFake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

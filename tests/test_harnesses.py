@@ -19,9 +19,7 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from importlib.metadata import version
 from pathlib import Path
 from typing import Literal
@@ -30,10 +28,10 @@ import httpx
 import httpx2
 import openai
 import pytest
-from conftest import Relay, _relay_handler
 
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
+from turnstile.testing.relay import Relay, start_relay
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
@@ -70,9 +68,7 @@ WIRE = Relay("")
 def engine(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("smollm2") / "llama-server.log"
     with testbed.llama_server(smollm2, ctx=16384, parallel=2, log=log) as url:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _relay_handler(url, WIRE))
-        WIRE.url = f"http://127.0.0.1:{server.server_address[1]}"
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        _, server = start_relay(url, WIRE)
         yield WIRE.url
         server.shutdown()
         server.server_close()

@@ -37,7 +37,7 @@ from turnstile.parsing import (
 )
 from turnstile.parsing.grammar import supports, tool_call_grammar
 from turnstile.parsing.jsonlist import ListSpec
-from turnstile.parsing.registry import family
+from turnstile.parsing.registry import family, format_class
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +48,7 @@ ACME = Family(
     grammar=JsonGrammar("<acme:call>", "arguments", "</acme:call>", separator="\n"),
     id_style="mistral9",
     patches=(TemplatePatch("acme-stable", "test repair", "{{ unstable }}", "{{ stable }}"),),
+    ends=("<acme:end>",),
 )
 
 ACME_TEMPLATE = (
@@ -127,6 +128,21 @@ def test_declared_family_patches_its_template(acme: Family) -> None:
     assert apply_patches(ACME_TEMPLATE, enabled=False) == (ACME_TEMPLATE, [])
 
 
+def test_declared_family_ends_stop_generation(acme: Family) -> None:
+    """A tokenizer's token with the text of a declared end-of-turn marker is an end token: the
+    chat layer reads the family records (``turnstile.families``), not a list of its own."""
+    import tokenizers
+
+    from turnstile.chat.loaded_tokenizer import eog_ids
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0}, unk_token="a"))
+    tok.add_special_tokens(["<acme:end>", "<acme:other>"])
+    end, other = tok.token_to_id("<acme:end>"), tok.token_to_id("<acme:other>")
+    assert end in eog_ids(tok, None, ()) and other not in eog_ids(tok, None, ())
+    unregister_family(acme.name)
+    assert end not in eog_ids(tok, None, ())
+
+
 def test_declared_family_grammar(acme: Family) -> None:
     assert supports("acme")
     g = tool_call_grammar("acme", TOOLS, "get_weather", parallel=True)
@@ -189,9 +205,7 @@ SHARED = {
     "base",
     "call_ids",
     "detect",
-    "families",
     "family",
-    "family_specs",
     "grammar",
     "jsoncalls",
     "jsonlist",
@@ -212,7 +226,7 @@ def test_parser_modules_exist_only_for_code_and_carry_their_family_name() -> Non
     assert modules == with_code
     for f in families():
         if f.name in with_code:
-            assert f.parser_class.__module__ == f"turnstile.parsing.{f.name}"
+            assert format_class(f.name).__module__ == f"turnstile.parsing.{f.name}"
 
 
 @pytest.mark.timeout(300)

@@ -23,11 +23,11 @@ import httpx
 import openai
 import orjson
 import pytest
-from fakes import chat as toychat
-from fakes.sglang_fake import SGLangFake
-from fakes.vllm_fake import MODEL, VLLMFake
 
 from turnstile import testbed
+from turnstile.testing import toychat
+from turnstile.testing.fake_sglang import SGLangFake
+from turnstile.testing.fake_vllm import MODEL, VLLMFake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,11 +1,15 @@
 """Turnstile on Ray Serve (issue 15): a local Ray cluster (a head and a worker node, as
-processes on this machine), 2 gateway replicas behind Serve's HTTP proxy, 2 llama-servers
-behind recording relays, multi-turn sessions through the official openai client.
+processes on this machine), 2 gateway replicas behind Serve's HTTP proxy, each also serving
+on its own port (``direct``, issue 28), 2 llama-servers behind recording relays, multi-turn
+sessions through the official openai client: half of them on their base URL (the owning
+replica's own port), half on their fallback base URL (Serve's proxy).
 
 Checked against what the engines received and sampled (the relays), and against the records:
 every trajectory is exactly the engine's prompt and sampled tokens; every session's calls were
-recorded by one replica; a replica killed with calls in flight fails them with a retryable
-5xx, and the retried calls extend the last acknowledged call on the other replica."""
+recorded by one replica, the one Serve's ring gives it and its base URL names; a replica
+killed with calls in flight fails them (a retryable 5xx through Serve, a dropped connection on
+its own port), and the retried calls (through Serve) extend the last acknowledged call on the
+other replica."""
 
 from __future__ import annotations
 
@@ -19,9 +23,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import Relay, _relay_handler
 
 from turnstile import testbed
+from turnstile.testing.relay import Relay, relay_handler
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -51,7 +55,7 @@ class Gate:
 
 def gated_relay(upstream: str, gate: Gate) -> tuple[Relay, ThreadingHTTPServer]:
     rel = Relay("")
-    base = _relay_handler(upstream, rel)
+    base = relay_handler(upstream, rel)
 
     class Handler(base):  # type: ignore[misc, valid-type]
         def do_POST(self) -> None:  # noqa: N802
@@ -96,9 +100,14 @@ def fleet(
         ray.init(address=cluster.address, log_to_driver=False)
         port = testbed.free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # the replicas' own ports: on their node's address (a loopback --host would keep
+        # them to the driver's node)
+        node_ip = ray.util.get_node_ip_address()
         args = build_parser().parse_args(
             [
                 "serve",
+                "--host",
+                node_ip,
                 *(a for r, _ in relays for a in ("--engine-url", r.url)),
                 "--model",
                 str(tiny_qwen2),
@@ -110,7 +119,8 @@ def fleet(
             ]
         )
         args.trainer_token = TOKEN
-        serve.run(build_app(replica_options(args), replicas=2), name="turnstile", route_prefix="/")
+        app = build_app(replica_options(args), replicas=2, direct=True)
+        serve.run(app, name="turnstile", route_prefix="/")
         try:
             yield {
                 "url": f"http://127.0.0.1:{port}",
@@ -189,10 +199,17 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
     convs = {
         s["id"]: [{"role": "user", "content": f"task {i}: start"}] for i, s in enumerate(sessions)
     }
-    clients = {
-        s["id"]: openai.OpenAI(base_url=s["base_url"], api_key="unused", max_retries=0)
-        for s in sessions
-    }
+    # a session's base URL names a replica's own port; its fallback is Serve's proxy
+    for s in sessions:
+        assert not s["base_url"].startswith(url + "/"), s["base_url"]
+        assert s["fallback_base_url"] == f"{url}/s/" + s["base_url"].split("/s/", 1)[1]
+    direct = {s["id"] for i, s in enumerate(sessions) if i % 2 == 0}  # the rest: through Serve
+
+    def client(s: dict, fallback: bool = False) -> openai.OpenAI:
+        base = s["fallback_base_url"] if fallback or s["id"] not in direct else s["base_url"]
+        return openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+
+    clients = {s["id"]: client(s) for s in sessions}
 
     def run(sid: str) -> None:
         for _ in range(TURNS):
@@ -211,10 +228,16 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
         owner[sid] = replicas.pop()
     spread = set(owner.values())
     assert len(spread) == 2, spread  # spread over both replicas
-    # ... as Ray's consistent-hash ring places the session's capability (Ray's own hash)
+    # ... as Ray's consistent-hash ring places the session's capability (Ray's own hash),
+    # and the replica its base URL names: one port per replica, whichever way its calls came
     caps = {s["id"]: s["base_url"].split("/s/", 1)[1].split("/", 1)[0] for s in sessions}
-    for sid in convs:
+    port_of: dict[str, str] = {}
+    for s in sessions:
+        sid = s["id"]
         assert owner[sid] == ring_owner(sorted(spread), caps[sid]), sid
+        origin = s["base_url"].split("/s/", 1)[0]
+        assert port_of.setdefault(owner[sid], origin) == origin, (sid, port_of)
+    assert len(set(port_of.values())) == 2, port_of
     # a session closed through the other replica (a trainer route, keyed by a name the ring
     # gives the other one) takes no more calls on its own replica
     sid0 = next(iter(convs))
@@ -229,9 +252,14 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
 
     # kill one replica while a call of each of 4 of its sessions (and 4 of the other's)
     # waits at the engine
+    # (2 of each on the replica's own port, 2 through Serve)
     victim = sorted(spread)[0]
-    mine = [s for s in convs if owner[s] == victim][:4]
-    others = [s for s in convs if owner[s] != victim][:4]
+
+    def pick(on_victim: bool) -> list[str]:
+        ours = [s for s in convs if (owner[s] == victim) == on_victim]
+        return [s for s in ours if s in direct][:2] + [s for s in ours if s not in direct][:2]
+
+    mine, others = pick(True), pick(False)
     gate.open.clear()
     outcomes: dict[str, object] = {}
 
@@ -260,13 +288,27 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
         t.join(120)
     for s in others:
         assert outcomes[s] == "ok", outcomes[s]
+    by_id = {s["id"]: s for s in sessions}
     for s in mine:
         exc = outcomes[s]
-        # Serve's proxy answers 500 for a request whose replica died: one the openai client
-        # retries by default (here the harness retries by hand, to check the retry)
-        assert isinstance(exc, openai.InternalServerError) and exc.status_code == 500, exc
+        if s in direct:
+            # the replica's own port went with it: the connection dropped (the openai client
+            # retries that by default, to the same URL: gone); the harness goes on at the
+            # session's fallback base URL, through Serve's proxy
+            assert isinstance(exc, openai.APIConnectionError), exc
+            clients[s] = client(by_id[s], fallback=True)
+        else:
+            # Serve's proxy answers 500 for a request whose replica died: one the openai
+            # client retries by default (here the harness retries by hand, to check the retry)
+            assert isinstance(exc, openai.InternalServerError) and exc.status_code == 500, exc
         # the harness retries: the same messages, now on the other replica
         turn(clients[s], convs[s], no_end_bias)
+    # the victim's other sessions on its port find it gone, and go on through Serve too
+    for sid in convs:
+        if owner[sid] == victim and sid in direct and sid not in mine:
+            with pytest.raises(openai.APIConnectionError):
+                turn(clients[sid], convs[sid], no_end_bias)
+            clients[sid] = client(by_id[sid], fallback=True)
     # every session goes on exactly; nothing acknowledged was lost
     for sid in convs:
         turn(clients[sid], convs[sid], no_end_bias)

@@ -1,7 +1,8 @@
-"""``turnstile serve --ray`` as an operator runs it: it starts a Ray instance on this machine,
-serves 2 gateway replicas behind Serve's HTTP proxy, answers a harness (the openai client)
-and the trainer, labels /metrics with Serve's replica ids, and stops on SIGTERM taking its
-Ray processes with it."""
+"""``turnstile serve --ray --ray-direct`` as an operator runs it: it starts a Ray instance on
+this machine, serves 2 gateway replicas behind Serve's HTTP proxy (each also on its own
+port), answers a harness (the openai client, on the session's base URL: its replica's port,
+and on its fallback base URL: Serve's proxy) and the trainer, labels /metrics with Serve's
+replica ids, and stops on SIGTERM taking its Ray processes with it."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
                 "2",
                 "--ray-replica-cpus",
                 "0.5",
+                "--ray-direct",
                 "--engine-url",
                 relay.url,
                 "--model",
@@ -64,17 +66,31 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
     try:
         testbed.wait_healthy(url + "/v1/models", proc, timeout=180, headers=AUTH)
         s = httpx.post(url + "/v1/sessions", json={"metadata": {}}, headers=AUTH).json()
-        assert s["base_url"] == f"{url}/s/" + s["base_url"].split("/s/")[1]
-        oa = openai.OpenAI(base_url=s["base_url"], api_key="unused", max_retries=0)
-        r = oa.chat.completions.create(
-            model="m",
-            max_tokens=3,
-            logit_bias=no_end_bias,
-            messages=[{"role": "user", "content": "hi"}],
-        )
-        (call,) = httpx.get(f"{url}/v1/sessions/{s['id']}/calls", headers=AUTH).json()["data"]
-        assert call["completion_ids"] == relay.completions()[-1].response["tokens"]
-        assert r.usage.completion_tokens == 3
+        # the base URL names a replica's own port (on loopback, as --host); the fallback is
+        # Serve's proxy, the address the operator gave
+        assert s["fallback_base_url"] == f"{url}/s/" + s["base_url"].split("/s/")[1]
+        direct = s["base_url"].split("/s/")[0]
+        assert direct.startswith("http://127.0.0.1:") and direct != url
+        # the direct port asks for the same credentials as Serve's proxy
+        assert httpx.get(direct + "/v1/sessions").status_code == 401
+        assert httpx.get(direct + "/metrics", headers=AUTH).status_code == 200
+        msgs = [{"role": "user", "content": "hi"}]
+        for base in (s["base_url"], s["fallback_base_url"]):
+            oa = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+            r = oa.chat.completions.create(
+                model="m", max_tokens=3, logit_bias=no_end_bias, messages=msgs
+            )
+            assert r.usage.completion_tokens == 3
+            msgs = [*msgs, r.choices[0].message.model_dump(include={"role", "content"})]
+            msgs.append({"role": "user", "content": "more"})
+        first, call = httpx.get(f"{url}/v1/sessions/{s['id']}/calls", headers=AUTH).json()["data"]
+        sent = relay.completions()
+        assert [first["completion_ids"], call["completion_ids"]] == [
+            e.response["tokens"] for e in sent[-2:]
+        ]
+        # one replica recorded both: the one Serve's ring gives the session, which its base
+        # URL names
+        assert first["replica"] == call["replica"] and call["parent_id"] == first["id"]
         # both replicas answer /metrics (Serve spreads requests without a session), each
         # with its own Serve replica id; the one that recorded the call counted it
         seen: dict[str, float] = {}
@@ -86,8 +102,8 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
                 for sample in fam.samples:
                     if sample.name == "turnstile_sampled_tokens_total":
                         seen[sample.labels["replica"]] = sample.value
-        assert call["replica"] in seen and seen[call["replica"]] == 3
-        assert sum(seen.values()) == 3 and ":" not in call["replica"]  # not host:pid
+        assert call["replica"] in seen and seen[call["replica"]] == 6
+        assert sum(seen.values()) == 6 and ":" not in call["replica"]  # not host:pid
         ray_procs += [
             p
             for p in psutil.Process(proc.pid).children(recursive=True)

@@ -98,3 +98,26 @@ def test_the_app_has_the_router_and_the_bounds_asked_for():
     assert (bounds.min_replicas, bounds.max_replicas, bounds.target_ongoing_requests) == (2, 6, 8)
     with pytest.raises(ValueError, match="token-in"):
         build_app({"mode": "passthrough"})
+
+
+def test_a_replica_asks_the_router_by_session_key():
+    from types import SimpleNamespace
+
+    from turnstile.ray.routing import SESSION_KWARG, SessionRouter
+
+    router = object.__new__(SessionRouter)  # _routing_key reads only the request
+    cap = "cap_" + "k" * 43
+    asked = SimpleNamespace(args=[], kwargs={SESSION_KWARG: cap})
+    assert router._routing_key(asked) == cap
+    assert router._routing_key(None) is None
+
+
+def test_where_a_direct_replica_listens():
+    import ray
+
+    from turnstile.ray.app import direct_host
+
+    # a loopback --host keeps the replicas' ports on loopback (no driver node named: any)
+    assert direct_host("127.0.0.1", {"driver_node": None}) == "127.0.0.1"
+    # otherwise the replica's node address (not 0.0.0.0: an address a harness can dial)
+    assert direct_host("0.0.0.0", {}) == ray.util.get_node_ip_address()

@@ -15,7 +15,8 @@ import httpx
 import pytest
 from fakes import sglang_golden as g
 from fakes import vllm_golden as compare
-from fakes.sglang_fake import MODEL, SGLangFake
+
+from turnstile.testing.fake_sglang import MODEL, SGLangFake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NAMES = [c.name for c in g.cases(MODEL)]

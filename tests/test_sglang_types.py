@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fakes.sglang_fake import SAMPLING_FIELDS, SGLangFake
 
 from turnstile.engines import SamplingParams, SGLangEngine
 from turnstile.testbed_sglang import sglang_package
+from turnstile.testing.fake_sglang import SAMPLING_FIELDS, SGLangFake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

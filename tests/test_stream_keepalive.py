@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.vllm_fake import VLLMFake
+from turnstile.testing.fake_vllm import VLLMFake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fakes.common import EOS
-from fakes.vllm_fake import MODEL, VLLMFake
 
 from turnstile import testbed
+from turnstile.testing.fake_vllm import MODEL, VLLMFake
+from turnstile.testing.toy_model import EOS
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
@@ -487,9 +487,8 @@ def test_disk_full(tiny_qwen2, servers, tmp_path):
 
 
 _FAKE_MAIN = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from fakes.vllm_fake import VLLMFake
+import time
+from turnstile.testing.fake_vllm import VLLMFake
 f = VLLMFake("0.33.0").start()
 f.token_delay = 0.05
 print(f.url, flush=True)
@@ -499,10 +498,8 @@ while True:
 
 
 def test_engine_killed_mid_stream(tiny_qwen2, servers):
-    tests = str(Path(__file__).parent)
-    eng = subprocess.Popen(
-        [sys.executable, "-c", _FAKE_MAIN.format(tests=tests)], stdout=subprocess.PIPE, text=True
-    )
+    # the child imports this checkout's turnstile.testing through $PYTHONPATH (conftest)
+    eng = subprocess.Popen([sys.executable, "-c", _FAKE_MAIN], stdout=subprocess.PIPE, text=True)
     try:
         engine_url = eng.stdout.readline().strip()
         ts = servers(engine_url, tiny_qwen2)

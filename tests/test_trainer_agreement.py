@@ -24,29 +24,25 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
+from trainers import venv as trainers_venv
+
+from benchmarks import policy_gguf
+from turnstile import testbed
+from turnstile.auth import load_or_create_token
+from turnstile.client import AsyncClient
+from turnstile.demo import _serve
+from turnstile.server.app import create_app
+from turnstile.store.trajectories import Trajectory, stitch
+from turnstile.verify import rerendered
+from turnstile.wiring import build_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-
-from trainers import venv as trainers_venv  # noqa: E402
-
-from benchmarks import policy_gguf  # noqa: E402
-from turnstile import testbed  # noqa: E402
-from turnstile.auth import load_or_create_token  # noqa: E402
-from turnstile.client import AsyncClient  # noqa: E402
-from turnstile.demo import _serve  # noqa: E402
-from turnstile.server.app import create_app  # noqa: E402
-from turnstile.store.trajectories import Trajectory, stitch  # noqa: E402
-from turnstile.verify import rerendered  # noqa: E402
-from turnstile.wiring import build_gateway  # noqa: E402
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 

@@ -15,21 +15,18 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 from array import array
 from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
 import pytest
+from trainers import venv as trainers_venv
 
 from turnstile.converters import areal, openrlhf, prime_rl, skyrl, slime, tinker, verl
 from turnstile.store.records import CallRecord
 from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainers import venv as trainers_venv  # noqa: E402
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 

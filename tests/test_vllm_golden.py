@@ -12,7 +12,8 @@ from __future__ import annotations
 import httpx
 import pytest
 from fakes import vllm_golden as g
-from fakes.vllm_fake import MODEL, VLLMFake
+
+from turnstile.testing.fake_vllm import MODEL, VLLMFake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -6,15 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import serve_options
 from .chat.audit import audit
 from .chat.patches import apply_patches
 from .chat.render import Renderer
 from .chat.template import ChatTemplate
 from .chat.tokenizer import load_tokenizer
-from .engines import KINDS, capture_kind
-from .engines.http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S
-from .parsing import tool_formats
-from .server.limits import Limits
+from .engines import capture_kind
 from .wiring import build_renderer, server_from_args
 
 
@@ -151,28 +149,6 @@ def testbed_command(args: argparse.Namespace) -> None:
         print(f"{k}: {v}")
 
 
-def _seconds(value: str) -> float:
-    """A positive number of seconds (argparse type)."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {value!r}")
-    return seconds
-
-
-def _fraction(value: str) -> float:
-    """A number in [0, 1] (argparse type)."""
-    try:
-        f = float(value)
-    except ValueError:
-        f = -1.0
-    if not 0.0 <= f <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, not {value!r}")
-    return f
-
-
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     args.func(args)
@@ -184,217 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the gateway in front of an engine")
-    s.add_argument(
-        "--engine",
-        choices=KINDS,
-        default="llama-cpp",
-        help="the inference engine behind --engine-url (default: llama-cpp)",
-    )
-    s.add_argument(
-        "--mode",
-        choices=["token-in", "passthrough"],
-        default="token-in",
-        help="token-in: render prompts here and send token IDs (exact); passthrough: "
-        "forward messages to the engine's /v1/chat/completions and record the "
-        "token IDs it reports (vLLM, or SGLang with --engine sglang); drift is "
-        "detected, not prevented",
-    )
-    s.add_argument(
-        "--engine-url",
-        required=True,
-        action="append",
-        help="engine base URL; repeat it (or give @FILE, one URL a line) for "
-        "replicas: sessions stick to one, dead replicas are avoided",
-    )
-    s.add_argument(
-        "--model",
-        required=True,
-        help="GGUF file, Hugging Face model directory, or hub id in the local cache "
-        "(passthrough: the model name to report, as the engine serves it)",
-    )
-    s.add_argument(
-        "--engine-timeout",
-        type=_seconds,
-        default=ENGINE_TIMEOUT_S,
-        metavar="SECONDS",
-        help="how long one engine call may take, from sending it to its last token (a "
-        "call that runs past it is a 504 to the harness, recorded as an error, and the "
-        f"engine is told to stop it; default: {ENGINE_TIMEOUT_S:g})",
-    )
-    s.add_argument(
-        "--engine-connect-timeout",
-        type=_seconds,
-        default=CONNECT_TIMEOUT_S,
-        metavar="SECONDS",
-        help="how long a new connection to the engine may take (an engine that refuses "
-        "connections fails at once; one starved under load may take seconds to accept); "
-        f"default: {CONNECT_TIMEOUT_S:g}",
-    )
-    s.add_argument("--chat-template", help="Jinja file overriding the model's template")
-    s.add_argument(
-        "--served-model-name",
-        help="the model name reported to harnesses (default: the --model's name)",
-    )
-    s.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default: 127.0.0.1, this machine only)",
-    )
-    s.add_argument("--port", type=int, default=8400, help="port to listen on (default: 8400)")
-    s.add_argument("--public-url", help="base URL harnesses reach this server at")
-    s.add_argument(
-        "--verify-fraction",
-        type=_fraction,
-        default=0.0,
-        metavar="F",
-        help="score this fraction of recorded calls again on the engine, in the background, "
-        "and export the agreement per weight version in /metrics (default: 0, off)",
-    )
-    s.add_argument(
-        "--verify-engine-url",
-        metavar="URL",
-        help="the engine that scores them (default: the replica that served each call)",
-    )
-    s.add_argument(
-        "--verify-threshold",
-        type=float,
-        default=0.05,
-        metavar="DELTA",
-        help="a call whose worst |recorded - recomputed| logprob exceeds this is counted as "
-        "parted, and logged once per weight version (default: 0.05)",
-    )
-    s.add_argument(
-        "--keepalive",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="a stream silent this long (a long prefill, a pause) sends a keep-alive: an SSE "
-        "comment, or a ping event on Messages (default: 10; 0: never)",
-    )
-    s.add_argument(
-        "--token",
-        help="the trainer's token (default: $TURNSTILE_TOKEN, else the "
-        "one in DATA/turnstile.token, generated there with mode "
-        "0600 the first time); harnesses get per-session base URLs",
-    )
-    s.add_argument(
-        "--no-auth",
-        action="store_true",
-        help="no trainer token: every route open (refused unless --host is a loopback address)",
-    )
-    s.add_argument(
-        "--data",
-        default="turnstile-data",
-        help="directory for the record store, created if missing (default: ./turnstile-data)",
-    )
-    s.add_argument(
-        "--store",
-        metavar="URL",
-        help="keep the records in PostgreSQL instead of --data's SQLite file "
-        "(postgresql://user@host/db; a fleet of gateways shares one; the token file stays "
-        "under --data)",
-    )
-    s.add_argument(
-        "--max-body-mb",
-        type=int,
-        default=32,
-        help="largest request body in MiB (larger: 413; default: 32)",
-    )
-    defaults = Limits()
-    s.add_argument(
-        "--max-messages",
-        type=int,
-        default=defaults.max_messages,
-        help="messages in one request (more: 400)",
-    )
-    s.add_argument(
-        "--max-tools", type=int, default=defaults.max_tools, help="tools in one request (more: 400)"
-    )
-    s.add_argument(
-        "--max-string-kb",
-        type=int,
-        default=defaults.max_string >> 10,
-        help="KiB of characters in any one JSON string of a request (more: 400)",
-    )
-    s.add_argument(
-        "--max-depth",
-        type=int,
-        default=defaults.max_depth,
-        help="nesting of objects/arrays in a request (deeper: 400)",
-    )
-    s.add_argument(
-        "--synchronous",
-        choices=["full", "normal"],
-        default="full",
-        help="SQLite durability: full (default) syncs every commit, so an "
-        "acknowledged call survives an OS crash or power loss; normal survives "
-        "a killed process only (faster)",
-    )
-    s.add_argument(
-        "--max-trees",
-        type=int,
-        default=1024,
-        help="session call trees kept in memory (least recently used beyond it are "
-        "dropped and rebuilt from the store on demand)",
-    )
-    s.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error", "critical"],
-        help="server log verbosity (default: warning)",
-    )
-    s.add_argument(
-        "--no-template-patches",
-        action="store_true",
-        help="use the template exactly as shipped (see turnstile/chat/patches.py)",
-    )
-    s.add_argument(
-        "--tool-parser",
-        choices=[*tool_formats(), "none"],
-        help="override the tool-call format detected from the template",
-    )
-    s.add_argument(
-        "--keep-bodies",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="also keep each call's raw request/response body (default: tokens only)",
-    )
-    s.add_argument(
-        "--vllm-api",
-        choices=["auto", "generate", "completions"],
-        default="auto",
-        help="vLLM: /inference/v1/generate (needs --enable-scale-out from 0.31) or "
-        "/v1/completions with token IDs",
-    )
-    s.add_argument(
-        "--engine-logprobs-mode",
-        help="vLLM: the server's --logprobs-mode, if it cannot be read from it",
-    )
-    s.add_argument(
-        "--sglang-original-logprobs",
-        action="store_true",
-        help="SGLang: the server returns logprobs before temperature scaling",
-    )
-    s.add_argument(
-        "--ray",
-        action="store_true",
-        help="run gateway replicas as a Ray Serve application behind Serve's HTTP "
-        "proxy on --host/--port (sessions stick to a replica; see "
-        "docs/scale.md); needs the ray extra",
-    )
-    s.add_argument(
-        "--ray-address",
-        help="the Ray cluster to join (default: $RAY_ADDRESS, else start one on this machine)",
-    )
-    s.add_argument("--ray-replicas", type=int, default=2, help="gateway replicas (default: 2)")
-    s.add_argument("--ray-min-replicas", type=int, help="autoscale: at least this many replicas")
-    s.add_argument("--ray-max-replicas", type=int, help="autoscale: at most this many")
-    s.add_argument(
-        "--ray-replica-cpus",
-        type=float,
-        default=1.0,
-        help="CPUs Ray reserves per replica (default: 1)",
-    )
+    serve_options.add_arguments(s)
     s.set_defaults(func=serve)
 
     a = sub.add_parser(

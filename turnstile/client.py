@@ -62,6 +62,8 @@ class SessionInfo:
     id: str
     base_url: str
     status: str = "open"
+    # on turnstile.ray with direct replicas: Serve's proxy, for when base_url's replica is gone
+    fallback_base_url: str | None = None
     group_id: str | None = None
     sample_index: int | None = None
     task_id: str | None = None

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .testbed import _download, _log, cache_dir, free_port, locked, wait_healthy
+from .testbed import _download, free_port, wait_healthy
+from .testbed_venv import pinned_venv, pip_install
 
 SGLANG = (
     "sglang",
@@ -34,43 +33,17 @@ SGLANG_PYTHON = "python3.11"  # the wheel is built for CPython 3.11
 def sglang_package() -> Path:
     """The installed ``sglang`` package directory of :data:`SGLANG` (its sources), in a venv
     of its own in the cache, installed once without dependencies."""
-    root = cache_dir() / "sglang-venv"
-    done = root / ".installed"
-    pins = "\n".join(SGLANG)
-    found = sorted(root.glob("lib/python*/site-packages/sglang"))
-    if done.exists() and done.read_text() == pins and found:
-        return found[0]
-    with locked(cache_dir() / "sglang-venv.lock"):
-        found = sorted(root.glob("lib/python*/site-packages/sglang"))
-        if done.exists() and done.read_text() == pins and found:
-            return found[0]
-        base = shutil.which(SGLANG_PYTHON)
-        if base is None:
-            raise RuntimeError(f"the SGLang test bed needs {SGLANG_PYTHON} (sglang's wheel)")
+
+    def steps(python: Path) -> list[list[str]]:
         wheel = _download(SGLANG, sdist=False)
-        log = cache_dir() / "sglang-venv.log"
-        _log(f"installing {SGLANG[0]}=={SGLANG[1]} (no dependencies) into {root}; log in {log}")
-        shutil.rmtree(root, ignore_errors=True)
-        started = time.monotonic()
-        python = root / "bin" / "python"
-        with log.open("wb") as out:
-            for cmd in (
-                [base, "-m", "venv", str(root)],
-                [str(python), "-m", "pip", "install", "--no-input", "--no-deps", str(wheel)],
-            ):
-                out.write(f"$ {' '.join(cmd)}\n".encode())
-                out.flush()
-                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                    tail = log.read_text(errors="replace").splitlines()[-20:]
-                    raise RuntimeError(
-                        f"installing {SGLANG[0]}=={SGLANG[1]} failed ({log}):\n" + "\n".join(tail)
-                    )
-            out.write(f"installed in {time.monotonic() - started:.0f} s\n".encode())
-        done.write_text(pins)
-        found = sorted(root.glob("lib/python*/site-packages/sglang"))
-        if not found:
-            raise RuntimeError(f"{SGLANG[0]}=={SGLANG[1]} installed no sglang package in {root}")
-        return found[0]
+        return [[*pip_install(python), "--no-deps", str(wheel)]]
+
+    what = f"{SGLANG[0]}=={SGLANG[1]} (no dependencies)"
+    root = pinned_venv("sglang-venv", SGLANG_PYTHON, SGLANG, steps, what)
+    found = sorted(root.glob("lib/python*/site-packages/sglang"))
+    if not found:
+        raise RuntimeError(f"{SGLANG[0]}=={SGLANG[1]} installed no sglang package in {root}")
+    return found[0]
 
 
 # SGLang's server on this CPU (the opt-in tests/test_sglang_real.py): sglang and sglang-kernel
@@ -95,40 +68,24 @@ def sglang_python() -> Path:
     once, several minutes; pip's output in ``sglang-server-venv.log``)."""
     from .testbed_vllm import vllm_python
 
-    root = cache_dir() / "sglang-server-venv"
-    python = root / "bin" / "python"
-    done = root / ".installed"
-    pins = "\n".join([*SGLANG, *SGLANG_KERNEL, *SGLANG_TORCH, *SGLANG_EXTRAS])
-    if done.exists() and done.read_text() == pins:
-        return python
-    vllm_site = sorted(vllm_python().parent.parent.glob("lib/python*/site-packages"))[0]
-    with locked(cache_dir() / "sglang-server-venv.lock"):
-        if done.exists() and done.read_text() == pins:
-            return python
-        base = shutil.which(SGLANG_PYTHON)
-        if base is None:
-            raise RuntimeError(f"the SGLang test bed needs {SGLANG_PYTHON}")
+    def steps(python: Path) -> list[list[str]]:
         wheel = _download(SGLANG, sdist=False)
-        log = cache_dir() / "sglang-server-venv.log"
-        _log(f"installing SGLang's server into {root}: minutes, once; log in {log}")
-        shutil.rmtree(root, ignore_errors=True)
-        pip = [str(python), "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
         kernel = f"{SGLANG_KERNEL[0]}=={SGLANG_KERNEL[1]}"
-        with log.open("wb") as out:
-            for cmd in (
-                [base, "-m", "venv", str(root)],
-                [*pip, *SGLANG_TORCH],
-                [*pip, "--no-deps", str(wheel), kernel, *SGLANG_EXTRAS],
-            ):
-                out.write(f"$ {' '.join(cmd)}\n".encode())
-                out.flush()
-                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                    tail = log.read_text(errors="replace").splitlines()[-30:]
-                    raise RuntimeError("installing SGLang's server failed:\n" + "\n".join(tail))
+        return [
+            [*pip_install(python), *SGLANG_TORCH],
+            [*pip_install(python), "--no-deps", str(wheel), kernel, *SGLANG_EXTRAS],
+        ]
+
+    def link_vllm(root: Path) -> None:
+        vllm_site = sorted(vllm_python().parent.parent.glob("lib/python*/site-packages"))[0]
         site = sorted(root.glob("lib/python*/site-packages"))[0]
         (site / "zz_vllm_venv.pth").write_text(f"{vllm_site}\n")  # after its own packages
-        done.write_text(pins)
-    return python
+
+    pins = [*SGLANG, *SGLANG_KERNEL, *SGLANG_TORCH, *SGLANG_EXTRAS]
+    root = pinned_venv(
+        "sglang-server-venv", SGLANG_PYTHON, pins, steps, "SGLang's server", after=link_vllm
+    )
+    return root / "bin" / "python"
 
 
 @contextlib.contextmanager

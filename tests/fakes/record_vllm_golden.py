@@ -1,9 +1,10 @@
 """Record a real vLLM's answers to every request shape the fake serves, as golden files.
 
-    python tests/fakes/record_vllm_golden.py                  # starts both servers itself
-    python tests/fakes/record_vllm_golden.py --main URL --defaults URL
+    cd tests && python -m fakes.record_vllm_golden                # starts both servers itself
+    cd tests && python -m fakes.record_vllm_golden --main URL --defaults URL
 
-(the Python of ``./run``'s venv, ``~/.cache/turnstile/venv/bin/python``)
+(the Python of ``./run``'s venv, ``~/.cache/turnstile/venv/bin/python``; ``-m`` from ``tests/``
+makes ``fakes`` importable, the venv gives ``turnstile``)
 
 Both servers run SmolLM2-135M-Instruct from the test bed (``turnstile.testbed_vllm``): the
 main one as ``tests/test_vllm_real.py`` starts it (scale-out, processed logprobs, 2048
@@ -24,10 +25,7 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parents[1]), str(HERE.parents[2])]  # tests/ (fakes.*), this checkout
-
-from fakes import vllm_golden as g  # noqa: E402
+from fakes import vllm_golden as g
 
 
 def record(main: str, defaults: str, out: Path) -> dict:

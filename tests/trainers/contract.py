@@ -98,7 +98,6 @@ def trl(p: dict) -> None:
         RepeatSampler(rows, mini_repeat_count=G, batch_size=len(rows), shuffle=True, seed=p["seed"])
     )
     inputs = [{"task_id": rows[i]} for i in order]
-    sys.path.insert(0, p["repo"])
     from turnstile.converters.trl import to_trl_rollout
 
     out = to_trl_rollout(
@@ -329,7 +328,6 @@ def prime_rl(p: dict) -> None:
 def tinker(p: dict) -> None:
     import tinker as tk
 
-    sys.path.insert(0, p["repo"])
     from turnstile.converters.tinker import to_tinker_datums
 
     datums = p.get("datums") or to_tinker_datums(p["trajs"])

@@ -13,24 +13,7 @@ from dataclasses import dataclass
 
 import tokenizers
 
-# Token texts that end a turn in the chat formats we know of. A control token with one of these
-# texts stops generation even when the file only names a different token as EOS (Qwen's
-# `<|endoftext|>` vs `<|im_end|>`, Llama 3's `<|eot_id|>` vs `<|end_of_text|>`, ...).
-END_OF_TURN_MARKERS: frozenset[str] = frozenset(
-    {
-        "<|im_end|>",
-        "<|eot_id|>",
-        "<|eom_id|>",
-        "<|end|>",
-        "<|return|>",
-        "<|call|>",
-        "<end_of_turn>",
-        "<|endoftext|>",
-        "<|end_of_text|>",
-        "<turn|>",
-        "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek
-    }
-)
+from ..families import end_markers
 
 
 @dataclass(frozen=True)
@@ -96,9 +79,11 @@ def fingerprint_of(tokenizer: tokenizers.Tokenizer, template: str | None) -> str
 def eog_ids(
     tokenizer: tokenizers.Tokenizer, eos_id: int | None, extra: Iterable[int | None]
 ) -> frozenset[int]:
-    """EOS, explicit extra ids and every added token whose text is an end-of-turn marker."""
+    """EOS, explicit extra ids and every added token whose text is an end-of-turn marker
+    (declared on the model families' records)."""
     ids = {i for i in (eos_id, *extra) if i is not None}
+    ends = end_markers()
     for token_id, token in tokenizer.get_added_tokens_decoder().items():
-        if token.content in END_OF_TURN_MARKERS:
+        if token.content in ends:
             ids.add(token_id)
     return frozenset(ids)

@@ -4,13 +4,12 @@ exact text they target, and recorded in every call's template fingerprint.
 Each exists because the template is not prefix-preserving for tool results, which would force
 a new segment on every tool call; ``tests/test_template_audit.py`` shows the stock template
 failing and the patched one passing. A repair is declared on its model family's record
-(``parsing.families``, field ``patches``); this module applies them.
+(``turnstile.families``, field ``patches``); this module applies them.
 """
 
 from __future__ import annotations
 
-from ..parsing.family import TemplatePatch
-from ..parsing.registry import template_patches
+from ..families import TemplatePatch, template_patches
 
 __all__ = ["TemplatePatch", "apply_patches", "template_patches"]
 

@@ -24,16 +24,11 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from .loaded_tokenizer import (
-    END_OF_TURN_MARKERS,
-    LoadedTokenizer,
-    fingerprint_of,
-    pick_named_template,
-)
+from .loaded_tokenizer import LoadedTokenizer, fingerprint_of, pick_named_template
 from .tokenizer_gguf import is_gguf_file, load_gguf
 from .tokenizer_hf import find_hub_snapshot, load_directory
 
-__all__ = ["END_OF_TURN_MARKERS", "LoadedTokenizer", "load_tokenizer"]
+__all__ = ["LoadedTokenizer", "load_tokenizer"]
 
 
 def load_tokenizer(model: str, chat_template: str | None = None) -> LoadedTokenizer:

@@ -14,9 +14,10 @@ import tokenizers
 from gguf import TokenType
 from tokenizers import processors
 
+from ..families import end_markers
 from .gguf_metadata import gguf_tokenizer_dict, read_gguf_tokenizer_metadata
 from .llama_cpp_fixes import apply_llama_cpp_conventions, default_add_special
-from .loaded_tokenizer import END_OF_TURN_MARKERS, LoadedTokenizer, eog_ids, fingerprint_of
+from .loaded_tokenizer import LoadedTokenizer, eog_ids, fingerprint_of
 
 
 def is_gguf_file(path: Path) -> bool:
@@ -76,8 +77,9 @@ def load_gguf(path: Path, source: str) -> LoadedTokenizer:
         template = None
 
     eog = set(eog_ids(backend, eos_id, (token_id("eot_token_id"), token_id("eom_token_id"))))
+    ends = end_markers()
     for i, (text, kind) in enumerate(zip(tokens, token_types, strict=False)):
-        if kind == TokenType.CONTROL and text in END_OF_TURN_MARKERS:
+        if kind == TokenType.CONTROL and text in ends:
             eog.add(i)
 
     return LoadedTokenizer(

@@ -7,14 +7,7 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from ..errors import APIError
 from ..request import Answer, ChatRequest, Streamed
-from ..store.records import CallRecord
-
-
-class CallReader(Protocol):
-    """The one thing a dialect reads from the store: a session's recorded calls (the
-    Responses dialect resolves ``previous_response_id`` and item references from them)."""
-
-    def calls(self, session_id: str) -> list[CallRecord]: ...
+from ..store.contracts import CallReader
 
 
 class Served(Protocol):
@@ -24,7 +17,10 @@ class Served(Protocol):
     def model_name(self) -> str: ...
 
     @property
-    def store(self) -> CallReader: ...
+    def store(self) -> CallReader:
+        """The one thing a dialect reads from the store: a session's recorded calls (the
+        Responses dialect resolves ``previous_response_id`` and item references)."""
+        ...
 
     def parse_request(self, body: object) -> ChatRequest:
         """The internal request, validated as strictly as the gateway's mode needs."""

@@ -17,8 +17,9 @@ import orjson
 
 from ..errors import APIError
 from ..request import Answer, ChatRequest, Streamed
+from ..store.contracts import CallReader
 from ..store.records import CallRecord, new_id
-from .base import CallReader, Routes, Served
+from .base import Routes, Served
 from .chat_request import parse_chat_request
 from .responses_items import call_id, output_items, response_id, response_object
 from .responses_request import bad, chat_body, check_fields, input_messages, namespaces

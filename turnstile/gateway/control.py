@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import APIError
@@ -69,9 +68,10 @@ class PolicyControl:
         self._running.set()
         self._tickets: set[Ticket] = set()
         self._aborting: dict[asyncio.Task, Abort] = {}
-        # Sessions closed (set by the app): a call that waited at the door while its session
-        # was closed is refused when it is let in, so no call of a closed session runs.
-        self.is_closed: Callable[[str], bool] = lambda session_id: False
+        # Sessions closed (the app's session index adds to this set, the same object): a call
+        # that waited at the door while its session was closed is refused when it is let in,
+        # so no call of a closed session runs.
+        self.closed_sessions: set[str] = set()
 
     @property
     def paused(self) -> bool:
@@ -85,7 +85,7 @@ class PolicyControl:
         """Wait while paused, then count the call as running."""
         if not self._running.is_set():
             await self._running.wait()
-        if session_id is not None and self.is_closed(session_id):
+        if session_id is not None and session_id in self.closed_sessions:
             raise SESSION_CLOSED.error()
         return self.enter(session_id)
 

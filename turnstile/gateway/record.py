@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ..engines.base import token_versions
 from ..errors import APIError
 from ..store import database
+from ..store.contracts import SessionOpener
 from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import CallWrite, SessionGone
@@ -83,7 +84,7 @@ def commit(
 
 
 async def create_session(
-    store: Store,
+    store: SessionOpener,
     metadata: dict,
     session_id: str | None = None,
     *,

@@ -41,14 +41,17 @@ class Entry:
 class SessionTrees:
     """Which session's tree is in memory, which is busy, and which to drop."""
 
-    def __init__(self, store: Store, renderer: Renderer, max_trees: int = 1024):
+    def __init__(
+        self, store: Store, renderer: Renderer, max_trees: int = 1024, shared: bool = False
+    ):
+        """``shared``: other processes record calls into this store too (turnstile.ray's
+        replicas, a PostgreSQL store): a cached tree is checked against the store's call
+        count before each use."""
         self.store = store
         self.renderer = renderer
         self.max_trees = max_trees
         self.entries: OrderedDict[str, Entry] = OrderedDict()
-        # Other processes record calls into this store too (turnstile.ray's replicas): a
-        # cached tree is checked against the store's call count before each use.
-        self.shared = False
+        self.shared = shared
 
     def drop(self, session_id: str) -> None:
         """Forget a deleted session's tree (a reused id starts empty)."""

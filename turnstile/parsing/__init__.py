@@ -6,12 +6,12 @@ name. ``detect_format(template_source)`` picks the format, the reasoning tags an
 prompt opened the block, from the chat template; ``FormatChoice.parser(prompt, tools)`` builds
 the Parser for one request.
 
-Every model family is one declared record (``family.Family``) in the table ``families``: its
+Every model family is one declared record (``turnstile.families``, the table ``table``): its
 detection, reasoning tags, parser, grammar, tool-call ID style and template patches; the
 registry, ``detect`` and ``grammar`` derive from it. Most parsers are a ``Regions`` shape over one
 of three shared regions (``tagged``, ``jsonlist``, ``xmlcalls``; see ``base``); a family whose
 syntax needs code has a module named after it. Adding a family that reuses a shape is one row
-in ``families`` (or ``register_family`` with a record declared elsewhere).
+in ``turnstile.families.table`` (or ``register_family`` with a record declared elsewhere).
 
 Guarantees others rely on:
   * ``result()`` equals the concatenation of all deltas from ``feed``/``finish``, and does not
@@ -23,8 +23,8 @@ Guarantees others rely on:
   * The text is the completion without its final stop token (as the gateway decodes it).
 """
 
+from ..families.record import Family, JsonGrammar, Regions, Template, TemplatePatch, XmlGrammar
 from .detect import FormatChoice, detect_format
-from .family import Family, JsonGrammar, Regions, Template, TemplatePatch, XmlGrammar
 from .parser import Parser, parse
 from .reasoning import ThinkSplitter
 from .registry import (

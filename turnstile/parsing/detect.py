@@ -21,8 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..families.record import THINK, Family, Template
 from .call_ids import id_factory
-from .family import THINK, Family, Template
 from .parser import Parser
 from .registry import families, format_class
 

@@ -1,81 +1,25 @@
-"""What one model family declares, as data: the record ``families.FAMILIES`` is a table of.
-
-A family is one tool-call syntax (its name is the ``tool_format``). Its record says how to
-recognise its chat templates and what reasoning tags each implies, how to parse its calls (a
-parser class where the syntax needs code of its own, otherwise a ``Regions`` shape configuring
-one of the shared regions), how to force a call with a grammar, which tool-call IDs its
-template expects and which template repairs it needs. The registry, ``detect`` and ``grammar``
-read these records and nothing else, so a family that reuses an existing shape is one record.
-"""
+"""A family's parser class, built from its record (``turnstile.families``): a ``Regions``
+shape becomes a :class:`ShapedParser` subclass; a class named by ``Code`` is imported from its
+module here (named after the family)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from functools import cached_property
+import importlib
 from typing import ClassVar, cast
 
+from ..families.record import Code, Family, Regions
+from ..families.shapes import ListSpec, TaggedSpec, XmlSpec
 from .base import Region, RegionParser
-from .jsonlist import JsonCallList, ListSpec
-from .tagged import TaggedJsonCall, TaggedSpec
+from .jsonlist import JsonCallList
+from .tagged import TaggedJsonCall
 from .types import ToolCallParser
-from .xmlcalls import XmlCalls, XmlSpec
-
-THINK = ("<think>", "</think>")
+from .xmlcalls import XmlCalls
 
 
-def has(*needles: str) -> Callable[[str], bool]:
-    """A template test: every one of ``needles`` occurs in the template source."""
-    return lambda src: all(n in src for n in needles)
-
-
-@dataclass(frozen=True)
-class Template:
-    """One recognisable kind of chat template of a family, and the reasoning it implies.
-
-    ``matches``: the test on the template source. Reasoning is split when the template holds
-    both ``think`` tags (or when ``think_if`` says so, for templates that assemble their tags
-    from variables); ``think`` None: no reasoning block. ``started_after``: prompt endings that
-    mean the generation prompt already opened the block (default: the open tag). Formats that
-    carry their own reasoning channel (``owns_reasoning``) ignore all three.
-    """
-
-    label: str
-    matches: Callable[[str], bool]
-    think: tuple[str, str] | None = THINK
-    started_after: tuple[str, ...] = ()
-    think_if: Callable[[str], bool] | None = None
-
-
-#: A region kind: a spec of one of the shared regions, or a factory given the opening marker.
-RegionKind = TaggedSpec | ListSpec | XmlSpec | Callable[[str], Region]
-
-
-@dataclass(frozen=True, eq=False)
-class Regions:
-    """A parser shape needing no code: content with call regions opened by markers.
-
-    ``opens``: opening marker -> the region it starts (a ``TaggedSpec``, ``ListSpec`` or
-    ``XmlSpec`` of the shared regions, or a ``Region`` factory). ``drops``: markers removed
-    from content (section wrappers, response tags). ``markers``: further literal markers of
-    the syntax besides those the openers, drops and specs name (for documentation and tests).
-    """
-
-    opens: Mapping[str, RegionKind]
-    drops: tuple[str, ...] = ()
-    markers: tuple[str, ...] = ()
-
-    def all_markers(self) -> tuple[str, ...]:
-        """Every literal marker of the shape, each once (the parser class's ``markers``)."""
-        found: list[str] = [*self.opens, *self.drops]
-        for kind in self.opens.values():
-            if isinstance(kind, XmlSpec):
-                found += kind.markers
-            elif isinstance(kind, TaggedSpec):
-                found += [*kind.closes, *kind.aborts]
-            elif isinstance(kind, ListSpec):
-                found += [*kind.closes, *kind.prefix]
-        return tuple(dict.fromkeys([*found, *self.markers]))
+def resolve(code: Code, module: str) -> type:
+    """The class ``code`` names, from ``turnstile.parsing.<code.module or module>``."""
+    found = importlib.import_module(f"{__package__}.{code.module or module}")
+    return cast("type", getattr(found, code.cls))
 
 
 class ShapedParser(RegionParser):
@@ -91,84 +35,27 @@ class ShapedParser(RegionParser):
             return JsonCallList(marker, kind)
         if isinstance(kind, XmlSpec):
             return XmlCalls(marker, kind, self.tools)
-        return kind(marker)
+        return cast("Region", resolve(kind, kind.module or "")(marker))
 
 
-@dataclass(frozen=True)
-class JsonGrammar:
-    """Forced calls as ``before{"name": NAME, "<args_key>": ARGS}after``.
-
-    ``separator``: what the template writes between parallel calls; None when it renders
-    one call per turn.
-    """
-
-    before: str
-    args_key: str
-    after: str
-    separator: str | None = None
-
-
-@dataclass(frozen=True)
-class XmlGrammar:
-    """Forced calls with one tag per parameter: ``before`` + ``call_open`` (``{name}``) + for
-    each required parameter ``param_open`` (``{key}``), the value, ``param_close`` + then
-    ``call_close`` + ``after``. Values are written as the template does: strings raw,
-    everything else as JSON."""
-
-    before: str
-    after: str
-    call_open: str
-    param_open: str
-    param_close: str
-    call_close: str
-    separator: str | None = None
-
-
-@dataclass(frozen=True)
-class TemplatePatch:
-    """A named text substitution repairing a template (applied where ``old`` occurs)."""
-
-    name: str
-    why: str
-    old: str
-    new: str
-
-
-@dataclass(frozen=True)
-class Family:
-    """Everything Turnstile knows about one tool-call family (see the module docstring).
-
-    ``name``: the ``tool_format``. ``parser``: its parser class, or a ``Regions`` shape.
-    ``detect``: its kinds of template, tried in table order (an empty tuple: chosen only with
-    ``--tool-parser``). ``grammar``: how to force a call (None: ``tool_choice`` "required"
-    or a named function is refused). ``id_style``: tool-call IDs (``parsing.call_ids``).
-    ``patches``: template repairs (``chat.patches``).
-    """
-
-    name: str
-    parser: type[ToolCallParser] | Regions
-    detect: tuple[Template, ...] = ()
-    grammar: JsonGrammar | XmlGrammar | None = None
-    id_style: str = "openai"
-    patches: tuple[TemplatePatch, ...] = ()
-
-    @cached_property
-    def parser_class(self) -> type[ToolCallParser]:
-        """The class to instantiate per completion (built once for a ``Regions`` shape)."""
-        if not isinstance(self.parser, Regions):
-            return self.parser
-        shape = self.parser
-        title = "".join(part.title() for part in self.name.split("_"))
-        cls = type(
-            f"{title}ToolParser",
-            (ShapedParser,),
-            {
-                "__doc__": f"``{self.name}`` tool calls (declared in ``families``).",
-                "__module__": __name__,
-                "shape": shape,
-                "openers": tuple(shape.opens),
-                "drops": shape.drops,
-                "markers": shape.all_markers(),
-            },
-        )
-        return cast("type[ToolCallParser]", cls)
+def parser_class(family: Family) -> type[ToolCallParser]:
+    """The class to instantiate per completion (a ``Regions`` shape's is built here)."""
+    parser = family.parser
+    if isinstance(parser, Code):
+        return cast("type[ToolCallParser]", resolve(parser, family.name))
+    if not isinstance(parser, Regions):
+        return cast("type[ToolCallParser]", parser)
+    title = "".join(part.title() for part in family.name.split("_"))
+    cls = type(
+        f"{title}ToolParser",
+        (ShapedParser,),
+        {
+            "__doc__": f"``{family.name}`` tool calls (declared in ``turnstile.families``).",
+            "__module__": __name__,
+            "shape": parser,
+            "openers": tuple(parser.opens),
+            "drops": parser.drops,
+            "markers": parser.all_markers(),
+        },
+    )
+    return cast("type[ToolCallParser]", cls)

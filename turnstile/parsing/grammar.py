@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import TypeGuard
 
-from .family import JsonGrammar, XmlGrammar
+from ..families.record import JsonGrammar, XmlGrammar
 from .registry import family
 
 _JSON_RULES = r"""
@@ -95,12 +95,6 @@ class _Builder:
             "boolean": '( "true" | "false" )',
             "null": '"null"',
         }.get(str(kind), "value")
-
-
-# Formats whose templates render several calls in one assistant turn, and what they put between
-# two calls (Qwen2.5/Hermes and Qwen3-Coder: "\n" before each "<tool_call>"). Llama 3's JSON
-# calls are one per turn (its templates refuse more).
-PARALLEL_SEPARATOR = {"hermes": '"\\n"', "qwen3_coder": '"\\n"'}
 
 
 def _properties(s: dict) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
+from ..families.specs import HARMONY_ENDS
 from .base import Region, find_first, malformed
 from .markers import split_safe
 from .tagged import TaggedJsonCall, TaggedSpec
@@ -128,7 +129,6 @@ class ChannelParser(ToolCallParser):
 
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
-HARMONY_ENDS = ("<|end|>", "<|call|>", "<|return|>")
 
 
 class HarmonyToolParser(ChannelParser):

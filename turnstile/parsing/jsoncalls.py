@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..families.shapes import ARGS_KEYS
+
 JSON_WS = " \t\n\r"
-ARGS_KEYS = ("arguments", "parameters")
 _DECODER = json.JSONDecoder()
 
 

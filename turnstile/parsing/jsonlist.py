@@ -13,11 +13,9 @@ end keeps the calls already announced and sets ``malformed_tool_call``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..families.shapes import ListSpec
 from .base import Region, find_first, malformed
 from .jsoncalls import (
-    ARGS_KEYS,
     JSON_WS,
     ValueScanner,
     match_head,
@@ -29,31 +27,6 @@ from .types import STATUS_MALFORMED_TOOL_CALL, ArgsDelta, CallEnd, CallStart, Ev
 
 #: Element text examined for a streamable head (as ``hermes.HEAD_LIMIT``).
 HEAD_LIMIT = 1024
-
-
-@dataclass(frozen=True)
-class ListSpec:
-    """How one family writes its list.
-
-    ``closes``: markers ending the list region (empty: it ends after ``]``).
-    ``name_keys``/``args_keys``: member names; ``keyed``: ``{"<name>": {args}}`` elements.
-    ``bare``: objects may follow the opener without ``[`` (then separated by ``seps``).
-    ``prefix``: text allowed (and dropped) between the opener and the list, e.g. "```json".
-    ``strict``: an element that is not a call is malformed (False: it is content, for formats
-    such as Llama-3 where a JSON answer and a call look alike).
-    ``lenient``: an opener not followed by a list is plain content, not a malformed call (for
-    openers that are ordinary words, like Command-R's ``Action:``).
-    """
-
-    closes: tuple[str, ...] = ()
-    name_keys: tuple[str, ...] = ("name",)
-    args_keys: tuple[str, ...] = ARGS_KEYS
-    keyed: bool = False
-    bare: bool = False
-    seps: str = ","
-    prefix: tuple[str, ...] = ()
-    strict: bool = True
-    lenient: bool = False
 
 
 _START, _BETWEEN, _ELEM, _AFTER = "start", "between", "elem", "after"

@@ -13,12 +13,12 @@ from __future__ import annotations
 import ast
 import json
 
+from ..families.specs import LLAMA3_ENDS, PYTHON_TAG
 from .base import Region, RegionParser, literal_node, malformed, parse_expression
 from .jsonlist import JsonCallList, ListSpec
 from .types import ArgsDelta, CallEnd, CallStart, Event
 
-PYTHON_TAG = "<|python_tag|>"
-ENDS = ("<|eom_id|>", "<|eot_id|>")
+ENDS = LLAMA3_ENDS
 JSON_SPEC = ListSpec(
     bare=True, seps=";", args_keys=("parameters", "arguments"), strict=False, lenient=True
 )

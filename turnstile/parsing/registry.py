@@ -1,7 +1,8 @@
-"""The declared families by name, in detection order; parsers are created from them.
+"""Parser classes by family name, built from the declared families (``turnstile.families``).
 
-Filled from ``families.FAMILIES`` on import. ``register_family`` adds one more (a family declared
-elsewhere, e.g. in a test) so that detection, parsing and grammars all see it.
+``register_family`` declares one more family (e.g. in a test) so that detection, parsing and
+grammars all see it; ``register_tool_format`` makes a parser class a ``tool_format`` with no
+detection rule or grammar.
 """
 
 from __future__ import annotations
@@ -9,58 +10,41 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .family import Family, TemplatePatch
+from ..families import registry as declared
+from ..families.record import Family, TemplatePatch
+from .family import parser_class
 from .types import ToolCallParser, ToolSchemas
 
-_FAMILIES: dict[str, Family] = {}
 _CLASSES: dict[str, type[ToolCallParser]] = {}
 
 
 def register_family(family: Family, before: str | None = None) -> Family:
     """Add ``family``; ``before``: the name of a family its templates must be tried before
     (default: after all others)."""
-    known = _FAMILIES.get(family.name)
-    if known is family:
-        return family
-    if known is not None:
-        raise ValueError(f"tool format {family.name!r} is already declared")
-    if before is not None and before not in _FAMILIES:
-        raise ValueError(f"unknown tool format {before!r}")
-    cls = family.parser_class
-    cls.names = (family.name,)
-    items = [(n, f) for n, f in _FAMILIES.items() if n != family.name]
-    at = len(items) if before is None else [n for n, _ in items].index(before)
-    items.insert(at, (family.name, family))
-    _FAMILIES.clear()
-    _FAMILIES.update(items)
-    _CLASSES[family.name] = cls
+    if declared.register(family, before):
+        _CLASSES.pop(family.name, None)
     return family
 
 
 def unregister_family(name: str) -> None:
     """Remove a family added with ``register_family`` (tests clean up with this)."""
-    _FAMILIES.pop(name, None)
+    declared.unregister(name)
     _CLASSES.pop(name, None)
 
 
 def families() -> list[Family]:
     """Every declared family, in detection order."""
-    return list(_FAMILIES.values())
+    return declared.families()
 
 
 def family(name: str) -> Family:
     """The family declared as ``name``; unknown names raise ``ValueError``."""
-    try:
-        return _FAMILIES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown tool format {name!r}; known: {', '.join(tool_formats()) or 'none'}"
-        ) from None
+    return declared.family(name)
 
 
 def template_patches() -> list[TemplatePatch]:
     """Every family's template repairs, in table order."""
-    return [p for f in _FAMILIES.values() for p in f.patches]
+    return declared.template_patches()
 
 
 def register_tool_format(
@@ -74,7 +58,8 @@ def register_tool_format(
             known = _CLASSES.get(name)
             if known is not None and known is not cls:
                 raise ValueError(f"tool format {name!r} already registered by {known.__name__}")
-            register_family(_FAMILIES.get(name) or Family(name, cls))
+            register_family(declared.declared(name) or Family(name, cls))
+            _CLASSES[name] = cls
         cls.names = tuple(names)
         return cls
 
@@ -83,7 +68,7 @@ def register_tool_format(
 
 def tool_formats() -> list[str]:
     """Names accepted as ``tool_format``."""
-    return sorted(_FAMILIES)
+    return declared.names()
 
 
 def create_tool_parser(name: str, tools: list[dict[str, Any]] | None = None) -> ToolCallParser:
@@ -98,16 +83,11 @@ def create_tool_parser(name: str, tools: list[dict[str, Any]] | None = None) -> 
 
 
 def format_class(name: str) -> type[ToolCallParser]:
-    """The parser class registered as ``name`` (for its markers and flags)."""
-    family(name)  # same error for unknown names
-    return _CLASSES[name]
-
-
-def _load() -> None:
-    from .families import FAMILIES
-
-    for declared in FAMILIES:
-        register_family(declared)
-
-
-_load()
+    """The parser class of the family ``name`` (for its markers and flags), built (or
+    imported) on first use."""
+    cls = _CLASSES.get(name)
+    if cls is None:
+        cls = parser_class(family(name))  # same error for unknown names
+        cls.names = (name,)
+        _CLASSES[name] = cls
+    return cls

@@ -15,34 +15,11 @@ but set the status.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
+from ..families.shapes import TaggedSpec
 from .base import Region, find_first, is_json_object, malformed
 from .jsoncalls import ValueScanner
 from .markers import split_safe
 from .types import STATUS_MALFORMED_TOOL_CALL, ArgsDelta, CallEnd, CallStart, Event, Issue, Text
-
-
-@dataclass(frozen=True)
-class TaggedSpec:
-    """How one family writes a call after its opening marker.
-
-    ``headers``: regexes, the first that fully matches the header gives group ``name``.
-    ``closes``: markers ending the call (empty: the call ends with its JSON value).
-    ``tail``: regex the text between the arguments and the close marker may hold.
-    ``aborts``: markers that, seen where a close marker is awaited, end the call early
-    (the next call's opener when a model skips the close).
-    ``close_at_end``: the completion may end instead of the close marker (when the close
-    marker is the stop token, which is not part of the parsed text: gpt-oss ``<|call|>``).
-    """
-
-    headers: tuple[re.Pattern[str], ...] = ()
-    closes: tuple[str, ...] = ()
-    tail: re.Pattern[str] = re.compile(r"\s*")
-    aborts: tuple[str, ...] = ()
-    close_at_end: bool = False
-
 
 _HEADER, _ARGS, _TAIL = "header", "args", "tail"
 

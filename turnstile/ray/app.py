@@ -7,6 +7,10 @@ or the node's SQLite file under ``--data`` (replicas on one node). A replica who
 calls were also recorded elsewhere (its replica died, or the ring moved the session) sees the
 store's call count differ from its cached tree and rebuilds the tree from the store, so the
 next call extends the last acknowledged call exactly (``docs/scale.md``).
+
+With ``direct`` (``turnstile serve --ray --ray-direct``) each replica also serves its app on
+its own port and a session's base URL names its owning replica there, Serve's proxy being
+the fallback (``turnstile.ray.direct``).
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve.config import AutoscalingConfig
 
+from ..auth import is_loopback
 from ..gateway.token_in import Gateway
-from ..wiring import Server, server_from_args, share
+from ..wiring import Server, server_from_args
+from .direct import DirectServer, Owners
 
 DEPLOYMENT = "turnstile"
 ROUTER = "turnstile.ray.routing:SessionRouter"  # imported by Serve's proxies
@@ -34,20 +41,51 @@ _PATHS = ("data", "model", "chat_template")
 
 
 class GatewayReplica:
-    """One gateway: the app ``turnstile serve`` would run, built in the replica's process."""
+    """One gateway: the app ``turnstile serve`` would run, built in the replica's process;
+    with ``direct`` (``{"driver_node": ...}``) also served on a port of its own."""
 
-    def __init__(self, options: dict):
-        replica = serve.get_replica_context().replica_id.unique_id
+    async def __init__(self, options: dict, direct: dict | None = None):  # type: ignore[misc]
+        context = serve.get_replica_context()
+        replica = context.replica_id.unique_id
         os.environ["TURNSTILE_REPLICA"] = replica  # the metrics' replica label
-        self.server: Server = server_from_args(argparse.Namespace(**options))
+        owners = Owners(DEPLOYMENT, context.app_name) if direct is not None else None
+        self.server: Server = server_from_args(
+            argparse.Namespace(**options),
+            record_fields={"replica": replica},  # which replica recorded a call
+            session_origin=owners.origin if owners else None,
+            shared=True,  # other replicas write this store too
+        )
         gateway = self.server.gateway
         if not isinstance(gateway, Gateway):
             raise ValueError("turnstile.ray runs token-in gateways")
-        share(self.server.app, gateway)  # other replicas write this store too
-        gateway.store.record_fields["replica"] = replica  # which replica recorded a call
+        self.direct: DirectServer | None = None
+        host = direct_host(options.get("host", "127.0.0.1"), direct) if direct else None
+        if host is not None:
+            self.direct = DirectServer(self.server.app, host)
+            await self.direct.start()  # before Serve reads the metadata below
+
+    def record_replica_metadata(self) -> dict:
+        """Published with the replica set to every router (Serve's hook, read once)."""
+        return {"direct": self.direct.origin} if self.direct else {}
+
+    def __del__(self) -> None:
+        if getattr(self, "direct", None) is not None:
+            self.direct.stop()  # type: ignore[union-attr]
 
     def __serve_build_asgi_app__(self) -> Any:
         return self.server.app
+
+
+def direct_host(host: str, direct: dict) -> str | None:
+    """Where a replica's direct server listens: its node's address; with a loopback ``--host``
+    (this machine only) a loopback address, and only on the driver's node (another node's
+    loopback is not the harness's)."""
+    if is_loopback(host):
+        driver = direct.get("driver_node")
+        if driver and ray.get_runtime_context().get_node_id() != driver:
+            return None
+        return "127.0.0.1"
+    return ray.util.get_node_ip_address()
 
 
 def replica_options(args: argparse.Namespace) -> dict:
@@ -68,10 +106,12 @@ def build_app(
     target_ongoing: float = 16,
     max_ongoing: int = 256,
     replica_cpus: float = 1.0,
+    direct: bool = False,
 ) -> Any:
     """The Serve application (``serve.run`` it, or compose it into your own). With
     ``min_replicas``/``max_replicas`` Serve autoscales between them on ongoing requests per
-    replica (``target_ongoing``); otherwise it keeps ``replicas``."""
+    replica (``target_ongoing``); otherwise it keeps ``replicas``. With ``direct`` each
+    replica also serves on a port of its own, named by its sessions' base URLs."""
     if options.get("mode") == "passthrough":
         raise ValueError(PASSTHROUGH)
     scaling: dict[str, Any] = {"num_replicas": replicas}
@@ -100,15 +140,14 @@ def build_app(
         },
         **scaling,
     )
-    return deployment.bind(options)
+    here = ray.get_runtime_context().get_node_id() if direct and ray.is_initialized() else None
+    return deployment.bind(options, {"driver_node": here} if direct else None)
 
 
 def serve_ray(args: argparse.Namespace) -> None:
     """``turnstile serve --ray``: join the cluster at ``--ray-address`` (or start one on this
     machine), run the app behind Serve's HTTP proxy on ``--host:--port``, and block."""
     import signal
-
-    import ray
 
     options = replica_options(args)
     if options.get("mode") == "passthrough":  # before a cluster is started or joined
@@ -126,5 +165,6 @@ def serve_ray(args: argparse.Namespace) -> None:
         min_replicas=args.ray_min_replicas,
         max_replicas=args.ray_max_replicas,
         replica_cpus=args.ray_replica_cpus,
+        direct=args.ray_direct,
     )
     serve.run(app, name="turnstile", route_prefix="/", blocking=True)

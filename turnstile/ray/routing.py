@@ -6,7 +6,9 @@ ours in front of Serve. Ray's ring keys on the ``x-session-id`` header; harnesse
 one, so :class:`SessionRouter` keys on what they do send: the session's capability, in the
 base URL (``/s/<capability>/v1/...``) or as the API key. A request naming neither (a trainer
 route) goes to any replica. When a replica dies the ring walks on to the next replica, which
-rebuilds the session's call tree from the store.
+rebuilds the session's call tree from the store. A replica asks the same router which replica
+owns a new session (the key as :data:`SESSION_KWARG`, through its own deployment handle) to
+mint a base URL at that replica's direct address (``turnstile.ray.direct``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ def session_key(path: str, headers: list[tuple[bytes, bytes]] | Any) -> str | No
     return named
 
 
+# A routing key handed to the router directly, as a keyword argument of
+# ``DeploymentHandle.choose_replica``: the ring's replica for a session, without sending it a
+# request. (A keyword, not a class of ours: the router class Serve loads may not share this
+# module's classes.)
+SESSION_KWARG = "turnstile_session"
+
+
 def request_scope(arg: object) -> dict | None:
     """The ASGI scope of a request the HTTP proxy routes (it sends a pickled
     ``StreamingHTTPRequest``), or None for other callers."""
@@ -57,6 +66,9 @@ class SessionRouter(ConsistentHashRouter):
     def _routing_key(self, pending_request: Any) -> str | None:
         if pending_request is None:
             return None
+        named = (pending_request.kwargs or {}).get(SESSION_KWARG)
+        if isinstance(named, str):
+            return named
         if pending_request.args:
             scope = request_scope(pending_request.args[0])
             if scope is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -103,12 +103,16 @@ def create_app(
     replica: str | None = None,
     keepalive: float | None = 10.0,
     verify: VerifyOptions | None = None,
+    session_origin: Callable[[str], Awaitable[str | None]] | None = None,
+    shared: bool = False,
 ) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
     ``replica`` label of its metrics (default: ``host:pid``); ``keepalive``: seconds of
     silence after which a stream sends a keep-alive (0/None: never); ``verify``: the live
-    mismatch monitor's settings (None: off)."""
+    mismatch monitor's settings (None: off); ``session_origin``: where a session's base URL
+    points, by capability (None: ``public_url``; see ``AppContext``); ``shared``: other
+    gateways write this store too (a session's status is read from it per call)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
@@ -132,10 +136,11 @@ def create_app(
         max_body=max_body,
         token=token,
         limits=limits or Limits(),
-        sessions=SessionIndex(store),
+        sessions=SessionIndex(store, gateway.control.closed_sessions, shared),
         dialects=_dialects(gateway),
         tokenizer=tokenizer,
         keepalive=keepalive or None,
+        session_origin=session_origin,
     )
     app = Starlette(
         routes=ROUTES,
@@ -146,8 +151,6 @@ def create_app(
     app.state.turnstile = ctx
     app.state.metrics = metrics
     app.state.monitor = monitor
-    # a call that waited at the door while its session was closed is refused there
-    gateway.control.is_closed = ctx.sessions.closed.__contains__
     return app
 
 

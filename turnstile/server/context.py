@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,7 @@ from starlette.responses import Response
 from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..errors import APIError
 from ..gateway.contract import AppGateway
-from ..store.store import Store
+from ..store.contracts import SessionStore
 from .limits import Checked, Limits
 from .session_index import SessionIndex
 
@@ -25,11 +26,14 @@ class AppContext:
     """The gateway and store behind the routes, the server's settings and the session cache.
 
     ``token``: the trainer's token (None: every route open, ``--no-auth``). ``tokenizer``:
-    what the viewer decodes token IDs with (None: it shows the IDs).
+    what the viewer decodes token IDs with (None: it shows the IDs). ``session_origin``: where
+    a session's harness should call, given its capability (``scheme://host:port``; None:
+    ``public_url``): turnstile.ray names the replica that owns the session, so its calls skip
+    Serve's proxy (``public_url`` stays the fallback).
     """
 
     gateway: AppGateway
-    store: Store
+    store: SessionStore
     public_url: str
     max_body: int
     token: str | None
@@ -39,6 +43,7 @@ class AppContext:
     tokenizer: LoadedTokenizer | None = None
     # seconds of silence after which a stream sends its dialect's keep-alive (None: never)
     keepalive: float | None = 10.0
+    session_origin: Callable[[str], Awaitable[str | None]] | None = None
     # each session's last body that passed the size limits: a resent history is not walked again
     checked: Checked = field(init=False)
 

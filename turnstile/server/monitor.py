@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from ..store.contracts import CallReader
 from ..store.records import CallRecord
-from ..store.store import Store
 from ..store.trajectories import stitch
 from ..verify import NotSupported, Scorer, scorer, verify
 
@@ -46,7 +46,7 @@ class Monitor:
 
     def __init__(
         self,
-        store: Store,
+        store: CallReader,
         kind: str,
         url: str | None,
         fraction: float,

@@ -3,6 +3,8 @@ bodies and trajectories."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import orjson
 from starlette.requests import Request
@@ -18,19 +20,26 @@ from .validation import int_param, number, session_fields
 CLOSE_WAIT_S = 30.0  # how long a close waits for the calls it aborted to be recorded
 
 
-def session_json(ctx: AppContext, sid: str, s: dict | None = None) -> dict:
-    """A session as the API shows it, with the base URL to give its harness."""
+async def session_json(ctx: AppContext, sid: str, s: dict | None = None) -> dict:
+    """A session as the API shows it, with the base URL to give its harness: on turnstile.ray
+    with direct replicas, the owning replica's own address, and the public URL (Serve's proxy,
+    any replica) as ``fallback_base_url`` for when that replica is gone."""
     s = s or ctx.store.get_session(sid)
     if s is None:  # deleted meanwhile
         raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
     cap = ctx.sessions.capabilities([sid]).get(sid, sid)
+    public = f"{ctx.public_url}/s/{cap}"
     # the Anthropic SDK adds /v1 itself: its base URL is the same without it
-    return {
-        **s,
-        "object": "session",
-        "base_url": f"{ctx.public_url}/s/{cap}/v1",
-        "anthropic_base_url": f"{ctx.public_url}/s/{cap}",
-    }
+    out = {**s, "object": "session", "base_url": f"{public}/v1", "anthropic_base_url": public}
+    origin = await ctx.session_origin(cap) if ctx.session_origin is not None else None
+    if origin:
+        out.update(
+            base_url=f"{origin}/s/{cap}/v1",
+            anthropic_base_url=f"{origin}/s/{cap}",
+            fallback_base_url=f"{public}/v1",
+            fallback_anthropic_base_url=public,
+        )
+    return out
 
 
 async def create_session(request: Request) -> Response:
@@ -67,7 +76,7 @@ async def create_session(request: Request) -> Response:
     # an id that exists already keeps its state: a closed rollout stays closed
     ctx.sessions.uncache(sid)
     ctx.sessions.require(sid)
-    return json_response(session_json(ctx, sid), 201)
+    return json_response(await session_json(ctx, sid), 201)
 
 
 async def session(request: Request) -> Response:
@@ -82,7 +91,7 @@ async def session(request: Request) -> Response:
         if not ctx.store.delete_session(sid):
             raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
         return json_response({"id": sid, "object": "session.deleted", "deleted": True})
-    return json_response(session_json(ctx, sid))
+    return json_response(await session_json(ctx, sid))
 
 
 async def list_sessions(request: Request) -> Response:
@@ -111,7 +120,10 @@ async def list_sessions(request: Request) -> Response:
         exported=None if exported is None else exported == "true",
     )
     ctx.sessions.capabilities([s["id"] for s in sessions])
-    data = [session_json(ctx, s["id"], s) for s in sessions]
+    if ctx.session_origin is None:
+        data = [await session_json(ctx, s["id"], s) for s in sessions]
+    else:  # a router lookup each (turnstile.ray): at once
+        data = list(await asyncio.gather(*(session_json(ctx, s["id"], s) for s in sessions)))
     return json_response(
         {
             "object": "list",
@@ -166,7 +178,7 @@ async def rewards(request: Request) -> Response:
                 404, f"Session {sid!r} has no call {call_id!r}.", "call_id", code="call_not_found"
             )
     ctx.store.set_rewards(sid, named, call_id)
-    return json_response(session_json(ctx, sid))
+    return json_response(await session_json(ctx, sid))
 
 
 async def close(request: Request) -> Response:
@@ -191,7 +203,7 @@ async def close(request: Request) -> Response:
         await ctx.gateway.control.settled(CLOSE_WAIT_S, sid)
     ctx.gateway.closed(sid)  # token-in: its call tree is freed (rebuilt from the store if needed)
     ctx.checked.forget(sid)
-    return json_response(session_json(ctx, sid))
+    return json_response(await session_json(ctx, sid))
 
 
 async def calls(request: Request) -> Response:

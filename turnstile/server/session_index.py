@@ -6,25 +6,26 @@ answers. A delete or a "session not found" from the gateway drops the entries ag
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..auth import CAPABILITY_PREFIX
 from ..errors import APIError
 from ..gateway.record import create_session
+from ..store.contracts import SessionLookup
 
 
 class SessionIndex:
     """The sessions the routes know of, in front of ``store`` (cached both ways for keys)."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: SessionLookup, closed: set[str] | None = None, shared: bool = False):
+        """``closed``: the set the gateway's door reads (``PolicyControl.closed_sessions``),
+        so a session marked closed here is refused there too. ``shared``: other processes
+        close sessions in this store too (turnstile.ray's replicas, a PostgreSQL store): an
+        open session's status is read from the store on each call, not from the cache."""
         self.store = store
         self.known: set[str] = set()
-        self.closed: set[str] = set()
+        self.closed: set[str] = set() if closed is None else closed
         self._session_of_cap: dict[str, str] = {}
         self._cap_of_session: dict[str, str] = {}
-        # Other processes close sessions in this store too (turnstile.ray's replicas): an open
-        # session's status is read from the store on each call, not from the cache.
-        self.shared = False
+        self.shared = shared
 
     def require(self, sid: str) -> str:
         """``sid`` if the session exists (404 otherwise); notes whether it is closed."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..store.contracts import SessionStore
 from ..store.database import Database
 from ..store.schema import SESSION_COLUMNS
 from ..store.session_rows import session_from_row
-from ..store.store import Store
 
 SORTS = ("created", "reward", "calls", "errors", "segments", "sampled", "length")
 
@@ -54,7 +54,7 @@ class Query:
     offset: int = 0
 
 
-def summaries(store: Store) -> list[dict]:
+def summaries(store: SessionStore) -> list[dict]:
     """Every session as a dict: the API's session fields plus ``calls``, ``ok``, ``errors``,
     ``aborted``, ``segments`` (new segments after the first call), ``sampled`` (tokens sampled
     by ok calls), ``length``, ``last_call`` and ``models``."""

@@ -31,8 +31,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import chat as toychat
-from .common import EOS, FakeServer, Generation, Step, ToyModel, token_text
+from . import toychat
+from .fake_server import FakeServer
+from .toy_model import EOS, Generation, Step, ToyModel, token_text
 
 MODEL = "fake/tiny-model"
 MAX_LOGPROBS = 20
@@ -113,6 +114,7 @@ class VLLMFake(FakeServer):
         self.paused = False  # dev mode's /pause, /resume, /is_paused
         # 0.32 names its build in every completion ("vllm-0.32.0-8a9c8d93"), older ones null
         self.fingerprint = f"vllm-{version}-fake" if self.v >= (0, 32) else None
+        self.served_model = MODEL  # the name it serves (``--served-model-name``)
 
     # routes
 
@@ -158,11 +160,11 @@ class VLLMFake(FakeServer):
 
     async def models(self, request: Request) -> Response:
         card = {
-            "id": MODEL,
+            "id": self.served_model,
             "object": "model",
             "created": int(time.time()),
             "owned_by": "vllm",
-            "root": MODEL,
+            "root": self.served_model,
             "parent": None,
             "max_model_len": self.max_model_len,
             "permission": [
@@ -189,7 +191,7 @@ class VLLMFake(FakeServer):
     async def server_info(self, request: Request) -> Response:
         config = {
             "model_config": {
-                "model": MODEL,
+                "model": self.served_model,
                 "max_model_len": self.max_model_len,
                 "logprobs_mode": self.logprobs_mode,
             }
@@ -336,7 +338,7 @@ class VLLMFake(FakeServer):
         """``_create_tokens_logprobs`` per version: the sampled token first, then the top k."""
         if k is None:
             return None
-        content = []
+        content: list[dict] = []
         for s in steps:
             cands = [(s.token_id, s.logprob, s.rank)]
             cands += [(t, v, r + 1) for r, (t, v) in enumerate(s.top) if t != s.token_id]
@@ -374,13 +376,14 @@ class VLLMFake(FakeServer):
             return gen.stop_token
         return gen.stop_string
 
-    def _usage(self, prompt_len: int, n: int, none_fields: bool) -> dict:
-        u = {"prompt_tokens": prompt_len, "total_tokens": prompt_len + n, "completion_tokens": n}
+    def usage_counts(self, prompt_len: int, n: int, none_fields: bool) -> dict:
+        u: dict = {"prompt_tokens": prompt_len, "total_tokens": prompt_len + n}
+        u["completion_tokens"] = n
         if none_fields:
             u.update(prompt_tokens_details=None, completion_tokens_details=None)
         return u
 
-    def _choice(
+    def token_choice(
         self,
         gen: Generation,
         steps: list[Step],
@@ -474,18 +477,37 @@ class VLLMFake(FakeServer):
             return Response(status_code=499)
         sent = done
         finish = "abort" if len(sent.steps) < len(gen.steps) else gen.reason
-        created = int(time.time())
-        usage = self._usage(len(ids), len(sent.steps), True)
-        choice = self._choice(sent, sent.steps, k, finish, False, True)
+        usage = self.usage_counts(len(ids), len(sent.steps), True)
+        resp = self.whole_body(rid, ids, sent, k, finish, usage, bool(body.get("return_token_ids")))
+        raw = _dumps_python(resp)
+        self.rec.raw[rid] = [raw]
+        if finish != "abort":
+            self.rec.finished.append(rid)
+        return Response(raw, media_type="application/json")
+
+    def whole_body(
+        self,
+        rid: str,
+        ids: list[int],
+        sent: Generation,
+        k: int | None,
+        finish: str,
+        usage: object,
+        return_token_ids: bool,
+        created: int | None = None,
+    ) -> dict:
+        """The non-streamed ``/inference/v1/generate`` answer, fields in declaration order."""
+        created = int(time.time()) if created is None else created
+        choice = self.token_choice(sent, sent.steps, k, finish, False, True)
         if self.v >= (0, 31):
             resp = {
                 "request_id": rid,
-                "model": MODEL,
+                "model": self.served_model,
                 "created": created,
                 "usage": usage,
                 "prompt_logprobs": None,
                 "prompt_token_id_logprobs": None,
-                "prompt_token_ids": ids if body.get("return_token_ids") else None,
+                "prompt_token_ids": ids if return_token_ids else None,
                 "mm_placeholders": None,
                 "metrics": None,
                 "kv_transfer_params": None,
@@ -497,7 +519,7 @@ class VLLMFake(FakeServer):
         else:
             resp = {
                 "request_id": rid,
-                "model": MODEL,
+                "model": self.served_model,
                 "created": created,
                 "choices": [choice],
                 "usage": usage,
@@ -505,11 +527,7 @@ class VLLMFake(FakeServer):
                 "kv_transfer_params": None,
                 "ec_transfer_params": None,
             }
-        raw = _dumps_python(resp)
-        self.rec.raw[rid] = [raw]
-        if finish != "abort":
-            self.rec.finished.append(rid)
-        return Response(raw, media_type="application/json")
+        return resp
 
     def _failure(self, status: int) -> Response:
         if status == 503:
@@ -550,7 +568,10 @@ class VLLMFake(FakeServer):
                         if self.v >= (0, 32):
                             cut = Generation(gen.steps[:i], "abort")
                             tail.insert(
-                                0, self._chunk(rid, self._choice(cut, [], k, "abort", True, True))
+                                0,
+                                self.stream_chunk(
+                                    rid, self.token_choice(cut, [], k, "abort", True, True)
+                                ),
                             )
                         for data in tail:
                             raw.append(data)
@@ -575,25 +596,17 @@ class VLLMFake(FakeServer):
                     return
                 i += len(chunk_steps)
                 last = i == len(gen.steps)
-                choice = self._choice(gen, chunk_steps, k, gen.reason if last else None, True, last)
-                data = self._chunk(rid, choice)
+                choice = self.token_choice(
+                    gen, chunk_steps, k, gen.reason if last else None, True, last
+                )
+                data = self.stream_chunk(rid, choice)
                 sent = i
                 raw.append(data)
                 yield data
                 if self.keep_alive:
                     yield b": keep-alive\n\n"
             if include_usage:
-                usage = self._usage(prompt_len, len(gen.steps), False)
-                if self.v >= (0, 32):
-                    final = {
-                        "request_id": rid,
-                        "usage": usage,
-                        "output_mode": "tokens",
-                        "choices": [],
-                    }
-                else:
-                    final = {"request_id": rid, "choices": [], "usage": usage}
-                data = b"data: " + _dumps_pydantic(final) + b"\n\n"
+                data = self.usage_chunk(rid, self.usage_counts(prompt_len, len(gen.steps), False))
                 raw.append(data)
                 yield data
             raw.append(b"data: [DONE]\n\n")
@@ -605,7 +618,15 @@ class VLLMFake(FakeServer):
                 self.rec.disconnects.append(rid)
                 self.rec.sent[rid] = Generation(gen.steps[:sent], "abort")
 
-    def _chunk(self, rid: str, choice: dict) -> bytes:
+    def usage_chunk(self, rid: str, usage: dict) -> bytes:
+        """A stream's last event before ``[DONE]`` when ``include_usage`` was asked."""
+        if self.v >= (0, 32):
+            final = {"request_id": rid, "usage": usage, "output_mode": "tokens", "choices": []}
+        else:
+            final = {"request_id": rid, "choices": [], "usage": usage}
+        return b"data: " + _dumps_pydantic(final) + b"\n\n"
+
+    def stream_chunk(self, rid: str, choice: dict) -> bytes:
         if self.v >= (0, 32):
             obj = {"request_id": rid, "usage": None, "output_mode": "tokens", "choices": [choice]}
         elif self.v >= (0, 31):
@@ -701,18 +722,18 @@ class VLLMFake(FakeServer):
                             "id": rid,
                             "object": "text_completion",
                             "created": created,
-                            "model": MODEL,
+                            "model": self.served_model,
                             "choices": [c],
                         }
                         if self.v < (0, 32):
                             obj["kv_transfer_params"] = None
                         yield b"data: " + _dumps_pydantic(obj) + b"\n\n"
-                    usage = self._usage(len(ids), len(gen.steps), False)
+                    usage = self.usage_counts(len(ids), len(gen.steps), False)
                     final = {
                         "id": rid,
                         "object": "text_completion",
                         "created": created,
-                        "model": MODEL,
+                        "model": self.served_model,
                         "choices": [],
                         "usage": usage,
                     }
@@ -743,11 +764,11 @@ class VLLMFake(FakeServer):
             "id": rid,
             "object": "text_completion",
             "created": created,
-            "model": MODEL,
+            "model": self.served_model,
             "choices": [c],
             "service_tier": None,
             "system_fingerprint": self.fingerprint,
-            "usage": self._usage(len(ids), len(gen.steps), True),
+            "usage": self.usage_counts(len(ids), len(gen.steps), True),
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "metrics": None,
@@ -814,7 +835,7 @@ class VLLMFake(FakeServer):
                 status_code=400,
                 media_type="application/json",
             )
-        if body.get("model") not in (None, MODEL):
+        if body.get("model") not in (None, self.served_model):
             return Response(
                 _dumps_python(
                     _error(
@@ -899,7 +920,7 @@ class VLLMFake(FakeServer):
                 await self.pace(rid)
         choices = []
         for i, r in enumerate(replies):
-            c = {
+            c: dict = {
                 "index": i,
                 "message": {
                     "role": "assistant",
@@ -927,7 +948,7 @@ class VLLMFake(FakeServer):
             "id": rid,
             "object": "chat.completion",
             "created": created,
-            "model": MODEL,
+            "model": self.served_model,
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": self.fingerprint,
@@ -958,7 +979,7 @@ class VLLMFake(FakeServer):
                 "id": rid,
                 "object": "chat.completion.chunk",
                 "created": created,
-                "model": MODEL,
+                "model": self.served_model,
                 "choices": [choice],
             }
             if first and self.v >= (0, 32):  # both, null when not asked (a real 0.32)
@@ -1012,7 +1033,7 @@ class VLLMFake(FakeServer):
                 "id": rid,
                 "object": "chat.completion.chunk",
                 "created": created,
-                "model": MODEL,
+                "model": self.served_model,
                 "choices": [],
                 "usage": usage,
             }

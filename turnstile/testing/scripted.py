@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from turnstile.chat.loaded_tokenizer import LoadedTokenizer
 
-from .common import Generation, Step
-from .vllm_fake import VLLMFake
+from .fake_vllm import VLLMFake
+from .toy_model import Generation, Step
 
 LOGPROB = -0.125  # every scripted token's logprob (exact in binary: compared with ==)
 
@@ -45,8 +45,8 @@ class Script:
 
 
 class ScriptedModel:
-    """What :class:`~tests.fakes.common.ToyModel` is to the vLLM fake, with a script's text in
-    a real tokenizer's IDs, ended by the template's end-of-turn token."""
+    """What :class:`~turnstile.testing.toy_model.ToyModel` is to the vLLM fake, with a
+    script's text in a real tokenizer's IDs, ended by the template's end-of-turn token."""
 
     def __init__(self, tok: LoadedTokenizer, reply: Callable[[str], str], end_id: int):
         self.tok, self.reply, self.end_id = tok, reply, end_id
@@ -73,3 +73,28 @@ def scripted_vllm(tok: LoadedTokenizer, reply: Callable[[str], str], end: str) -
     [end_id] = tok.encode(end)
     fake.model = ScriptedModel(tok, reply, end_id)  # type: ignore[assignment]
     return fake
+
+
+class FixedReply:
+    """A reply spec as the fake's model: the same token IDs and logprobs on every call (what
+    the benchmarks' workload needs: a known reply of a known length in a real vocabulary).
+    The last ID ends the turn like the model's own end token (``stop_reason`` null)."""
+
+    def __init__(self, token_ids: list[int], logprobs: list[float]):
+        if len(token_ids) != len(logprobs) or not token_ids:
+            raise ValueError("a reply needs one logprob per token id, and at least one")
+        self.ids, self.lps = list(token_ids), list(logprobs)
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> FixedReply:
+        return cls(spec["token_ids"], spec["logprobs"])
+
+    def generate(
+        self, prompt: list[int], *, max_tokens: int | None = None, **_: object
+    ) -> Generation:
+        """The reply (its ``k`` alternatives: the sampled token alone), cut at ``max_tokens``."""
+        n = len(self.ids) if max_tokens is None else min(max_tokens, len(self.ids))
+        steps = [
+            Step(t, lp, 1, [(t, lp)]) for t, lp in zip(self.ids[:n], self.lps[:n], strict=True)
+        ]
+        return Generation(steps, "stop" if n == len(self.ids) else "length")

@@ -1,6 +1,7 @@
-"""Every model family Turnstile parses, declared once (the record is ``family.Family``).
+"""Every model family Turnstile knows, declared once (the record is ``record.Family``).
 
-The registry, ``detect`` and ``grammar`` are derived from this table. Its order is the
+The parsing registry, ``parsing.detect`` and ``parsing.grammar`` are derived from this table,
+and the chat layer reads the end-of-turn markers and template patches from it. Its order is the
 detection order: the first family with a matching template wins, so families are listed from
 the most specific marker to the most generic (``<tool_call>`` is shared by GLM, Qwen3-Coder and
 Hermes, which are told apart by what sits inside it). The expected result for every template
@@ -9,20 +10,15 @@ of the llama.cpp corpus is pinned in ``tests/test_parsing_roundtrip.py``.
 A family whose syntax one of the shared regions describes (``tagged``, ``jsonlist``,
 ``xmlcalls``) is a ``Regions`` row here and nothing else; one that needs code of its own has a
 module named after it (``hermes``, ``mistral``, ``harmony``, ``glimmer``, ``gemma4``, ``lfm2``,
-``llama3_json``, ``functionary_v3_2``, ``minimax_m3``) and its row names the class.
+``llama3_json``, ``functionary_v3_2``, ``minimax_m3``) in ``turnstile.parsing``, and its row
+names the class (``Code``): the table is data, and importing it imports no parser.
 """
 
 from __future__ import annotations
 
-from .family import (
-    Family,
-    JsonGrammar,
-    Regions,
-    Template,
-    XmlGrammar,
-    has,
-)
-from .family_specs import (
+from .record import Code, Family, JsonGrammar, Regions, Template, XmlGrammar, has
+from .shapes import ListSpec, XmlSpec
+from .specs import (
     COHERE_ARGS,
     COHERE_NAMES,
     DS_CALL,
@@ -34,43 +30,38 @@ from .family_specs import (
     GIGACHAT_SPEC,
     GIGACHAT_V3,
     GIGACHAT_V31,
+    HARMONY_ENDS,
     K2_ARGS,
     K2_CALL,
     K2_SECTION,
     K2_SPEC,
     K3_SPEC,
     K3_THINK,
+    LLAMA3_ENDS,
+    PYTHON_TAG,
     QWEN3_STABLE_THINK,
     SOLAR_CALL,
     SOLAR_SPEC,
     _dsml,
 )
-from .functionary_v3_2 import FunctionaryV32ToolParser
-from .gemma4 import Gemma4ToolParser
-from .glimmer import GlimmerToolParser
-from .harmony import HarmonyToolParser
-from .hermes import HermesToolParser
-from .jsonlist import ListSpec
-from .lfm2 import Lfm2ToolParser
-from .llama3_json import ENDS as LLAMA3_ENDS
-from .llama3_json import PYTHON_TAG, Llama3ToolParser, PythonTag
-from .minimax_m3 import MiniMaxM3ToolParser
-from .mistral import MistralToolParser
-from .xmlcalls import XmlSpec
+
+#: End-of-turn markers of chat formats that have no tool-call family of their own here.
+OTHER_ENDS = ("<end_of_turn>",)  # Gemma 2/3
 
 FAMILIES: tuple[Family, ...] = (
     Family(  # gpt-oss
         "harmony",
-        HarmonyToolParser,
+        Code("HarmonyToolParser"),
         detect=(
             Template(
                 "gpt-oss harmony", has("<|channel|>", "<|message|>", "functions."), think=None
             ),
         ),
+        ends=HARMONY_ENDS,
     ),
     Family(  # Muse Glimmer
         "glimmer",
-        GlimmerToolParser,
+        Code("GlimmerToolParser"),
         detect=(Template("muse glimmer (ATEM)", has("<atem:function_calls>"), think=None),),
     ),
     Family(
@@ -108,10 +99,11 @@ FAMILIES: tuple[Family, ...] = (
         "deepseek_v3",
         Regions({DS_CALL: DS_V3_SPEC}, drops=DS_CALLS, markers=(DS_SEP,)),
         detect=(Template("deepseek v3/r1/v3.1", has("tool▁call▁begin")),),
+        ends=("<｜end▁of▁sentence｜>",),
     ),
     Family(
         "minimax_m3",
-        MiniMaxM3ToolParser,
+        Code("MiniMaxM3ToolParser"),
         detect=(Template("minimax-m3", has("]<]minimax[>["), think=("<mm:think>", "</mm:think>")),),
     ),
     # <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>…
@@ -161,14 +153,15 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "gemma4",
-        Gemma4ToolParser,
+        Code("Gemma4ToolParser"),
         detect=(
             Template("gemma-4", has("<|tool_call>"), think=("<|channel>thought", "<channel|>")),
         ),
+        ends=("<turn|>",),
     ),
     Family(
         "lfm2",
-        Lfm2ToolParser,
+        Code("Lfm2ToolParser"),
         detect=(
             Template(
                 "lfm2",
@@ -269,7 +262,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "mistral",
-        MistralToolParser,
+        Code("MistralToolParser"),
         detect=(Template("mistral", has("[TOOL_CALLS]"), think=("[THINK]", "[/THINK]")),),
         id_style="mistral9",
     ),
@@ -287,14 +280,15 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "functionary_v3_2",
-        FunctionaryV32ToolParser,
+        Code("FunctionaryV32ToolParser"),
         detect=(Template("functionary v3.2", has(">>>all", "recipient"), think=None),),
     ),
     Family(
         "functionary_v3_1",
         Regions(
-            {FUNCTION: FUNCTIONARY_V31_SPEC, PYTHON_TAG: PythonTag}, drops=LLAMA3_ENDS
-        ),  # end-of-turn tokens, should the stop token remain
+            {FUNCTION: FUNCTIONARY_V31_SPEC, PYTHON_TAG: Code("PythonTag", "llama3_json")},
+            drops=LLAMA3_ENDS,  # end-of-turn tokens, should the stop token remain
+        ),
         detect=(
             Template(
                 "functionary v3.1",
@@ -366,7 +360,7 @@ FAMILIES: tuple[Family, ...] = (
     # Hermes-2/3, Qwen2.5/3, QwQ, Granite 4, MiMo, Bielik, Reka, SmolLM3
     Family(
         "hermes",
-        HermesToolParser,
+        Code("HermesToolParser"),
         detect=(
             Template("hermes", has("<tool_call>")),
             # SmolLM3 models emit Hermes calls; the corpus copy of its template omits the tools
@@ -374,10 +368,11 @@ FAMILIES: tuple[Family, ...] = (
         ),
         grammar=JsonGrammar("<tool_call>\n", "arguments", "\n</tool_call>", separator="\n"),
         patches=(QWEN3_STABLE_THINK,),
+        ends=("<|im_end|>", "<|endoftext|>"),  # ChatML, and Qwen's end of text
     ),
     Family(
         "llama3_json",
-        Llama3ToolParser,
+        Code("Llama3ToolParser"),
         detect=(
             Template(
                 "llama-3.x json",
@@ -388,5 +383,6 @@ FAMILIES: tuple[Family, ...] = (
             ),
         ),
         grammar=JsonGrammar("", "parameters", ""),  # one call per turn: templates refuse more
+        ends=(*LLAMA3_ENDS, "<|end_of_text|>"),
     ),
 )

@@ -33,8 +33,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from . import chat as toychat
-from .common import EOS, FakeServer, Generation, Step, ToyModel, token_text
+from . import toychat
+from .fake_server import FakeServer
+from .toy_model import EOS, Generation, Step, ToyModel, token_text
 
 MODEL = "fake/tiny-model"
 SAMPLING_FIELDS = (

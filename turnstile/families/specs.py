@@ -1,15 +1,18 @@
-"""The call-syntax specs of the families in ``families``: those shared by more than one row, or
-long enough to read apart from the table."""
+"""The markers and call-syntax specs of the families in ``table``: those shared by more than one
+row or by a family's parser, or long enough to read apart from the table."""
 
 from __future__ import annotations
 
 import re
 
-from .family import TemplatePatch
-from .jsonlist import ListSpec
-from .llama3_json import PYTHON_TAG
-from .tagged import TaggedSpec
-from .xmlcalls import XmlSpec
+from .record import TemplatePatch
+from .shapes import ListSpec, TaggedSpec, XmlSpec
+
+# --- end-of-turn markers, read by the families' parsers too ---------------------------------
+
+HARMONY_ENDS = ("<|end|>", "<|call|>", "<|return|>")  # gpt-oss: a message, a call, the answer
+LLAMA3_ENDS = ("<|eom_id|>", "<|eot_id|>")  # Llama 3.x: end of message (a tool call), of turn
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.x: code for the built-in interpreter follows
 
 # --- specs shared by more than one row, or long enough to read apart -------------------------
 

@@ -1,1 +1,0 @@
-"""Real servers the tests start themselves (beside llama-server, which the testbed builds)."""
