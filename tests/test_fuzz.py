@@ -42,10 +42,11 @@ def test_the_document_describes_every_route():
 
     from starlette.routing import Route
 
+    from turnstile.gateway.control import PolicyControl
     from turnstile.server.app import create_app
     from turnstile.server.openapi import ROUTES
 
-    gateway = SimpleNamespace(store=None, control=SimpleNamespace())
+    gateway = SimpleNamespace(store=None, control=PolicyControl())
     app = create_app(gateway, "http://x", token="t" * 16)
     served = {
         (m, r.path.replace("{sid}/v1", "{capability}/v1"))
