@@ -245,6 +245,7 @@ def server_from_args(
             f"engine {args.engine} at {', '.join(urls)}, records in {gateway.store.location}",
             f"parsing {p.family or 'plain text'}: tool calls {p.tool_format}, "
             f"reasoning {p.reasoning_tags if p.reasoning else 'off'}",
+            f"encoding with {gateway.tok.encoder}",
             *gateway.policy.describe(),
         ]
     public = args.public_url or f"http://{args.host}:{args.port}"

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tokenizers
 
 from ..families import end_markers
+from .tiktoken_encode import Encode, tiktoken_encoder
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,26 @@ class LoadedTokenizer:
     special_tokens: dict[str, str]
     source: str
     fingerprint: str
+    # tiktoken's encoder where it gives this tokenizer's IDs exactly (``tiktoken_encode``)
+    fast: Encode | None = field(default=None, init=False, repr=False, compare=False)
+    encoder: str = field(default="tokenizers", init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fast, why = tiktoken_encoder(self.tokenizer, self.fingerprint)
+        object.__setattr__(self, "fast", fast)
+        object.__setattr__(self, "encoder", "tiktoken" if fast else f"tokenizers ({why})")
 
     def encode(self, text: str) -> list[int]:
         """Token ids for already-rendered text: no BOS/EOS added, special tokens in text parsed.
 
         This matches how vLLM/SGLang encode a prompt rendered from a chat template.
         """
+        if self.fast is not None:
+            return self.fast(text)
+        return self.hf_encode(text)
+
+    def hf_encode(self, text: str) -> list[int]:
+        """``encode`` by the ``tokenizers`` library itself (what the fast path must equal)."""
         # The batch "fast" path skips offset tracking (about a fifth of the time); same IDs.
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
