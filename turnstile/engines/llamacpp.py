@@ -114,9 +114,11 @@ class LlamaCppEngine(HTTPEngine):
         """``completion_probabilities`` are pre-sampling: raw logits, no bias or temperature."""
         return logprob_unfitness(RAW_LOGPROBS, params)
 
-    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict:
+    def request_body(
+        self, prompt_ids: Sequence[int], params: SamplingParams, prompt_json: bytes | None = None
+    ) -> dict:
         body = {
-            "prompt": wire_ids(prompt_ids),
+            "prompt": wire_ids(prompt_ids, prompt_json),
             "n_predict": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -157,11 +159,15 @@ class LlamaCppEngine(HTTPEngine):
         return []
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stream: bool = True,
+        prompt_json: bytes | None = None,
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """Always one non-streamed request (see the module doc). A consumer that stops waiting
         closes the connection, which makes llama-server stop the task."""
-        body = self.request_body(prompt_ids, params)
+        body = self.request_body(prompt_ids, params, prompt_json)
         resp: aiohttp.ClientResponse | None = None
         ended = False
         try:

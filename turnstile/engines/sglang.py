@@ -107,7 +107,12 @@ class SGLangEngine(SGLangServer):
     name = "sglang"
 
     def request_body(
-        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool, rid: str
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stream: bool,
+        rid: str,
+        prompt_json: bytes | None = None,
     ) -> dict:
         sp: dict = {
             "max_new_tokens": params.max_tokens,
@@ -138,7 +143,7 @@ class SGLangEngine(SGLangServer):
             sp["sampling_seed"] = params.seed  # honoured with --enable-deterministic-inference
         body: dict = {
             "rid": rid,
-            "input_ids": wire_ids(prompt_ids),
+            "input_ids": wire_ids(prompt_ids, prompt_json),
             "sampling_params": sp,
             "stream": stream,
             "return_logprob": True,
@@ -153,10 +158,14 @@ class SGLangEngine(SGLangServer):
         await self._request("POST", "/abort_request", {"rid": rid}, timeout=5)
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        stream: bool = True,
+        prompt_json: bytes | None = None,
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
         rid = new_request_id()
-        body = self.request_body(prompt_ids, params, stream, rid)
+        body = self.request_body(prompt_ids, params, stream, rid, prompt_json)
         async for batch in self._generation(
             "/generate",
             orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
