@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainers import venv as trainers_venv
 
 pytestmark = pytest.mark.heavy
 
@@ -72,8 +73,15 @@ def test_peers_quick() -> None:
     assert len(exact) == 2 and all("4/4" in x and "3/3" in x for x in exact), r.stdout[-3000:]
 
 
+@pytest.fixture(scope="module")
+def trainers_python() -> Path:
+    """The trainers venv (torch, ...), built here on a fresh machine: a fixture, so the
+    minutes of pip are outside the test's timeout (``timeout_func_only``)."""
+    return trainers_venv.ensure()
+
+
 @pytest.mark.timeout(180)
-def test_train_proof_quick(tmp_path: Path) -> None:
+def test_train_proof_quick(tmp_path: Path, trainers_python: Path) -> None:
     """train_proof.py --quick: two GRPO steps per arm on the tiny model through Turnstile and
     llama-server, the weights synced each step. The exact arm's trainer agrees with the
     behaviour logprobs (F32 engine, float32 trainer: the bound of
