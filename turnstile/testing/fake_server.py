@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Coroutine
@@ -16,6 +15,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 
+from ..testbed import free_port
 from .toy_model import Generation
 
 
@@ -39,12 +39,6 @@ class Recorder:
 
     def bodies(self, path: str) -> list[Any]:
         return [r.body for r in self.requests if r.path == path]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeServer:
