@@ -50,7 +50,7 @@ class InProcessEngine:
     def logprob_warning(self, params=None) -> None:  # noqa: ANN001
         return None
 
-    async def generate(self, prompt_ids, params, stream=True, prompt_json=None):  # noqa: ANN001
+    async def generate(self, prompt_ids, params, stream=True):  # noqa: ANN001
         from turnstile.engines.base import PROCESSED_LOGPROBS, Finish, TokenEvent
 
         yield [TokenEvent(t, lp) for t, lp in zip(self.ids, self.lps, strict=True)]

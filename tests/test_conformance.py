@@ -79,10 +79,9 @@ class ScriptedEngine(EngineBase):
         return None
 
     async def generate(
-        self, prompt_ids, params: SamplingParams, stream: bool = False, prompt_json=None
+        self, prompt_ids, params: SamplingParams, stream: bool = False
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
-        # what an engine receives is the JSON text, when the gateway sends it
-        self.received.append(json.loads(prompt_json) if prompt_json else list(prompt_ids))
+        self.received.append(list(prompt_ids))
         ids, reason = self.next
         if ids:
             yield [TokenEvent(t, -1.0) for t in ids]

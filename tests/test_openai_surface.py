@@ -289,7 +289,7 @@ class _Batches(EngineBase):
     def logprob_warning(self, params=None) -> None:
         return None
 
-    async def generate(self, prompt_ids, params, stream=True, prompt_json=None):
+    async def generate(self, prompt_ids, params, stream=True):
         from turnstile.engines.base import Finish, TokenEvent
 
         for b in self.batches:

@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Self
 
-import orjson
-
 # What the logprob numbers an engine returns mean (``Finish.logprob_kind``). Only a logprob of
 # the distribution the token was actually sampled from is a behaviour-policy logprob.
 RAW_LOGPROBS = "raw_logprobs"  # log-softmax of the model's logits: before bias, temperature, top-p
@@ -102,15 +100,11 @@ def token_versions(spans: list[dict] | None, n: int) -> list[str | None] | None:
     return out
 
 
-def wire_ids(ids: Sequence[int], text: bytes | None = None) -> object:
-    """Prompt token IDs for a JSON request body. ``text``: their JSON text, when the gateway
-    has it (a prompt that extends the session's previous one is serialised from that one's
-    text: ``gateway.prompt_json``), put in as it is. Otherwise the gateway hands adapters the
-    prompt as an int32 ``array``: it goes out as a numpy view that orjson writes in C
+def wire_ids(ids: Sequence[int]) -> object:
+    """Prompt token IDs for a JSON request body. The gateway hands adapters the prompt as an
+    int32 ``array``: it goes out as a numpy view that orjson writes in C
     (``OPT_SERIALIZE_NUMPY``), instead of first making a Python int per token (at 100k tokens
     that was ~3 ms per call). A list stays a list."""
-    if text is not None:
-        return orjson.Fragment(text)
     if isinstance(ids, array) and ids.typecode == "i":
         import numpy as np
 
@@ -189,14 +183,9 @@ class Generator(Protocol):
         ...
 
     def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stream: bool = True,
-        prompt_json: bytes | None = None,
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
-        """``prompt_ids``: a list, or an int32 ``array``; ``prompt_json``: their JSON text, when
-        the caller has it (see :func:`wire_ids`).
+        """``prompt_ids``: a list, or an int32 ``array`` (see :func:`wire_ids`).
 
         ``stream`` is a hint: an adapter whose engine cannot stream exact token IDs
         returns them all at once."""

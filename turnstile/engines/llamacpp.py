@@ -114,11 +114,9 @@ class LlamaCppEngine(HTTPEngine):
         """``completion_probabilities`` are pre-sampling: raw logits, no bias or temperature."""
         return logprob_unfitness(RAW_LOGPROBS, params)
 
-    def request_body(
-        self, prompt_ids: Sequence[int], params: SamplingParams, prompt_json: bytes | None = None
-    ) -> dict:
+    def request_body(self, prompt_ids: Sequence[int], params: SamplingParams) -> dict:
         body = {
-            "prompt": wire_ids(prompt_ids, prompt_json),
+            "prompt": wire_ids(prompt_ids),
             "n_predict": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -159,15 +157,11 @@ class LlamaCppEngine(HTTPEngine):
         return []
 
     async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stream: bool = True,
-        prompt_json: bytes | None = None,
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
         """Always one non-streamed request (see the module doc). A consumer that stops waiting
         closes the connection, which makes llama-server stop the task."""
-        body = self.request_body(prompt_ids, params, prompt_json)
+        body = self.request_body(prompt_ids, params)
         resp: aiohttp.ClientResponse | None = None
         ended = False
         try:

@@ -132,10 +132,9 @@ class Bound(Generic[R]):
         prompt_ids: Sequence[int],
         params: SamplingParams,
         stream: bool = True,
-        prompt_json: bytes | None = None,
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
         try:
-            async for batch in self.engine.generate(prompt_ids, params, stream, prompt_json):
+            async for batch in self.engine.generate(prompt_ids, params, stream=stream):
                 yield batch
         except EngineError as exc:
             if exc.status in (502, 503):

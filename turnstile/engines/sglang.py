@@ -107,12 +107,7 @@ class SGLangEngine(SGLangServer):
     name = "sglang"
 
     def request_body(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stream: bool,
-        rid: str,
-        prompt_json: bytes | None = None,
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool, rid: str
     ) -> dict:
         sp: dict = {
             "max_new_tokens": params.max_tokens,
@@ -143,7 +138,7 @@ class SGLangEngine(SGLangServer):
             sp["sampling_seed"] = params.seed  # honoured with --enable-deterministic-inference
         body: dict = {
             "rid": rid,
-            "input_ids": wire_ids(prompt_ids, prompt_json),
+            "input_ids": wire_ids(prompt_ids),
             "sampling_params": sp,
             "stream": stream,
             "return_logprob": True,
@@ -158,14 +153,10 @@ class SGLangEngine(SGLangServer):
         await self._request("POST", "/abort_request", {"rid": rid}, timeout=5)
 
     async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stream: bool = True,
-        prompt_json: bytes | None = None,
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
         rid = new_request_id()
-        body = self.request_body(prompt_ids, params, stream, rid, prompt_json)
+        body = self.request_body(prompt_ids, params, stream, rid)
         async for batch in self._generation(
             "/generate",
             orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),

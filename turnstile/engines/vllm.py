@@ -285,18 +285,17 @@ class VLLMEngine(VLLMServer):
         stream: bool,
         request_id: str,
         route: str,
-        prompt_json: bytes | None = None,
     ) -> dict:
         if route == GENERATE:
             body: dict = {
                 "request_id": request_id,
-                "token_ids": wire_ids(prompt_ids, prompt_json),
+                "token_ids": wire_ids(prompt_ids),
                 "sampling_params": self._sampling(params, False),
                 "stream": stream,
             }
         else:
             body = {
-                "prompt": wire_ids(prompt_ids, prompt_json),
+                "prompt": wire_ids(prompt_ids),
                 **self._sampling(params, True),
                 "echo": False,
                 "stream": stream,
@@ -329,11 +328,7 @@ class VLLMEngine(VLLMServer):
     # generation
 
     async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        stream: bool = True,
-        prompt_json: bytes | None = None,
+        self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
         if self.route is None:
             await self.refresh()
@@ -341,7 +336,7 @@ class VLLMEngine(VLLMServer):
         if route == GENERATE and self._disabled:
             raise EngineError(self._disabled, 502)
         request_id = new_request_id()
-        body = self.request_body(prompt_ids, params, stream, request_id, route, prompt_json)
+        body = self.request_body(prompt_ids, params, stream, request_id, route)
         ids = self._abort_ids(route, request_id)
 
         def refused(status: int, raw: bytes) -> None:
@@ -360,5 +355,5 @@ class VLLMEngine(VLLMServer):
             ):
                 yield batch
         except RouteGone:  # the route is gone and completions will do: try again there
-            async for batch in self.generate(prompt_ids, params, stream, prompt_json):
+            async for batch in self.generate(prompt_ids, params, stream):
                 yield batch

@@ -4,7 +4,7 @@ from the store when one is needed again (after a restart, an eviction or a close
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..chat.history import Node, SessionTree
 from ..chat.render import Renderer
@@ -18,8 +18,6 @@ class Tree(SessionTree):
 
     created: float | None = None
     next_seq: int = 0  # the ``seq`` of the session's next call record
-    # (call id, IDs, JSON text) of the last prompt sent that was recorded (``prompt_json``)
-    prompt_json: tuple[str, int, bytes] | None = field(default=None, repr=False)
 
     def take_seq(self) -> int:
         """A call record's ``seq``, taken when the record is built: calls of one session that

@@ -25,8 +25,6 @@ from ..store.store import Store
 from ..store.writes import SessionGone
 from . import answers as cc
 from .admission import CLIENT_GONE, ClientGone
-from .prompt_json import keep as keep_prompt_json
-from .prompt_json import prompt_json
 from .record import STORE_ERRORS, commit, store_error
 from .token_record import Call, Recording, build_record
 
@@ -100,14 +98,13 @@ class TokenCall:
         call = self.call
         built = build_record(self.owner, call, status, message, error, extra)
         tree, hashes = call.tree, call.prompt.hashes
-
-        def then() -> None:
-            tree.add(built.node, hashes, built.reply_hash, built.echo_hash)
-            if status == "ok" and call.prompt_json is not None:
-                keep_prompt_json(tree, built.node.id, call.prompt, call.prompt_json)
-
         fut = commit(
-            self.owner.store, built.record, call.req.raw, response, tree.created, then=then
+            self.owner.store,
+            built.record,
+            call.req.raw,
+            response,
+            tree.created,
+            then=lambda: tree.add(built.node, hashes, built.reply_hash, built.echo_hash),
         )
         return built.record, fut
 
@@ -121,10 +118,7 @@ class TokenCall:
         engine = owner.engine.pick(call.session_id)  # the session's replica
         gen.engine_url = engine.url
         began = time.perf_counter()
-        call.prompt_json = prompt_json(call.tree, call.prompt)
-        async for batch in engine.generate(
-            call.prompt.ids, params, stream=stream, prompt_json=call.prompt_json
-        ):
+        async for batch in engine.generate(call.prompt.ids, params, stream=stream):
             if isinstance(batch, Finish):
                 batch.timings["engine_s"] = time.perf_counter() - began  # server.metrics
                 if batch.stop_string is None and len(gen.ids) and gen.ids[-1] in eog:

@@ -61,7 +61,6 @@ class Call:
     tail: str  # the prompt's end as text: does the generation prompt open a reasoning block?
     gen: Generation = field(default_factory=Generation)
     record: CallRecord | None = None  # once committed ok: what the dialects answer from
-    prompt_json: bytes | None = None  # the prompt IDs' JSON text as sent (``prompt_json``)
 
 
 @dataclass
