@@ -874,7 +874,8 @@ def test_weight_versions_are_the_ones_vllm_reports(ts, relay, vllm):
     """A trainer's weight update as vLLM 0.32 takes it: Turnstile pauses (vLLM drained), the
     trainer names the new weights on vLLM (``/update_weight_version``, dev mode), Turnstile
     resumes with that version. The next call's tokens are recorded with vLLM's version;
-    a version changed while a stream runs splits the call where vLLM's spans say."""
+    a version changed while a stream runs splits the call where vLLM's spans say (vLLM frozen
+    with ``/pause?mode=keep`` meanwhile, as a trainer updating weights mid-stream does)."""
     session = ts.session(test="weights")
     client = _client(session)
 
@@ -895,29 +896,33 @@ def test_weight_versions_are_the_ones_vllm_reports(ts, relay, vllm):
         (choice,) = ex.response["choices"]
         assert choice["weight_versions"] == [{"version": "step-1", "start": 0, "end": 5}]
         # a stream under way when the version changes: vLLM reports two spans
+        n = 300  # long enough that vLLM is still generating when the client has read 5 chunks
         before = len(relay.exchanges)
         body = {
             "model": "m", "messages": [{"role": "user", "content": "Write a long story."}],
-            "max_tokens": 150, "stream": True, "logit_bias": NO_END,
+            "max_tokens": n, "stream": True, "logit_bias": NO_END,
         }  # fmt: skip
         with httpx.Client(timeout=120) as http:
             with http.stream("POST", session["base_url"] + "/chat/completions", json=body) as s:
                 seen = 0
                 for line in s.iter_lines():
                     seen += line.startswith("data: {")
-                    if seen == 5:
+                    if seen == 5:  # freeze vLLM's running request so the split cannot race
+                        r = httpx.post(vllm + "/pause", params={"mode": "keep"})
+                        assert r.status_code == 200, r.text
                         name("step-2")
+                        assert httpx.post(vllm + "/resume").status_code == 200
         (ex2,) = relay.wait(before + 1)[before:]
         spans = [
             sp for c in ex2.chunks for ch in c["choices"] for sp in ch.get("weight_versions") or []
         ]
         assert [sp["version"] for sp in spans] == ["step-1", "step-2"], spans
         assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] > 0
-        assert spans[1]["end"] == 150
+        assert spans[1]["end"] == n
         calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
         expected = [
             ["step-1"] * 5,
-            ["step-1"] * spans[0]["end"] + ["step-2"] * (150 - spans[0]["end"]),
+            ["step-1"] * spans[0]["end"] + ["step-2"] * (n - spans[0]["end"]),
         ]
         assert [c["weight_version"] for c in calls[-2:]] == expected
         assert calls[-1]["completion_ids"] == _sampled(ex2)[0]
