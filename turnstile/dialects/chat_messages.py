@@ -134,7 +134,9 @@ def check_messages(body: dict) -> list[dict]:
         # with its call id) pass here without building field names; the rest is checked below.
         if type(m) is dict and type(m.get("content")) is str:
             role = m.get("role")
-            if role in _PLAIN_ROLES or (role == "tool" and type(m.get("tool_call_id")) is str):
+            if (type(role) is str and role in _PLAIN_ROLES) or (
+                role == "tool" and type(m.get("tool_call_id")) is str
+            ):
                 continue
         _check_message(m, i)
     return msgs
@@ -148,7 +150,7 @@ def _check_message(m: object, i: int) -> None:
     if not isinstance(m, dict):
         raise bad(where, "expected an object.")
     role = m.get("role")
-    if role not in ROLES:
+    if type(role) is not str or role not in ROLES:
         raise bad(f"{where}.role", f"{role!r} is not one of {sorted(ROLES)}.")
     _check_content(m, where, role)
     if role == "tool" and not isinstance(m.get("tool_call_id"), str):

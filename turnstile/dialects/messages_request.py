@@ -277,7 +277,7 @@ def _output_config(value: Any, chat: dict) -> None:
         raise bad(f"output_config.{key}", "Extra inputs are not permitted")
     effort = value.get("effort")
     if effort is not None:
-        if effort not in _EFFORTS:
+        if type(effort) is not str or effort not in _EFFORTS:
             raise bad("output_config.effort", f"expected one of {sorted(_EFFORTS)}.")
         chat["reasoning_effort"] = effort
     fmt = value.get("format")

@@ -245,7 +245,7 @@ def _tools(value: Any) -> tuple[list[dict] | None, list[str]]:
     for i, t in enumerate(value):
         kind = t.get("type") if isinstance(t, dict) else None
         where = f"tools[{i}]"
-        if kind in _HOSTED:
+        if type(kind) is str and kind in _HOSTED:
             notes.append(
                 f"{where}: the hosted tool {kind!r} was left out of the prompt: "
                 "no engine behind Turnstile runs it"
@@ -312,7 +312,9 @@ def check_fields(body: dict) -> dict:
     """Every field is used, inert (returned) or refused with a 400 naming it."""
     inert = FIELDS.sort(body)
     include = body.get("include") or []
-    if not isinstance(include, list) or any(x not in _INCLUDE for x in include):
+    if not isinstance(include, list) or any(
+        type(x) is not str or x not in _INCLUDE for x in include
+    ):
         raise bad("include", f"supported values are {sorted(_INCLUDE)}.")
     if body.get("truncation") not in (None, "disabled"):
         raise bad(
