@@ -63,6 +63,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("test tiers:\n  " + "\n  ".join(bad[:20]))
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    """Seconds per test module (setup, call and teardown together), the slowest first: where
+    the suite's 45-minute budget on CI goes, module by module."""
+    per_module: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if isinstance(rep, pytest.TestReport):
+                module = rep.nodeid.split("::", 1)[0]
+                per_module[module] = per_module.get(module, 0.0) + rep.duration
+    if len(per_module) < 2:
+        return
+    ranked = sorted(per_module.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("=", f"seconds per module (total {sum(per_module.values()):.0f})")
+    for module, seconds in ranked[:25]:
+        terminalreporter.write_line(f"{seconds:8.1f}  {module}")
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2() -> Path:
     """Random weights on the real Qwen2 vocabulary, with the real Qwen2.5 template."""

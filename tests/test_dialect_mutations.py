@@ -141,8 +141,11 @@ def _paths(v: Any, at: tuple = ()) -> Iterator[tuple]:
 
 
 text = st.text(max_size=8) | st.sampled_from(["function", "text", "user", "assistant", "tool"])
+# what the server's JSON reader (orjson) can hand a parser: integers within 64 bits (a longer
+# one arrives as a float), finite floats
+integers = st.integers(-(2**63), 2**64 - 1)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | text,
+    st.none() | st.booleans() | integers | st.floats(allow_nan=False, allow_infinity=False) | text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
     max_leaves=6,
 )
