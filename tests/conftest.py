@@ -39,7 +39,7 @@ TIERS = {
 # what a unit test may not use: each of these starts a process or a server
 SERVER_FIXTURES = frozenset(
     {"llama_tiny", "tiny_end_ids", "no_end_bias", "relay", "turnstile", "turnstile_factory"}
-    | {"postgres"}
+    | {"postgres", "shared_relay", "shared_turnstile"}
 )
 
 
@@ -268,6 +268,31 @@ def turnstile_factory(tmp_path: Path) -> Iterator:
 def turnstile(relay: Relay, tiny_qwen2: Path, turnstile_factory) -> Turnstile:
     """Turnstile → recording relay → llama-server (tiny Qwen2-vocab model)."""
     return turnstile_factory(relay.url, tiny_qwen2)
+
+
+@pytest.fixture(scope="module")
+def shared_relay(llama_tiny: str) -> Iterator[Relay]:
+    """One recording relay for a whole module (see ``shared_turnstile``)."""
+    rel, server = start_relay(llama_tiny)
+    yield rel
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def shared_turnstile(
+    shared_relay: Relay, tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Turnstile]:
+    """One ``turnstile serve`` (on ``shared_relay``) for a whole module whose tests each work
+    in sessions of their own and leave the server as they found it: a start costs ~4 s. A
+    module opts in by defining ``turnstile`` (and ``relay``, when its tests read the relay)
+    as these."""
+    tmp = tmp_path_factory.mktemp("shared-turnstile")
+    t = Turnstile(shared_relay.url, tiny_qwen2, tmp / "data", tmp / "turnstile.log").start()
+    yield t
+    t.stop()
+    if t._http is not None:
+        t._http.close()
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -16,6 +16,13 @@ from turnstile.testing.fake_vllm import VLLMFake
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
+@pytest.fixture
+def turnstile(shared_turnstile):  # noqa: ANN001, ANN201
+    """One server for the module's tests that take ``turnstile``: each works in sessions of
+    its own (the tests that stop or starve a server start their own)."""
+    return shared_turnstile
+
+
 def _error(r: httpx.Response, status: int) -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]

@@ -20,6 +20,19 @@ from turnstile.parsing.grammar import tool_call_grammar
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
+
+# one server and relay for the module: every test works in a session of its own and reads
+# the relay's last exchange
+@pytest.fixture
+def relay(shared_relay):  # noqa: ANN001, ANN201
+    return shared_relay
+
+
+@pytest.fixture
+def turnstile(shared_turnstile):  # noqa: ANN001, ANN201
+    return shared_turnstile
+
+
 NEWLINE = 198  # "\n" in the Qwen2 vocabulary
 TOOLS = [
     {
