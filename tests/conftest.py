@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -131,12 +132,20 @@ def no_end_bias(tiny_end_ids: list[int]) -> dict[str, int]:
     return {str(t): -100 for t in tiny_end_ids}
 
 
+@contextmanager
+def _relayed(upstream: str) -> Iterator[Relay]:
+    rel, server = start_relay(upstream)
+    try:
+        yield rel
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def relay(llama_tiny: str) -> Iterator[Relay]:
-    rel, server = start_relay(llama_tiny)
-    yield rel
-    server.shutdown()
-    server.server_close()
+    with _relayed(llama_tiny) as rel:
+        yield rel
 
 
 class Turnstile:
@@ -273,10 +282,8 @@ def turnstile(relay: Relay, tiny_qwen2: Path, turnstile_factory) -> Turnstile:
 @pytest.fixture(scope="module")
 def shared_relay(llama_tiny: str) -> Iterator[Relay]:
     """One recording relay for a whole module (see ``shared_turnstile``)."""
-    rel, server = start_relay(llama_tiny)
-    yield rel
-    server.shutdown()
-    server.server_close()
+    with _relayed(llama_tiny) as rel:
+        yield rel
 
 
 @pytest.fixture(scope="module")
