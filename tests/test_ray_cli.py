@@ -28,6 +28,21 @@ TOKEN = "tst-ray-cli-" + "y" * 20
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
+def _sampled_by_replica(url: str, timeout: float = 60) -> dict[str, float]:
+    """``turnstile_sampled_tokens_total`` of each of the 2 replicas, scraped through Serve's
+    proxy (which spreads requests without a session) until both have answered."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, seen
+        text = httpx.get(url + "/metrics", headers=AUTH).text
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                if sample.name == "turnstile_sampled_tokens_total":
+                    seen[sample.labels["replica"]] = sample.value
+    return seen
+
+
 def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_end_bias):
     port = testbed.free_port()
     url = f"http://127.0.0.1:{port}"
@@ -65,6 +80,10 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
     ray_procs: list[psutil.Process] = []
     try:
         testbed.wait_healthy(url + "/v1/models", proc, timeout=180, headers=AUTH)
+        # Serve's proxy answers once one replica runs; a session minted while the other is
+        # still starting is owned by the ring of one replica, and moves (as consistent hashing
+        # moves it) when the second joins. Affinity is claimed for a settled replica set.
+        assert all(v == 0 for v in _sampled_by_replica(url).values())  # both replicas run
         s = httpx.post(url + "/v1/sessions", json={"metadata": {}}, headers=AUTH).json()
         # the base URL names a replica's own port (on loopback, as --host); the fallback is
         # Serve's proxy, the address the operator gave
@@ -93,15 +112,7 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
         assert first["replica"] == call["replica"] and call["parent_id"] == first["id"]
         # both replicas answer /metrics (Serve spreads requests without a session), each
         # with its own Serve replica id; the one that recorded the call counted it
-        seen: dict[str, float] = {}
-        deadline = time.monotonic() + 60
-        while len(seen) < 2:
-            assert time.monotonic() < deadline, seen
-            text = httpx.get(url + "/metrics", headers=AUTH).text
-            for fam in text_string_to_metric_families(text):
-                for sample in fam.samples:
-                    if sample.name == "turnstile_sampled_tokens_total":
-                        seen[sample.labels["replica"]] = sample.value
+        seen = _sampled_by_replica(url)
         assert call["replica"] in seen and seen[call["replica"]] == 6
         assert sum(seen.values()) == 6 and ":" not in call["replica"]  # not host:pid
         ray_procs += [
