@@ -399,12 +399,14 @@ def fake_app(spec: dict) -> Any:
     return app
 
 
-def start_fake(spec: Path, log: Path) -> tuple[_machine.Server, str]:
+def start_fake(spec: Path, log: Path, cpu: int | None = None) -> tuple[_machine.Server, str]:
+    """The fake engine; by default not pinned: it answers on whichever core the machine's
+    other tenants leave free. ``cpu``: pinned there (a real engine runs on its own device)."""
     port = _machine.free_port()
     s = _machine.Server(
         [sys.executable, str(HERE), "--serve-fake", str(spec), "--port", str(port)],
         f"http://127.0.0.1:{port}/health",
-        None,  # not pinned: it answers on whichever core the machine's other tenants leave free
+        cpu,
         log,
     )
     return s, f"http://127.0.0.1:{port}"
@@ -591,6 +593,7 @@ class Harness:
     fresh_next: int = 1_000_000
     sids: dict[str, str] = field(default_factory=dict)  # Turnstile's sessions: their kind
     errors: list[str] = field(default_factory=list)
+    fake: Any = None  # the fake engine's server (its CPU is shown per cell)
 
     def session(self, target: str, plan: Plan) -> Session:
         wl, h = self.wl, self.wl.harnesses[plan.harness]
@@ -691,10 +694,12 @@ async def run_cell(
             done.append(await h.step(t, s))
 
     cpu0 = t.server.cpu_pair()
+    side0 = (h.fake.cpu_pair()[1] if h.fake else 0.0, sum(os.times()[:2]))
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(len(slots))))
     wall = time.perf_counter() - t0
     cpu1 = t.server.cpu_pair()
+    side1 = (h.fake.cpu_pair()[1] if h.fake else 0.0, sum(os.times()[:2]))
     fine, ticks = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
     used = fine if fine >= ticks - 0.02 else ticks
     ok = [x for x in done if x.ok]
@@ -704,6 +709,8 @@ async def run_cell(
         "errors": len(done) - len(ok),
         "wall": wall,
         "cpu": used,
+        "engine_cpu": side1[0] - side0[0],  # the fake engine's CPU seconds in the cell
+        "loadgen_cpu": side1[1] - side0[1],  # the load generator's (this process)
         "lat": [x.latency for x in ok],
         "ctx": [x.context for x in ok],
     }
@@ -1048,13 +1055,27 @@ async def sweep(args: argparse.Namespace, h: Harness, targets: list[Target], fak
             rows: dict[str, list[dict]] = {t.name: [] for t in targets}
             order = targets + targets[::-1] if args.rounds > 1 else targets
             for t in order:
+                spy_out = args.workdir / f"spy-{mode}-{conc}-{t.name}.txt"
+                spy = (
+                    start_spy(t.server.pid, spy_out, args.gil)
+                    if args.profile_cell == f"{mode}:{conc}"
+                    and t.name == "turnstile"
+                    and not rows[t.name]
+                    else None
+                )
                 r = await run_cell(h, t, pools[t.name][:conc], each, stagger)
                 rows[t.name].append(r)
+                if spy is not None:
+                    spy.send_signal(2)
+                    spy.wait(60)
+                    res["profile"] = (str(spy_out), r["cpu"] / max(1, r["turns"]) * 1000)
                 print(
                     f"  {mode:<5} {conc:>3} sessions {t.name:<9} "
                     f"{r['turns'] / r['wall']:7.1f} turns/s "
                     f"{r['cpu'] / max(1, r['turns']) * 1000:6.2f} ms CPU/turn  "
-                    f"p50 {_report.pct(r['lat'], 50) * 1000:7.0f} ms"
+                    f"p50 {_report.pct(r['lat'], 50) * 1000:7.0f} ms  "
+                    f"(engine {r['engine_cpu'] / r['wall']:.2f}, "
+                    f"load generator {r['loadgen_cpu'] / r['wall']:.2f} cores)"
                     + (f"  {r['errors']} errors" if r["errors"] else ""),
                     flush=True,
                 )
@@ -1322,6 +1343,16 @@ def main() -> None:
     )
     p.add_argument("--profile", action="store_true", help="py-spy on Turnstile in the deep phase")
     p.add_argument(
+        "--engine-cpu",
+        type=int,
+        help="pin the fake engine to this core (default: unpinned, sharing the proxies' core)",
+    )
+    p.add_argument(
+        "--profile-cell",
+        metavar="MODE:CONC",
+        help="py-spy on Turnstile's first run of one sweep cell (e.g. paced:384)",
+    )
+    p.add_argument(
         "--gil",
         action="store_true",
         help="py-spy samples only the thread holding the GIL (no waits for it, no fsyncs)",
@@ -1411,7 +1442,8 @@ def main() -> None:
     print(
         f"cells: sessions {args.conc}, modes {args.modes}, rounds "
         f"{'ABBA' if args.rounds > 1 else 'AB'}; proxies on core {PROXY_CPU}, load generator "
-        f"on core {LOADGEN_CPU}, fake engine unpinned"
+        f"on core {LOADGEN_CPU}, fake engine "
+        + ("unpinned" if args.engine_cpu is None else f"on core {args.engine_cpu}")
     )
     spec = {
         "chunk": args.chunk,
@@ -1424,7 +1456,8 @@ def main() -> None:
     with _machine.workdir("agents") as wd:
         args.workdir = wd
         (wd / "spec.json").write_text(json.dumps(spec))
-        fake, fake_url = start_fake(wd / "spec.json", wd / "fake.log")
+        fake, fake_url = start_fake(wd / "spec.json", wd / "fake.log", args.engine_cpu)
+        h.fake = fake
         servers = [fake]
         try:
             relay, relay_url = _servers.start_relay(
@@ -1467,6 +1500,11 @@ def main() -> None:
         if h.errors:
             print(f"{len(h.errors)} failed turns, e.g.:\n  " + "\n  ".join(h.errors[:5]))
         report(args, res, check)
+        if "profile" in res:
+            raw, cpu_ms = res["profile"]
+            print_profile(Path(raw), cpu_ms, f"py-spy on Turnstile, {args.profile_cell} sessions")
+            keep = Path(os.environ.get("AGENT_PROFILE_OUT", "/tmp/agent_sessions_spy.txt"))
+            keep.write_bytes(Path(raw).read_bytes())
         if "deep" in res and "profile" in res["deep"]:
             print_profile(
                 Path(res["deep"]["profile"]),

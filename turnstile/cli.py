@@ -82,10 +82,20 @@ def serve(args: argparse.Namespace) -> None:
     except (AuthSetupError, ValueError) as exc:
         raise SystemExit(f"turnstile: refusing to start: {exc}") from None
     print(f"turnstile: {where}", file=sys.stderr)
+    if args.workers < 1 or (args.workers > 1 and args.ray):
+        raise SystemExit(
+            "turnstile: refusing to start: --workers takes a count >= 1, and not with --ray "
+            "(give Ray --ray-replicas)"
+        )
     if args.ray:
         from .ray import serve_ray  # the ray extra
 
         serve_ray(args)
+        return
+    if args.workers > 1:
+        from .workers import serve_workers
+
+        serve_workers(args)
         return
     server = server_from_args(args)
     for line in server.banner:

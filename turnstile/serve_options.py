@@ -228,6 +228,14 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         help="SGLang: the server returns logprobs before temperature scaling",
     )
     s.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes on this machine (default: 1): the first on --port, each other "
+        "on a port of its own that its sessions' base_url names, all recording into one "
+        "store; pause, resume, close and delete reach every one (docs/scale.md)",
+    )
+    s.add_argument(
         "--ray",
         action="store_true",
         help="run gateway replicas as a Ray Serve application behind Serve's HTTP "

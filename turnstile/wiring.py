@@ -36,6 +36,8 @@ from .store.store import Store
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from .server.peers import Peers
+
 
 def engine_urls(args: list[str]) -> list[str]:
     """``--engine-url`` values: URLs, or ``@FILE`` naming a file of them (one a line)."""
@@ -187,10 +189,14 @@ def server_from_args(
     record_fields: dict | None = None,
     session_origin: Callable[[str], Awaitable[str | None]] | None = None,
     shared: bool = False,
+    peers: Peers | None = None,
+    peer_route: bool = False,
 ) -> Server:
     """``turnstile serve``'s server, in either mode (``args.trainer_token`` already set).
     turnstile.ray's replicas add ``record_fields`` (in every call's record),
-    ``session_origin`` (where a session's base URL points, ``AppContext``) and ``shared``.
+    ``session_origin`` (where a session's base URL points, ``AppContext``) and ``shared``;
+    ``turnstile serve --workers N`` (``turnstile.workers``) also ``peers`` (on its front)
+    and ``peer_route`` (on every worker).
 
     Shared (turnstile.ray's replicas; any PostgreSQL store): other gateways write this store
     too, so a session's status and a cached call tree's call count are read from the store
@@ -260,6 +266,8 @@ def server_from_args(
         verify=verify_options(args),
         session_origin=session_origin,
         shared=shared,
+        peers=peers,
+        peer_route=peer_route,
     )
     return Server(app, gateway, banner)
 

@@ -37,7 +37,8 @@ from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
 from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .monitor import Monitor, VerifyOptions
-from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi
+from .peers import PEER_PATH, Peers
+from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi, peer
 from .routes_harness import dialect_routes, models, no_websocket
 from .routes_sessions import (
     call_body,
@@ -105,6 +106,8 @@ def create_app(
     verify: VerifyOptions | None = None,
     session_origin: Callable[[str], Awaitable[str | None]] | None = None,
     shared: bool = False,
+    peers: Peers | None = None,
+    peer_route: bool = False,
 ) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
@@ -112,7 +115,9 @@ def create_app(
     silence after which a stream sends a keep-alive (0/None: never); ``verify``: the live
     mismatch monitor's settings (None: off); ``session_origin``: where a session's base URL
     points, by capability (None: ``public_url``; see ``AppContext``); ``shared``: other
-    gateways write this store too (a session's status is read from it per call)."""
+    gateways write this store too (a session's status is read from it per call); ``peers``:
+    the other workers the front of ``--workers N`` sends its trainer's actions to;
+    ``peer_route``: this gateway is one of those workers (it answers ``/internal/peer``)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
@@ -141,9 +146,13 @@ def create_app(
         tokenizer=tokenizer,
         keepalive=keepalive or None,
         session_origin=session_origin,
+        peers=peers,
     )
+    routes = ROUTES
+    if peer_route:
+        routes = [*ROUTES, Route(PEER_PATH, trainer(peer), methods=["POST"])]
     app = Starlette(
-        routes=ROUTES,
+        routes=routes,
         lifespan=_lifespan,
         exception_handlers=dict(EXCEPTION_HANDLERS),
         middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
@@ -199,4 +208,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         gc.set_threshold(*threshold)
     if monitor is not None:
         await monitor.close()
+    peers = app.state.turnstile.peers
+    if peers is not None:
+        await peers.close()
     await gateway.engine.close()

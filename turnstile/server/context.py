@@ -19,6 +19,7 @@ from .session_index import SessionIndex
 
 if TYPE_CHECKING:
     from ..dialects.base import Dialect
+    from .peers import Peers
 
 
 @dataclass
@@ -44,6 +45,8 @@ class AppContext:
     # seconds of silence after which a stream sends its dialect's keep-alive (None: never)
     keepalive: float | None = 10.0
     session_origin: Callable[[str], Awaitable[str | None]] | None = None
+    # the other workers of ``turnstile serve --workers N``, on the front (None: no others)
+    peers: Peers | None = None
     # each session's last body that passed the size limits: a resent history is not walked again
     checked: Checked = field(init=False)
 

@@ -1,15 +1,21 @@
 """Trainer routes that act on the server itself: pause and resume for a weight update, status,
-the OpenAPI document; and the open health probe."""
+the OpenAPI document; the open health probe; and, with ``--workers``, the step of a
+fleet-wide action one worker takes on its own gateway (``peer``, see ``peers``)."""
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
 from ..errors import APIError
-from .context import context, json_response, read_json
+from .context import AppContext, context, json_response, read_json
 from .openapi import document as openapi_document
+from .peers import total
+from .routes_sessions import CLOSE_WAIT_S
 from .validation import weight_version
 
 
@@ -28,18 +34,26 @@ async def admin_pause(request: Request) -> Response:
     # Turnstile stops admitting (and, for abort, cancels its own calls) before any engine
     # is told: a call admitted after the engine paused would wait on it (drain) or fail
     # there as an engine error (abort)
+    # (with --workers: every worker's door, then the engines once)
     aborted = gateway.control.close_door(mode)
+    peers = ctx.peers
+    doors = await peers.send({"op": "pause", "mode": mode}) if peers else []
     engines = await gateway.engine.pause(mode)
     left = await gateway.control.settled(float(timeout))
-    return json_response(
-        {
-            "paused": True,
-            "mode": mode,
-            "in_flight": left,  # still running when it stopped waiting (0: drained)
-            "aborted": aborted,  # calls this pause aborted (their harnesses got a 503)
-            "engines": engines,
-        }
-    )
+    if peers:
+        settled = await peers.send({"op": "pause", "mode": mode, "timeout": timeout}, timeout)
+        aborted += total(doors, "aborted")
+        left += total(settled, "in_flight")
+    out: dict[str, Any] = {
+        "paused": True,
+        "mode": mode,
+        "in_flight": left,  # still running when it stopped waiting (0: drained)
+        "aborted": aborted,  # calls this pause aborted (their harnesses got a 503)
+        "engines": engines,
+    }
+    if peers:
+        out["workers"] = _workers(settled)
+    return json_response(out)
 
 
 async def admin_resume(request: Request) -> Response:
@@ -51,23 +65,94 @@ async def admin_resume(request: Request) -> Response:
         weight_version(version)
     engines = await gateway.engine.resume()
     gateway.control.resume(None if version is None else str(version))
-    return json_response(
-        {"paused": False, "weight_version": gateway.control.version, "engines": engines}
-    )
+    out: dict[str, Any] = {
+        "paused": False,
+        "weight_version": gateway.control.version,
+        "engines": engines,
+    }
+    if ctx.peers:  # every worker's door opens under the same version
+        op = {"op": "resume", "weight_version": gateway.control.version}
+        out["workers"] = _workers(await ctx.peers.send(op))
+    return json_response(out)
 
 
 async def admin_status(request: Request) -> Response:
-    gateway = context(request).gateway
+    ctx = context(request)
+    gateway = ctx.gateway
     c = gateway.control
     replicas = gateway.engine.replica_health()
-    return json_response(
-        {
-            "paused": c.paused,
-            "in_flight": c.in_flight,
-            "weight_version": c.version,
-            "replicas": [{"url": url, "healthy": ok} for url, ok in replicas] if replicas else None,
-        }
-    )
+    out: dict[str, Any] = {
+        "paused": c.paused,
+        "in_flight": c.in_flight,
+        "weight_version": c.version,
+        "replicas": [{"url": url, "healthy": ok} for url, ok in replicas] if replicas else None,
+    }
+    if ctx.peers:
+        states = await ctx.peers.send({"op": "status"})
+        out["in_flight"] += total(states, "in_flight")
+        out["workers"] = _workers(states)
+    return json_response(out)
+
+
+def _workers(answers: list[dict]) -> list[dict]:
+    """The other workers' answers as the trainer sees them (with --workers)."""
+    return [{k: v for k, v in a.items() if k != "aborted"} for a in answers]
+
+
+async def peer(request: Request) -> Response:
+    """One step of a fleet-wide action, on this worker's gateway only (the front sends it)."""
+    ctx = context(request)
+    control = ctx.gateway.control
+    op = await read_json(request, ctx.max_body)
+    if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+        raise APIError(400, 'Expected {"op": ...}.', "op")
+    kind = op["op"]
+    if kind == "pause":
+        mode, timeout = op.get("mode", "drain"), op.get("timeout", 0)
+        if mode not in ("drain", "abort"):
+            raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'drain' or 'abort'.", "mode")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise APIError(400, "Invalid 'timeout': expected seconds (a number >= 0).", "timeout")
+        aborted = control.close_door(mode)
+        left = await control.settled(float(timeout))
+        return json_response({"aborted": aborted, "in_flight": left})
+    if kind == "resume":
+        version = op.get("weight_version")
+        if version is not None:
+            weight_version(version)
+            version = str(version)
+        control.resume(version)
+        return json_response({"weight_version": control.version})
+    if kind == "status":
+        return json_response(local_state(ctx))
+    sid = op.get("session")
+    if not isinstance(sid, str):
+        raise APIError(400, "Expected a 'session'.", "session")
+    if kind == "close":
+        ctx.sessions.mark_closed(sid)
+        aborted = control.close_session(sid)
+        if aborted:
+            await control.settled(CLOSE_WAIT_S, sid)
+        ctx.gateway.closed(sid)
+        ctx.checked.forget(sid)
+        return json_response({"aborted": aborted})
+    if kind == "forget":
+        ctx.sessions.uncache(sid)
+        ctx.sessions.forget_capability(sid)
+        ctx.gateway.forget(sid)
+        ctx.checked.forget(sid)
+        return json_response({})
+    raise APIError(400, f"Unknown op {kind!r}.", "op")
+
+
+def local_state(ctx: AppContext) -> dict:
+    c = ctx.gateway.control
+    return {
+        "paused": c.paused,
+        "in_flight": c.in_flight,
+        "weight_version": c.version,
+        "pid": os.getpid(),
+    }
 
 
 async def openapi(request: Request) -> Response:

@@ -88,6 +88,8 @@ async def session(request: Request) -> Response:
         ctx.sessions.forget_capability(sid)
         ctx.gateway.forget(sid)
         ctx.checked.forget(sid)
+        if ctx.peers:  # the other workers (--workers) forget it too
+            await ctx.peers.send({"op": "forget", "session": sid})
         if not ctx.store.delete_session(sid):
             raise APIError(404, f"No session {sid!r}.", "session_id", code="session_not_found")
         return json_response({"id": sid, "object": "session.deleted", "deleted": True})
@@ -201,6 +203,8 @@ async def close(request: Request) -> Response:
     # answered once they are, so the session's calls read next include them
     if ctx.gateway.control.close_session(sid):
         await ctx.gateway.control.settled(CLOSE_WAIT_S, sid)
+    if ctx.peers:  # and on the other workers (--workers)
+        await ctx.peers.send({"op": "close", "session": sid}, CLOSE_WAIT_S)
     ctx.gateway.closed(sid)  # token-in: its call tree is freed (rebuilt from the store if needed)
     ctx.checked.forget(sid)
     return json_response(await session_json(ctx, sid))
