@@ -555,9 +555,44 @@ def _parse_whole(dialect: str, d: dict) -> tuple[str | None, list[Call]]:
 class Target:
     name: str
     url: str
-    server: _machine.Server
+    server: Any  # _machine.Server, or Workers (a process tree)
     headers: dict[str, str]
     http: Any = None
+    # sessions opened with POST /v1/sessions, each called at its base URL (--workers:
+    # its owning worker's port); None: calls name the session with X-Session-Id
+    bases: dict[str, str] | None = None
+
+
+class Workers:
+    """``turnstile serve --workers N`` as one target: the front and its worker processes
+    (CPU and memory summed over them)."""
+
+    def __init__(self, server: _machine.Server):
+        self.server = server
+        self.proc = server.proc
+
+    @property
+    def pid(self) -> int:
+        return self.server.pid
+
+    def pids(self) -> list[int]:
+        out, todo = [], [self.server.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                todo += [int(x) for x in f.read().split()]
+        return out
+
+    def cpu(self) -> float:
+        return sum(_machine.cpu_seconds(p) for p in self.pids())
+
+    def cpu_pair(self) -> tuple[float, float]:
+        pairs = [(_machine.cpu_seconds(p), _machine.stat_cpu_seconds(p)) for p in self.pids()]
+        return sum(a for a, _ in pairs), sum(b for _, b in pairs)
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 @dataclass
@@ -623,9 +658,20 @@ class Harness:
             hist += result_items(d, calls, [wl.output(plan, t, k)[0] for k in range(len(calls))])
             ctx += wl.turn_tokens(plan, t)
         sid = f"{self.run_id}-{plan.index}"
-        if target == "turnstile":
+        if target in ("turnstile", "workers"):
             self.sids[sid] = f"{d}{' stream' if plan.stream else ''}"
         return Session(plan, sid, d, head, hist, plan.start, ctx)
+
+    async def base(self, t: Target, sid: str) -> str:
+        """The session's origin + ``/s/<capability>``, opened on first use (``--workers``)."""
+        assert t.bases is not None
+        if sid not in t.bases:
+            async with t.http.post(
+                t.url + "/v1/sessions", data=orjson.dumps({"id": sid}), headers=t.headers
+            ) as r:
+                base = (await r.json())["base_url"]
+            t.bases[sid] = base.removesuffix("/v1")
+        return t.bases[sid]
 
     def fresh(self) -> int:
         self.fresh_next += 1
@@ -651,9 +697,11 @@ class Harness:
         ctx = s.context
         t0 = time.perf_counter()
         try:
-            async with t.http.post(
-                t.url + path, data=body, headers={**t.headers, "x-session-id": s.sid}
-            ) as r:
+            if t.bases is None:
+                url, headers = t.url + path, {**t.headers, "x-session-id": s.sid}
+            else:
+                url, headers = await self.base(t, s.sid) + path, t.headers
+            async with t.http.post(url, data=body, headers=headers) as r:
                 raw = await r.read()
                 if r.status != 200:
                     raise RuntimeError(f"HTTP {r.status}: {raw[:300]!r}")
@@ -721,6 +769,53 @@ def rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_of(server: Any) -> int:
+    """RSS of a target's process, or summed over a ``Workers`` tree."""
+    return sum(rss(p) for p in server.pids()) if isinstance(server, Workers) else rss(server.pid)
+
+
+def start_workers(
+    n: int, engine_url: str, data: Path, cpus: str, log: Path
+) -> tuple[_machine.Server, str]:
+    """``turnstile serve --workers n`` (the CLI, as an operator runs it) in front of the fake
+    engine's token-in route."""
+    port = _machine.free_port()
+    s = _machine.Server(
+        [
+            sys.executable,
+            "-m",
+            "turnstile.cli",
+            "serve",
+            "--engine",
+            "vllm",
+            "--vllm-api",
+            "generate",
+            "--engine-logprobs-mode",
+            "processed_logprobs",
+            "--engine-url",
+            engine_url,
+            "--model",
+            str(_workload.tiny_qwen2()),
+            "--served-model-name",
+            _workload.MODEL_NAME,
+            "--data",
+            str(data),
+            "--port",
+            str(port),
+            "--workers",
+            str(n),
+            "--log-level",
+            "warning",
+        ],
+        f"http://127.0.0.1:{port}/health",
+        cpus,  # type: ignore[arg-type]  # taskset's list, e.g. "0,1"
+        log,
+        env={"TURNSTILE_TOKEN": _servers.TOKEN},
+        timeout=300,
+    )
+    return s, f"http://127.0.0.1:{port}"
 
 
 async def warm(h: Harness, t: Target, slots: list[Session], conc: int = 8) -> None:
@@ -1032,12 +1127,12 @@ async def sweep(args: argparse.Namespace, h: Harness, targets: list[Target], fak
     pools = {t.name: [h.session(t.name, p) for p in plans] for t in targets}
     await pace(fake_url, 0.0, 0.0)
     for t in targets:
-        rss0 = rss(t.server.pid)
+        rss0 = rss_of(t.server)
         t0 = time.time()
         await warm(h, t, pools[t.name])
         res["rss"][t.name] = {
             "before": rss0,
-            "after": rss(t.server.pid),
+            "after": rss_of(t.server),
             "sessions": top,
             "tokens": sum(s.context for s in pools[t.name]),
         }
@@ -1083,11 +1178,12 @@ async def sweep(args: argparse.Namespace, h: Harness, targets: list[Target], fak
                 {"mode": mode, "conc": conc, **{k: summarize(v) for k, v in rows.items()}}
             )
     for t in targets:
-        res["rss"][t.name]["end"] = rss(t.server.pid)
+        res["rss"][t.name]["end"] = rss_of(t.server)
+    one = [t for t in targets if t.name != "workers"]  # the deep and flat phases: per process
     if args.deep:
-        res["deep"] = await deep(args, h, targets, fake_url)
+        res["deep"] = await deep(args, h, one, fake_url)
     if args.flat:
-        res["flat"] = await flat(args, h, targets)
+        res["flat"] = await flat(args, h, one)
     for t in targets:
         await t.http.close()
     return res
@@ -1166,12 +1262,14 @@ async def flat(args: argparse.Namespace, h: Harness, targets: list[Target]) -> l
 
 def report(args: argparse.Namespace, res: dict, check: dict) -> None:
     rows = []
-    for cell in res["cells"]:
-        r, t = cell["relay"], cell["turnstile"]
+    names = {"turnstile": "1 process", "workers": f"{args.workers} workers", "baseline": "baseline"}
+    for cell, name in [(c, k) for c in res["cells"] for k in names if k in c]:
+        r, t = cell["relay"], cell[name]
         rows.append(
             [
                 cell["mode"],
                 cell["conc"],
+                names[name],
                 t["turns"],
                 r["errors"] + t["errors"],
                 t["ctx"],
@@ -1192,6 +1290,7 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
             [
                 "engine",
                 "sessions",
+                "Turnstile",
                 "turns",
                 "errors",
                 "context median",
@@ -1321,6 +1420,13 @@ def report(args: argparse.Namespace, res: dict, check: dict) -> None:
     )
     for d in check.get("details", [])[:3]:
         print(f"  segment detail: {d}")
+    wc = res.get("workers_check")
+    if wc:
+        print(
+            f"chained ({args.workers} workers): {wc['extended']}/{wc['later']} later calls "
+            f"extended the recorded tokens, {wc['sessions']} sessions, {wc['calls']} calls"
+            + (f"; segment starts: {dict(wc['reasons'])}" if wc["reasons"] else "")
+        )
 
 
 def main() -> None:
@@ -1342,6 +1448,18 @@ def main() -> None:
         "--flat", type=int, default=None, help="turns of the one-session phase (0: skip)"
     )
     p.add_argument("--profile", action="store_true", help="py-spy on Turnstile in the deep phase")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="also run `turnstile serve --workers N` (the CLI, sessions at their base URLs) in "
+        "the sweep's cells, beside the one-process Turnstile",
+    )
+    p.add_argument(
+        "--workers-cpus",
+        default="0,1",
+        help="the cores --workers' processes may run on (taskset's list; default 0,1)",
+    )
     p.add_argument(
         "--engine-cpu",
         type=int,
@@ -1488,9 +1606,19 @@ def main() -> None:
             ]
             if args.baseline:
                 targets.append(Target("baseline", base_url, base, targets[1].headers))
+            if args.workers:
+                w, w_url = start_workers(
+                    args.workers, fake_url, wd / "data-workers", args.workers_cpus,
+                    wd / "workers.log",
+                )  # fmt: skip
+                servers.append(w)
+                targets.append(Target("workers", w_url, Workers(w), targets[1].headers, bases={}))
             res = asyncio.run(sweep(args, h, targets, fake_url))
             ts.stop()
             check = check_store(wd / "data", h.sids)
+            if args.workers:
+                w.stop()
+                res["workers_check"] = check_store(wd / "data-workers", h.sids)
         finally:
             for s in reversed(servers):
                 s.stop()
@@ -1529,6 +1657,10 @@ def main() -> None:
                     default=str,
                 )
             )
+    wc = res.get("workers_check")
+    if wc and wc["extended"] < wc["later"]:
+        print("FAILED: some calls through the workers did not extend the recorded tokens")
+        sys.exit(1)
     if check["extended"] < check["later"] or check["later"] == 0:
         print("FAILED: some calls did not extend the recorded tokens")
         sys.exit(1)

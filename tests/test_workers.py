@@ -11,6 +11,7 @@ leave it unpaused, each in sessions of its own); the kill and the stop come last
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -235,12 +236,48 @@ def test_refusals_name_the_fix(tiny_qwen2: Path, tmp_path: Path):
         assert p.returncode != 0 and says in p.stderr, (extra, p.stderr[-500:])
 
 
-def test_sigterm_on_the_front_stops_every_worker(ts):
+def test_workers_outlive_no_front(turnstile_factory, shared_relay, tiny_qwen2, no_end_bias):
+    """The front SIGKILLed (nothing of it runs to stop the others) while the fleet is paused
+    and a call waits at a worker's door: every worker exits within its grace period anyway
+    (no orphan holds a port or the store)."""
+    t = turnstile_factory(shared_relay.url, tiny_qwen2, extra=("--workers", "2"))
+    s = next(s for o, s in _owned(t, 2).items() if o != t.url)
+    assert t.http.post(t.url + "/admin/pause", json={"timeout": 5}).status_code == 200
+    ended = threading.Event()
+
+    def call() -> None:
+        with contextlib.suppress(openai.APIError):  # its connection drops with the worker
+            _chat(s["base_url"], [{"role": "user", "content": "x"}], no_end_bias, timeout=60)
+        ended.set()
+
+    threading.Thread(target=call, daemon=True).start()
+    assert not ended.wait(1.5)  # held at the worker's door
+    assert t.proc is not None
+    kids = psutil.Process(t.proc.pid).children(recursive=True)
+    assert kids
+    t.stop(signal.SIGKILL)
+    _, alive = psutil.wait_procs(kids, timeout=40)
+    assert not alive, alive
+
+
+def test_sigterm_on_the_front_stops_every_worker(ts, no_end_bias):
+    """Also while paused with a call held at a worker's door (a graceful shutdown would wait
+    for it for ever): within the workers' grace period."""
+    s = next(s for o, s in _owned(ts).items() if o != ts.url)
+    assert ts.http.post(ts.url + "/admin/pause", json={"timeout": 5}).status_code == 200
+
+    def call() -> None:
+        with contextlib.suppress(openai.APIError):
+            _chat(s["base_url"], [{"role": "user", "content": "x"}], no_end_bias, timeout=60)
+
+    threading.Thread(target=call, daemon=True).start()
+    time.sleep(1.0)
     assert ts.proc is not None
     kids = psutil.Process(ts.proc.pid).children(recursive=True)
     assert len([k for k in kids if "turnstile.workers" in " ".join(k.cmdline())]) == WORKERS - 1
-    ts.stop()
-    assert ts.proc.returncode is not None
+    ts.stop()  # SIGTERM; SIGKILL after 15 s
+    assert ts.proc.returncode is not None and ts.proc.returncode != -signal.SIGKILL
+    assert "did not stop" not in ts.log.read_text()  # each worker stopped by itself
     _, alive = psutil.wait_procs(kids, timeout=30)
     assert not alive, alive
     with pytest.raises(httpx.ConnectError):

@@ -42,6 +42,7 @@ REFUSED = (
     "rebuilt when another worker recorded calls)"
 )
 RESTART_S = (0.5, 30.0)  # first and longest wait before a dead worker is started again
+GRACE_S = 10.0  # how long a stopping worker waits for its running calls
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -141,11 +142,12 @@ class Fleet:
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for p in self.procs:
+        deadline = time.monotonic() + GRACE_S + 5
+        for k, p in enumerate(self.procs, 1):
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                print(f"turnstile: worker {k} did not stop; killed", file=sys.stderr, flush=True)
                 p.kill()
                 p.wait()
 
@@ -155,7 +157,14 @@ def run(app: Any, sock: socket.socket, log_level: str) -> None:
     import uvicorn
 
     config = uvicorn.Config(
-        app, log_level=log_level, loop="uvloop", http="httptools", access_log=False
+        app,
+        log_level=log_level,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        # a call held at a paused door would keep a graceful shutdown waiting for ever (and
+        # the front would never stop its workers)
+        timeout_graceful_shutdown=GRACE_S,
     )
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -200,15 +209,28 @@ def serve_workers(args: argparse.Namespace) -> None:
         fleet.stop()
 
 
+ORPHAN_EXIT_S = GRACE_S + 5.0  # how long a worker whose front died may take to shut down
+
+
 def _die_with_parent(parent: int) -> None:
-    """SIGTERM this worker when the front goes, however it goes (Linux's PDEATHSIG)."""
+    """Stop this worker when the front goes, however it goes: SIGTERM at once (Linux's
+    PDEATHSIG; a graceful shutdown commits what is pending), and out after
+    :data:`ORPHAN_EXIT_S` whatever it still waits for (a call held at a paused door keeps
+    uvicorn's graceful shutdown waiting)."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # gone before that took effect
-        sys.exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)  # where PDEATHSIG is not there
+        time.sleep(ORPHAN_EXIT_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="front-watch").start()
 
 
 def worker_main() -> None:
