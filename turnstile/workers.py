@@ -42,7 +42,7 @@ REFUSED = (
     "rebuilt when another worker recorded calls)"
 )
 RESTART_S = (0.5, 30.0)  # first and longest wait before a dead worker is started again
-GRACE_S = 10.0  # how long a stopping worker waits for its running calls
+GRACE_S = 10  # seconds: how long a stopping worker waits for its running calls
 
 
 def listen(host: str, port: int) -> socket.socket:
