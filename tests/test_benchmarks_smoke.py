@@ -47,6 +47,26 @@ def test_benchmark_quick(script: str) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_agent_sessions_workers_quick() -> None:
+    """agent_sessions.py with ``turnstile serve --workers 2`` as a third target: its sessions
+    at their base URLs, every later call extending its recorded tokens."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "agent_sessions.py"), "--quick"]
+        + ["--workers", "2", "--modes", "paced", "--conc", "4", "--deep", "0", "--flat", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("chained (2 workers)")]
+    done, later = line.split(": ")[1].split(" ")[0].split("/")
+    assert done == later and int(later) > 0, line
+    assert "| 2 workers |" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.timeout(120)
 def test_peers_quick() -> None:
     """peers.py with the targets that need only the project venv (the peers' own venvs come
     from benchmarks/setup_peer_venvs.sh): the engine's drifting reply and the exactness check."""
