@@ -4,6 +4,7 @@ fleet-wide action one worker takes on its own gateway (``peer``, see ``peers``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -39,11 +40,15 @@ async def admin_pause(request: Request) -> Response:
     peers = ctx.peers
     doors = await peers.send({"op": "pause", "mode": mode}) if peers else []
     engines = await gateway.engine.pause(mode)
-    left = await gateway.control.settled(float(timeout))
-    if peers:
-        settled = await peers.send({"op": "pause", "mode": mode, "timeout": timeout}, timeout)
+    if peers:  # every worker drains at once, within the one timeout
+        left, settled = await asyncio.gather(
+            gateway.control.settled(float(timeout)),
+            peers.send({"op": "pause", "mode": mode, "timeout": timeout}, timeout),
+        )
         aborted += total(doors, "aborted")
         left += total(settled, "in_flight")
+    else:
+        left = await gateway.control.settled(float(timeout))
     out: dict[str, Any] = {
         "paused": True,
         "mode": mode,
