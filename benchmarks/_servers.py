@@ -112,6 +112,27 @@ def start_turnstile(
     return s, f"http://127.0.0.1:{port}"
 
 
+def serve_options(engine_url: str, data: Path) -> list[str]:
+    """``turnstile serve``'s options in front of the fake engine's token-in route (vLLM's
+    ``/inference/v1/generate`` with processed logprobs), as an operator would give them."""
+    return [
+        "--engine",
+        "vllm",
+        "--vllm-api",
+        "generate",
+        "--engine-logprobs-mode",
+        "processed_logprobs",
+        "--engine-url",
+        engine_url,
+        "--model",
+        str(tiny_qwen2()),
+        "--data",
+        str(data),
+        "--served-model-name",
+        MODEL_NAME,
+    ]
+
+
 def litellm_available() -> str | None:
     """None when the bench venv has LiteLLM, else why not."""
     exe = bench_venv() / "bin" / "litellm"

@@ -166,32 +166,15 @@ async def drive(
     return row
 
 
-def ray_target(n: int, fake_url: str, data: Path, port: int, tiny: Path):
+def ray_target(n: int, fake_url: str, data: Path, port: int):
     from ray import serve
 
     from turnstile.cli import build_parser
     from turnstile.ray import build_app, replica_options
 
+    options = _servers.serve_options(fake_url, data)
     args = build_parser().parse_args(
-        [
-            "serve",
-            "--engine",
-            "vllm",
-            "--vllm-api",
-            "generate",
-            "--engine-logprobs-mode",
-            "processed_logprobs",
-            "--engine-url",
-            fake_url,
-            "--model",
-            str(tiny),
-            "--data",
-            str(data),
-            "--served-model-name",
-            _workload.MODEL_NAME,
-            "--public-url",
-            f"http://127.0.0.1:{port}",
-        ]
+        ["serve", *options, "--public-url", f"http://127.0.0.1:{port}"]
     )
     args.trainer_token = _servers.TOKEN
     app = build_app(replica_options(args), replicas=n, direct=True)
@@ -210,7 +193,7 @@ def main() -> None:
     from ray import serve
 
     spec, base = _workload.reply_spec(64), _workload.base_messages(pad_to=3500)
-    tiny = _workload.tiny_qwen2()
+    _workload.tiny_qwen2()  # built here, before the replicas load it
     print(
         "# Turnstile on Ray Serve: 1 vs 2 gateway replicas (Serve's proxy / direct) vs one process"
     )
@@ -246,7 +229,7 @@ def main() -> None:
             cpu = RayCPU()
             for n in (1, 2):
                 data = wd / f"ray-{n}"
-                ray_target(n, fake_url, data, port, tiny)
+                ray_target(n, fake_url, data, port)
                 for how, field in (("serve", "fallback_base_url"), ("direct", "base_url")):
                     target = Target(f"ray-{n} {how}", url, cpu, _servers.TOKEN)  # type: ignore[arg-type]
                     rows.append(asyncio.run(drive(target, conc, per_agent, base, cpu, field)))

@@ -16,7 +16,7 @@ from ..errors import APIError
 from .context import AppContext, context, json_response, read_json
 from .openapi import document as openapi_document
 from .peers import total
-from .routes_sessions import CLOSE_WAIT_S
+from .routes_sessions import close_here, forget_here
 from .validation import weight_version
 
 
@@ -134,18 +134,9 @@ async def peer(request: Request) -> Response:
     if not isinstance(sid, str):
         raise APIError(400, "Expected a 'session'.", "session")
     if kind == "close":
-        ctx.sessions.mark_closed(sid)
-        aborted = control.close_session(sid)
-        if aborted:
-            await control.settled(CLOSE_WAIT_S, sid)
-        ctx.gateway.closed(sid)
-        ctx.checked.forget(sid)
-        return json_response({"aborted": aborted})
+        return json_response({"aborted": await close_here(ctx, sid)})
     if kind == "forget":
-        ctx.sessions.uncache(sid)
-        ctx.sessions.forget_capability(sid)
-        ctx.gateway.forget(sid)
-        ctx.checked.forget(sid)
+        forget_here(ctx, sid)
         return json_response({})
     raise APIError(400, f"Unknown op {kind!r}.", "op")
 

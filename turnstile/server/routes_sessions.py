@@ -84,10 +84,7 @@ async def session(request: Request) -> Response:
     ctx = context(request)
     sid = ctx.sessions.require(request.path_params["sid"])
     if request.method == "DELETE":
-        ctx.sessions.uncache(sid)
-        ctx.sessions.forget_capability(sid)
-        ctx.gateway.forget(sid)
-        ctx.checked.forget(sid)
+        forget_here(ctx, sid)
         if ctx.peers:  # the other workers (--workers) forget it too
             await ctx.peers.send({"op": "forget", "session": sid})
         if not ctx.store.delete_session(sid):
@@ -198,16 +195,35 @@ async def close(request: Request) -> Response:
             400, "Invalid 'termination_reason': expected a string.", "termination_reason"
         )
     ctx.store.close_session(sid, reason)
-    ctx.sessions.mark_closed(sid)  # no call of it is admitted from here on
-    # its calls still running are aborted (recorded so, their harness told it is closed):
-    # answered once they are, so the session's calls read next include them
-    if ctx.gateway.control.close_session(sid):
-        await ctx.gateway.control.settled(CLOSE_WAIT_S, sid)
-    if ctx.peers:  # and on the other workers (--workers)
-        await ctx.peers.send({"op": "close", "session": sid}, CLOSE_WAIT_S)
-    ctx.gateway.closed(sid)  # token-in: its call tree is freed (rebuilt from the store if needed)
-    ctx.checked.forget(sid)
+    if ctx.peers:  # and on the other workers (--workers), at once
+        await asyncio.gather(
+            close_here(ctx, sid), ctx.peers.send({"op": "close", "session": sid}, CLOSE_WAIT_S)
+        )
+    else:
+        await close_here(ctx, sid)
     return json_response(await session_json(ctx, sid))
+
+
+async def close_here(ctx: AppContext, sid: str) -> int:
+    """A closed session on this gateway: no call of it is admitted from here on, its running
+    calls are aborted (recorded so, their harness told it is closed) and waited for, so the
+    session's calls read next include them; its call tree is freed (rebuilt from the store if
+    read again). Returns how many calls it aborted."""
+    ctx.sessions.mark_closed(sid)
+    aborted = ctx.gateway.control.close_session(sid)
+    if aborted:
+        await ctx.gateway.control.settled(CLOSE_WAIT_S, sid)
+    ctx.gateway.closed(sid)
+    ctx.checked.forget(sid)
+    return aborted
+
+
+def forget_here(ctx: AppContext, sid: str) -> None:
+    """A deleted session, forgotten by this gateway (a reused id starts empty)."""
+    ctx.sessions.uncache(sid)
+    ctx.sessions.forget_capability(sid)
+    ctx.gateway.forget(sid)
+    ctx.checked.forget(sid)
 
 
 async def calls(request: Request) -> Response:
