@@ -34,8 +34,14 @@ SCRIPTS = {
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_benchmark_quick(script: str) -> None:
+    r = _quick(script)
+    assert SCRIPTS[script] in r.stdout, r.stdout[-3000:]
+
+
+def _quick(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``benchmarks/<script> --quick ARGS``, which must exit 0."""
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -43,23 +49,17 @@ def test_benchmark_quick(script: str) -> None:
         env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert SCRIPTS[script] in r.stdout, r.stdout[-3000:]
+    return r
 
 
 @pytest.mark.timeout(120)
 def test_agent_sessions_workers_quick() -> None:
     """agent_sessions.py with ``turnstile serve --workers 2`` as a third target: its sessions
     at their base URLs, every later call extending its recorded tokens."""
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "agent_sessions.py"), "--quick"]
-        + ["--workers", "2", "--modes", "paced", "--conc", "4", "--deep", "0", "--flat", "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    r = _quick(
+        "agent_sessions.py",
+        *("--workers", "2", "--modes", "paced", "--conc", "4", "--deep", "0", "--flat", "0"),
     )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("chained (2 workers)")]
     done, later = line.split(": ")[1].split(" ")[0].split("/")
     assert done == later and int(later) > 0, line
