@@ -43,6 +43,9 @@ class Dialect(Protocol):
     routes: ClassVar[Routes]
     # what a stream sends while it has nothing to say (an SSE comment, Anthropic's ping)
     keepalive: bytes
+    # the top-level list a harness resends whole on every call (its history): the server
+    # parses only what is new in it (``server.resent``)
+    history_field: ClassVar[str]
 
     def __init__(self, gateway: Served) -> None: ...
 

@@ -16,6 +16,7 @@ from .base import Routes, Served
 class ChatDialect:
     name = "chat"
     keepalive = b": keep-alive\n\n"
+    history_field: ClassVar[str] = "messages"
     routes: ClassVar[Routes] = (("POST", "/chat/completions", "call"),)
 
     def __init__(self, gateway: Served):

@@ -153,6 +153,7 @@ def _sse(kind: str, data: dict) -> bytes:
 class MessagesDialect:
     name = NAME
     keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # as Anthropic's API sends it
+    history_field: ClassVar[str] = "messages"
     routes: ClassVar[Routes] = (
         ("POST", "/messages", "call"),
         ("POST", "/messages/count_tokens", "count_tokens"),

@@ -162,6 +162,7 @@ def stored(rec: CallRecord, model: str) -> dict:
 class ResponsesDialect:
     name = NAME
     keepalive = b": keep-alive\n\n"
+    history_field: ClassVar[str] = "input"
     routes: ClassVar[Routes] = (
         ("POST", "/responses", "call"),
         ("GET", "/responses/{rid}", "stored"),

@@ -15,6 +15,7 @@ from ..errors import APIError
 from ..gateway.contract import AppGateway
 from ..store.contracts import SessionStore
 from .limits import Checked, Limits
+from .resent import ResentBodies, parse_json
 from .session_index import SessionIndex
 
 if TYPE_CHECKING:
@@ -49,9 +50,16 @@ class AppContext:
     peers: Peers | None = None
     # each session's last body that passed the size limits: a resent history is not walked again
     checked: Checked = field(init=False)
+    # each session's last body: a resent history is not parsed again
+    resent: ResentBodies = field(default_factory=ResentBodies)
 
     def __post_init__(self) -> None:
         self.checked = Checked(self.limits)
+
+    def forget_bodies(self, session: str) -> None:
+        """What was kept of a session's last body (it closed, or was deleted)."""
+        self.checked.forget(session)
+        self.resent.forget(session)
 
 
 def context(request: Request) -> AppContext:
@@ -63,8 +71,8 @@ def json_response(data: object, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status, media_type="application/json")
 
 
-async def read_json(request: Request, limit: int, required: bool = True) -> object:
-    """The body as JSON, refused (413) as soon as it exceeds ``limit`` bytes."""
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The body's bytes, refused (413) as soon as they exceed ``limit``."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise APIError(
@@ -83,11 +91,12 @@ async def read_json(request: Request, limit: int, required: bool = True) -> obje
                 "(start turnstile with a larger --max-body-mb).",
                 code="request_too_large",
             )
+    return body
+
+
+async def read_json(request: Request, limit: int, required: bool = True) -> object:
+    """The body as JSON, refused (413) as soon as it exceeds ``limit`` bytes."""
+    body = await read_body(request, limit)
     if not body and not required:
         return None
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise APIError(
-            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
-        ) from exc
+    return parse_json(body)

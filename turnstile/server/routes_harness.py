@@ -16,7 +16,7 @@ from ..dialects.base import CountsTokens, Dialect, RouteKind, StoresResponses
 from ..errors import APIError
 from ..gateway.admission import ClientGone
 from .access import harness_session, require_json
-from .context import context, json_response, read_json
+from .context import context, json_response, read_body, read_json
 from .limits import check as check_limits
 from .streaming import EventStream, Noted, disconnect_watch
 
@@ -30,7 +30,7 @@ async def call(request: Request, dialect: Dialect) -> Response:
     sid = await harness_session(request)
     assert sid is not None
     ctx.sessions.require_open(sid)
-    body = await read_json(request, ctx.max_body)
+    body = ctx.resent.parse(sid, dialect.history_field, await read_body(request, ctx.max_body))
     ctx.checked.check(sid, body)  # before anything is built from it (only what is new)
     req = dialect.parse(body, sid)
     try:

@@ -214,7 +214,7 @@ async def close_here(ctx: AppContext, sid: str) -> int:
     if aborted:
         await ctx.gateway.control.settled(CLOSE_WAIT_S, sid)
     ctx.gateway.closed(sid)
-    ctx.checked.forget(sid)
+    ctx.forget_bodies(sid)
     return aborted
 
 
@@ -223,7 +223,7 @@ def forget_here(ctx: AppContext, sid: str) -> None:
     ctx.sessions.uncache(sid)
     ctx.sessions.forget_capability(sid)
     ctx.gateway.forget(sid)
-    ctx.checked.forget(sid)
+    ctx.forget_bodies(sid)
 
 
 async def calls(request: Request) -> Response:
