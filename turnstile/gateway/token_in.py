@@ -19,7 +19,7 @@ from ..dialects.chat_request import parse_chat_request
 from ..engines.base import Engine, EngineError, SamplingParams
 from ..errors import APIError
 from ..parsing import Parser
-from ..parsing.call_ids import calls_before
+from ..parsing.call_ids import id_offset
 from ..parsing.detect import FormatChoice
 from ..request import Answer, ChatRequest
 from ..store.store import Store
@@ -119,7 +119,7 @@ class Gateway:
             tail,
             tools=req.tools,
             tool_calls=bool(req.tools),
-            calls_before=calls_before(req.messages),
+            calls_before=id_offset(self.parser.id_style, req.messages),
         )
 
     # the call

@@ -8,10 +8,10 @@ response (``parse``) equals what a streaming client reassembles.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from typing import Any
 
+from .call_ids import hex_id
 from .reasoning import Piece, ThinkSplitter
 from .registry import create_tool_parser
 from .types import (
@@ -104,7 +104,7 @@ class Parser:
             ThinkSplitter(reasoning_started, open_tag, close_tag) if reasoning and not own else None
         )
         self._format_reasoning = False  # the tool format reported reasoning itself
-        self._id_factory = id_factory or (lambda _i, _n: call_id_prefix + secrets.token_hex(12))
+        self._id_factory = id_factory or (lambda _i, _n: hex_id(call_id_prefix))
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[dict[str, Any]] = []
