@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnstile.errors import APIError
-from turnstile.server.resent import ResentBodies
+from turnstile.server.resent import WALK_MAX, ResentBodies
 
 pytestmark = pytest.mark.unit
 
@@ -137,12 +137,12 @@ def test_appended_histories_reuse_what_was_parsed():
         # three quotes in the text: an odd count, so an escape misread shows
         history: list = [{"role": "system", "content": 'say "hi, \\" or "bye:\n'}]
         for turn in range(6):
-            history = [*history, {"role": "user", "content": f"q{turn} ü"}]
+            history = [*history, {"role": "user", "content": f"q{turn} ü"}, {"role": "x"}]
             body = {"model": "m", "messages": history, "tools": [{"x": [1, 2.5]}], "n": turn}
             before = bodies.reused
             assert bodies.parse("s", "messages", write(body)) == body
             if turn:
-                assert bodies.reused - before == len(history) - 1, name
+                assert bodies.reused - before == len(history) - 2, name
 
 
 def test_elements_are_shared_and_bodies_are_not():
@@ -178,3 +178,20 @@ def test_small_bodies_are_parsed_whole():
     for _ in range(3):
         assert bodies.parse("s", "messages", raw) == orjson.loads(raw)
     assert bodies.reused == 0
+
+
+def test_a_long_changed_history_is_parsed_whole_and_right():
+    """A body changed near its start and after its list is read bracket by bracket only up to
+    a bound (``WALK_MAX``), then parsed whole: the result is orjson's either way."""
+    history = [{"role": "tool", "content": f"line {i} " + "x" * 500} for i in range(400)]
+    assert len(orjson.dumps(history)) > 2 * WALK_MAX
+    for write in WRITERS.values():
+        bodies = ResentBodies(min_bytes=0)
+        first = {"messages": history, "n": 1}
+        assert bodies.parse("s", "messages", write(first)) == first
+        changed = {"messages": [{"role": "system", "content": "new"}, *history[1:]], "n": 2}
+        assert bodies.parse("s", "messages", write(changed)) == changed
+        grown = {"messages": [*changed["messages"], {"role": "user", "content": "q"}], "n": 3}
+        before = bodies.reused
+        assert bodies.parse("s", "messages", write(grown)) == grown
+        assert bodies.reused - before == len(changed["messages"])
