@@ -89,15 +89,28 @@ def test_chat_bodies_past_the_size_kept(turnstile, relay, tiny_qwen2, no_end_bia
     assert _extends(relay, since) == [True, True, True, False, True]
 
 
+def _three_turns(relay, tok, call) -> None:  # noqa: ANN001
+    """``call(turn, history)`` three times, the history growing by the reply and a tool text:
+    each prompt holds the system text and every earlier tool text whole."""
+    since = len(relay.completions())
+    history: list = [{"role": "user", "content": "Go."}]
+    for turn in range(3):
+        reply, result = call(turn, history)
+        history += [{"role": "assistant", "content": reply or "."}, result]
+    prompts = _prompts(relay, tok, since)
+    held = [f"{tool_text(t)}<|im_end|>" in p for t in range(2) for p in prompts[t + 1 :]]
+    assert held == [True] * 3
+    assert all(f"system\n{SYSTEM}<|im_end|>" in p for p in prompts)
+
+
 def test_responses_and_messages_bodies_past_the_size_kept(
     turnstile, relay, tiny_qwen2, no_end_bias
 ):
     tok = load_tokenizer(str(tiny_qwen2))
     session = turnstile.session(task="resent-dialects")
     oa = openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
-    since = len(relay.completions())
-    items: list[dict] = [{"role": "user", "content": "Go."}]
-    for turn in range(3):
+
+    def responses(turn: int, items: list) -> tuple[str, dict]:
         r = oa.responses.create(
             model="tiny",
             instructions=SYSTEM,
@@ -106,23 +119,16 @@ def test_responses_and_messages_bodies_past_the_size_kept(
             store=False,
             extra_body={"logit_bias": no_end_bias, "seed": turn},
         )
-        items += [
-            {"role": "assistant", "content": r.output_text},
-            {"role": "user", "content": tool_text(turn)},
-        ]
-    prompts = _prompts(relay, tok, since)
-    assert [f"{tool_text(t)}<|im_end|>" in p for t in range(2) for p in prompts[t + 1 :]] == [
-        True
-    ] * 3
-    assert all(f"system\n{SYSTEM}<|im_end|>" in p for p in prompts)
+        return r.output_text, {"role": "user", "content": tool_text(turn)}
+
+    _three_turns(relay, tok, responses)
 
     session = turnstile.session(task="resent-messages")
     an = anthropic.Anthropic(
         base_url=session["anthropic_base_url"], api_key="unused", max_retries=0
     )
-    since = len(relay.completions())
-    turns: list[dict] = [{"role": "user", "content": "Go."}]
-    for turn in range(3):
+
+    def messages(turn: int, turns: list) -> tuple[str, dict]:
         r = an.messages.create(
             model="tiny",
             system=SYSTEM,
@@ -131,12 +137,6 @@ def test_responses_and_messages_bodies_past_the_size_kept(
             extra_body={"logit_bias": no_end_bias, "seed": turn},
         )
         text = "".join(b.text for b in r.content if b.type == "text")
-        turns += [
-            {"role": "assistant", "content": text or "."},
-            {"role": "user", "content": [{"type": "text", "text": tool_text(turn)}]},
-        ]
-    prompts = _prompts(relay, tok, since)
-    assert [f"{tool_text(t)}<|im_end|>" in p for t in range(2) for p in prompts[t + 1 :]] == [
-        True
-    ] * 3
-    assert all(f"system\n{SYSTEM}<|im_end|>" in p for p in prompts)
+        return text, {"role": "user", "content": [{"type": "text", "text": tool_text(turn)}]}
+
+    _three_turns(relay, tok, messages)

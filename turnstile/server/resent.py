@@ -79,6 +79,18 @@ def _at(b: bytes | bytearray, pos: int) -> int:
     return b[pos]
 
 
+def _after(b: bytes | bytearray, end: int, close: int) -> int | None:
+    """After a list element or object member ending at ``end``: where the next one starts,
+    or None at the ``close`` bracket (anything else is not JSON this reader follows)."""
+    pos = _ws(b, end)
+    c = _at(b, pos)
+    if c == close:
+        return None
+    if c != 0x2C:
+        raise _Unusual
+    return _ws(b, pos + 1)
+
+
 def _string_end(b: bytes | bytearray, pos: int) -> int:
     """The offset after the string starting at ``pos`` (a quote)."""
     i = pos + 1
@@ -150,13 +162,10 @@ def _elements(
         else:
             raise _Unusual
         ends.append(end)
-        pos = _ws(b, end)
-        c = _at(b, pos)
-        if c == 0x5D:
-            return ends, pos
-        if c != 0x2C:
-            raise _Unusual
-        pos = _ws(b, pos + 1)
+        nxt = _after(b, end, 0x5D)
+        if nxt is None:
+            return ends, _ws(b, end)
+        pos = nxt
 
 
 def _members(
@@ -185,13 +194,10 @@ def _members(
         else:
             end = _skip(b, start, body.get(name))
         names.append(name)
-        pos = _ws(b, end)
-        c = _at(b, pos)
-        if c == 0x7D:
+        nxt = _after(b, end, 0x7D)
+        if nxt is None:
             return names, found
-        if c != 0x2C:
-            raise _Unusual
-        pos = _ws(b, pos + 1)
+        pos = nxt
 
 
 @dataclass
