@@ -219,10 +219,6 @@ class _Seen:
         return bytes(self.marks[i * _MARK : (i + 1) * _MARK])
 
 
-def _digest(h: Any) -> bytes:
-    return h.digest()
-
-
 class ResentBodies:
     """Per session (at most ``size``, the least recently used dropped first), what its last
     body left for the next one: see the module's docstring."""
@@ -283,11 +279,11 @@ def _layout(b: bytes | bytearray, body: object, field: str) -> _Seen | None:
         raise _Unusual
     view = memoryview(b)
     h = _hash(view[:open_])
-    marks = bytearray(_digest(h))
+    marks = bytearray(h.digest())
     prev = open_
     for end in ends:
         h.update(view[prev:end])
-        marks += _digest(h)
+        marks += h.digest()
         prev = end
     return _Seen(
         field,
@@ -298,7 +294,7 @@ def _layout(b: bytes | bytearray, body: object, field: str) -> _Seen | None:
         marks,
         list(items),
         close,
-        _digest(_hash(view[close:])),
+        _hash(view[close:]).digest(),
         {name: body[name] for name in names[at + 1 :]},
     )
 
@@ -313,13 +309,13 @@ def _splice(s: _Seen, b: bytes | bytearray) -> tuple[dict, _Seen, int] | None:
     k = -1
     if n and len(b) > s.ends[n - 1]:
         h = _hash(view[: s.ends[n - 1]])
-        if _digest(h) == s.mark(n):
+        if h.digest() == s.mark(n):
             k = n
     if k < 0:
         if len(b) <= s.open:
             return None
         h = _hash(view[: s.open])
-        if _digest(h) != s.mark(0):
+        if h.digest() != s.mark(0):
             return None
         k, prev = 0, s.open
         for i in range(n):
@@ -328,7 +324,7 @@ def _splice(s: _Seen, b: bytes | bytearray) -> tuple[dict, _Seen, int] | None:
                 break
             nxt = h.copy()
             nxt.update(view[prev:end])
-            if _digest(nxt) != s.mark(i + 1):
+            if nxt.digest() != s.mark(i + 1):
                 break
             h, prev, k = nxt, end, i + 1
     pos = s.ends[k - 1] if k else s.open
@@ -346,7 +342,7 @@ def _splice(s: _Seen, b: bytes | bytearray) -> tuple[dict, _Seen, int] | None:
     if first is not None and _at(b, first) == 0x5D:
         raise _Unusual  # "[,]" or "x,]": not JSON; the whole parse says so
     tail = len(b) - (s.size - s.close)
-    if p <= tail < len(b) and _digest(_hash(view[tail:])) == s.tail_mark:
+    if p <= tail < len(b) and _hash(view[tail:]).digest() == s.tail_mark:
         close, trailing, tail_mark = tail, s.trailing, s.tail_mark
         if first is None:
             if p != close:
@@ -380,13 +376,13 @@ def _splice(s: _Seen, b: bytes | bytearray) -> tuple[dict, _Seen, int] | None:
             raise _Unusual
         if type(trailing) is not dict or s.field in trailing:
             raise _Unusual
-        tail_mark = _digest(_hash(view[close:]))
+        tail_mark = _hash(view[close:]).digest()
     items = s.items[:k] + new
     marks = s.marks[: (k + 1) * _MARK]
     prev = pos
     for end in new_ends:
         h.update(view[prev:end])
-        marks += _digest(h)
+        marks += h.digest()
         prev = end
     ends = s.ends[:k]
     ends.extend(new_ends)
