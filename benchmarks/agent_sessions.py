@@ -1196,13 +1196,18 @@ def mean_turn_s(wl: Workload, args: argparse.Namespace) -> float:
 
 async def deep(args: argparse.Namespace, h: Harness, targets: list[Target], fake_url: str) -> dict:
     """Sessions resumed at >= 100k-token contexts, no engine latency: turns per CPU-second.
-    With ``--baseline`` and two rounds the cells run ABBA (the same sessions go on)."""
+    With ``--baseline`` and two rounds the cells run ABBA (the same sessions go on); with
+    four, ABBAABBA, and so on."""
     await pace(fake_url, 0.0, 0.0)
     plans = [h.wl.deep_plan(i, args.deep_context) for i in range(args.deep)]
     out: dict[str, Any] = {}
     slots: dict[str, list[Session]] = {}
     rows: dict[str, list[dict]] = {t.name: [] for t in targets}
-    order = targets + targets[::-1] if args.baseline and args.rounds > 1 else targets
+    order = (
+        (targets + targets[::-1]) * max(1, args.rounds // 2)
+        if args.baseline and args.rounds > 1
+        else targets
+    )
     for t in order:
         if t.name not in slots:
             slots[t.name] = [h.session(t.name, p) for p in plans]

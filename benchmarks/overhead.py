@@ -177,7 +177,38 @@ async def run_cell(target: Target, mode: str, conc: int, per_agent: int) -> dict
         "rps": len(lat) / wall,
         "wall": wall,
         "req_bytes": sum(sizes) / max(1, len(sizes)),
+        "cpu_s": used,
+        "lat": lat,
     }
+
+
+def pooled(rows: list[dict]) -> list[dict]:
+    """One row per (target, mode, conc) from several rounds: CPU and calls summed, latency
+    percentiles over every call, throughput over the summed wall time."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["target"], r["mode"], r["conc"]), []).append(r)
+    out = []
+    for (target, mode, conc), rs in groups.items():
+        lat = [x for r in rs for x in r["lat"]]
+        n = max(1, len(lat))
+        out.append(
+            {
+                "target": target,
+                "mode": mode,
+                "conc": conc,
+                "calls": len(lat),
+                "errors": sum(r["errors"] for r in rs),
+                "cpu_ms": sum(r["cpu_s"] for r in rs) / n * 1000,
+                "p50": _report.pct(lat, 50) * 1000,
+                "p99": _report.pct(lat, 99) * 1000,
+                "rps": len(lat) / sum(r["wall"] for r in rs),
+                "wall": sum(r["wall"] for r in rs),
+                "req_bytes": sum(r["req_bytes"] for r in rs) / len(rs),
+                "rounds": [r["cpu_ms"] for r in rs],
+            }
+        )
+    return out
 
 
 def plan(quick: bool, conc: int, mode: str) -> int:
@@ -211,21 +242,25 @@ async def measure(
     base: list[dict],
     fake_url: str,
     pace_ms: float,
+    rounds: int = 1,
 ) -> list[dict]:
+    """Each cell once per round; the targets' order reversed every other round (ABBA), so a
+    drift of the machine over the run falls on every target alike."""
     await warm_up(targets, max(concs), base)
     rows = []
     for mode in modes:
         await asyncio.to_thread(_servers.set_pace, fake_url, pace_ms if mode == "paced" else 0.0)
         for conc in concs:
-            for t in targets:
-                rows.append(await run_cell(t, mode, conc, plan(quick, conc, mode)))
-                r = rows[-1]
-                print(
-                    f"  {mode:<6} conc {conc:>3} {t.name:<13} {r['cpu_ms']:.3f} ms CPU/call "
-                    f"p50 {r['p50']:.1f} ms  {r['rps']:.0f} calls/s"
-                    + (f"  {r['errors']} errors" if r["errors"] else ""),
-                    flush=True,
-                )
+            for rnd in range(rounds):
+                for t in targets if rnd % 2 == 0 else targets[::-1]:
+                    rows.append(await run_cell(t, mode, conc, plan(quick, conc, mode)))
+                    r = rows[-1]
+                    print(
+                        f"  {mode:<6} conc {conc:>3} {t.name:<13} {r['cpu_ms']:.3f} ms CPU/call "
+                        f"p50 {r['p50']:.1f} ms  {r['rps']:.0f} calls/s"
+                        + (f"  {r['errors']} errors" if r["errors"] else ""),
+                        flush=True,
+                    )
     for t in targets:
         await t.client.close()
     return rows
@@ -286,6 +321,15 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                 f"\n### {title}\n",
             )
         )
+        for conc in concs:
+            crow = {r["target"]: r for r in mrows if r["conc"] == conc}
+            floor_rounds = crow.get("floor", {}).get("rounds", [])
+            for name, r in crow.items():
+                if len(floor_rounds) > 1 and name not in ("floor", "direct"):
+                    each = ", ".join(
+                        f"{a / b:.2f}" for a, b in zip(r["rounds"], floor_rounds, strict=True)
+                    )
+                    out.append(f"{name} x floor, each round at conc {conc}: {each}")
     return "\n".join(out)
 
 
@@ -297,6 +341,13 @@ def main() -> None:
     p.add_argument("--targets", default="direct,relay-aiohttp,relay-httpx,floor,turnstile,litellm")
     p.add_argument("--pace-ms", type=float, default=None, help="10 (1 with --quick)")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every cell this many times, the targets' order reversed every other round; "
+        "the table pools them (and lists each round's CPU per call)",
+    )
     p.add_argument(
         "--baseline",
         metavar="SRC",
@@ -376,11 +427,14 @@ def main() -> None:
                     servers.append(s)
                     targets.append(Target(name, url, s, _servers.LITELLM_KEY))
             rows += asyncio.run(
-                measure(targets, modes, concs, args.quick, base, fake_url, args.pace_ms)
+                measure(
+                    targets, modes, concs, args.quick, base, fake_url, args.pace_ms, args.rounds
+                )
             )
         finally:
             for s in reversed(servers):
                 s.stop()
+    rows = pooled(rows)
     sizes = [r["req_bytes"] for r in rows]
     print(
         f"\nmean request body: {sum(sizes) / len(sizes) / 1000:.2f} KB; run took "
