@@ -5,6 +5,7 @@ version spans, top-k exactness, errors inside a stream."""
 from __future__ import annotations
 
 import asyncio
+import random
 import subprocess
 import sys
 
@@ -144,6 +145,41 @@ def test_the_request_is_token_in_with_every_sampling_default_pinned(version):
             "logit_bias": {"12": 1.5},
             "detokenize": True,
         }
+
+
+@pytest.mark.parametrize("route", ["generate", "completions"])
+def test_a_long_int32_prompt_reaches_the_engine_exactly_call_after_call(route):
+    """The gateway's int32 prompts, many blocks long (their JSON written from kept blocks,
+    ``engines/prompt_json.py``), as a session sends them: extended, then edited inside a
+    block already sent, then branched; the fake records what it parsed off the wire."""
+    from array import array
+
+    from turnstile.engines.prompt_json import BLOCK
+
+    rng = random.Random(route)
+    first = [rng.randrange(4, 60) for _ in range(3 * BLOCK + 17)]
+    grown = first + [rng.randrange(4, 60) for _ in range(BLOCK)]
+    edited = list(grown)
+    edited[BLOCK + 5] = 61 if edited[BLOCK + 5] != 61 else 62
+    branch = grown[: 2 * BLOCK - 1] + [3, 2, 1]
+    prompts = [first, grown, edited, branch, grown]
+
+    async def go(url: str) -> None:
+        engine = make_engine("vllm", url, api=route)
+        await engine.start()
+        try:
+            for ids in prompts:
+                async for _ in engine.generate(array("i", ids), SamplingParams(max_tokens=1)):
+                    pass
+        finally:
+            await engine.close()
+
+    with VLLMFake("0.33.0", max_model_len=8 * BLOCK) as fake:
+        run(go(fake.url))
+        path = "/inference/v1/generate" if route == "generate" else "/v1/completions"
+        field = "token_ids" if route == "generate" else "prompt"
+        sent = [b[field] for b in fake.rec.bodies(path) if field in b]  # (not the probe)
+        assert sent == prompts
 
 
 @pytest.mark.parametrize("version", ["0.29.0", "0.32.0", "0.33.0"])

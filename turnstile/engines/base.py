@@ -10,7 +10,6 @@ events that arrived together, so a burst costs one pass through the gateway, not
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Self
@@ -100,18 +99,6 @@ def token_versions(spans: list[dict] | None, n: int) -> list[str | None] | None:
     return out
 
 
-def wire_ids(ids: Sequence[int]) -> object:
-    """Prompt token IDs for a JSON request body. The gateway hands adapters the prompt as an
-    int32 ``array``: it goes out as a numpy view that orjson writes in C
-    (``OPT_SERIALIZE_NUMPY``), instead of first making a Python int per token (at 100k tokens
-    that was ~3 ms per call). A list stays a list."""
-    if isinstance(ids, array) and ids.typecode == "i":
-        import numpy as np
-
-        return np.frombuffer(ids, dtype=np.int32)
-    return list(ids)
-
-
 class EngineError(Exception):
     """The engine could not serve the call. ``status`` is the HTTP status to give the harness."""
 
@@ -185,7 +172,7 @@ class Generator(Protocol):
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[list[TokenEvent] | Finish]:
-        """``prompt_ids``: a list, or an int32 ``array`` (see :func:`wire_ids`).
+        """``prompt_ids``: a list, or an int32 ``array`` (see :func:`~.prompt_json.wire_ids`).
 
         ``stream`` is a hint: an adapter whose engine cannot stream exact token IDs
         returns them all at once."""

@@ -27,9 +27,9 @@ from .base import (
     SamplingParams,
     TokenEvent,
     logprob_unfitness,
-    wire_ids,
 )
 from .http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S, HTTPEngine, timed_out
+from .prompt_json import wire_ids
 
 _STOP_REASON = {"eos": "stop", "word": "stop", "limit": "length"}
 

@@ -34,7 +34,6 @@ from .base import (
     SamplingParams,
     TokenEvent,
     logprob_unfitness,
-    wire_ids,
 )
 from .http import (
     CONNECT_TIMEOUT_S,
@@ -44,6 +43,7 @@ from .http import (
     json_object,
     new_request_id,
 )
+from .prompt_json import wire_ids
 
 
 class SGLangServer(HTTPEngine):

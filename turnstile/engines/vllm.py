@@ -46,7 +46,6 @@ from .base import (
     SamplingParams,
     TokenEvent,
     logprob_unfitness,
-    wire_ids,
 )
 from .http import (
     CONNECT_TIMEOUT_S,
@@ -57,6 +56,7 @@ from .http import (
     new_request_id,
     version_tuple,
 )
+from .prompt_json import wire_ids
 from .vllm_reader import COMPLETIONS, GENERATE, Reader, RouteGone
 
 LOGPROBS_MODES = (RAW_LOGPROBS, PROCESSED_LOGPROBS, RAW_LOGITS, PROCESSED_LOGITS)
