@@ -42,13 +42,13 @@ def sessions(draw) -> list[list[int]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(sessions(), st.integers(1, 9), st.integers(0, 400))
-def test_equal_to_orjson_for_every_prompt_of_generated_sessions(prompts, block, max_bytes):
-    cache = PromptJSON(max_bytes=max_bytes, block=block)
+@given(sessions(), st.integers(1, 9), st.integers(0, 400), st.sampled_from([0.0, 60.0]))
+def test_equal_to_orjson_for_every_prompt_of_generated_sessions(prompts, block, max_bytes, idle):
+    cache = PromptJSON(max_bytes=max_bytes, block=block, idle_s=idle)
     for ids in prompts:
         assert cache.dumps(array("i", ids)) == orjson.dumps(ids)
         assert cache.bytes <= max_bytes
-        kept = sum(len(a) + len(b) for a, b in cache._kept.values())
+        kept = sum(len(a) + len(b) for a, b, _ in cache._kept.values())
         assert cache.bytes == kept
 
 
@@ -85,11 +85,34 @@ def test_wire_ids_writes_an_int32_array_as_a_fragment_and_a_list_as_is():
 
 
 def test_the_least_recently_used_block_is_dropped_first():
-    cache = PromptJSON(block=2)
+    cache = PromptJSON(block=2, idle_s=0)
     a, b, c = array("i", [1, 2]), array("i", [3, 4]), array("i", [5, 6])
     cache.dumps(a)
     cache.max_bytes = 2 * cache.bytes  # room for two blocks
     cache.dumps(b)
     cache.dumps(a)  # a is used again: b is now the oldest
     cache.dumps(c)
-    assert [ids for ids, _ in cache._kept.values()] == [a.tobytes(), c.tobytes()]
+    assert [ids for ids, *_ in cache._kept.values()] == [a.tobytes(), c.tobytes()]
+
+
+def test_a_round_of_sessions_bigger_than_the_cache_still_finds_blocks():
+    """Three sessions in turn, room for two: least-recently-used alone would drop each block
+    just before it is asked for again (no hits); blocks in use are kept instead, and once
+    unused for ``idle_s`` make room."""
+    t = [0.0]
+    cache = PromptJSON(block=2, idle_s=60, clock=lambda: t[0])
+    a, b, c = array("i", [1, 2]), array("i", [3, 4]), array("i", [5, 6])
+    cache.dumps(a)
+    cache.max_bytes = 2 * cache.bytes
+    hits = 0
+    for _ in range(5):
+        for ids in (a, b, c):
+            t[0] += 1
+            before = {k: v[2] for k, v in cache._kept.items()}
+            assert cache.dumps(ids) == orjson.dumps(list(ids))
+            hits += any(cache._kept[k][2] != before[k] for k in before if k in cache._kept)
+    assert hits == 9  # a every round, b from the second on (c never: no room while in use)
+    assert [ids for ids, *_ in cache._kept.values()] == [a.tobytes(), b.tobytes()]
+    t[0] += 61  # a and b unused for a minute: c takes the oldest one's room
+    cache.dumps(c)
+    assert [ids for ids, *_ in cache._kept.values()] == [b.tobytes(), c.tobytes()]

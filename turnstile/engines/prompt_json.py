@@ -13,16 +13,18 @@ byte for byte (not on the hash alone): what the engine is sent is exactly what i
 from __future__ import annotations
 
 import threading
+import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import orjson
 import xxhash
 
 BLOCK = 4096  # tokens
-MAX_BYTES = 256 << 20  # kept IDs + JSON, least recently used dropped first (~10 B per token)
+MAX_BYTES = 256 << 20  # kept IDs + JSON (~10 B per token: ~250 sessions at 100k tokens)
+IDLE_S = 60.0  # a full cache drops a block only after it went this long unused
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -32,12 +34,24 @@ def _json(raw: memoryview) -> bytes:
 
 
 class PromptJSON:
-    """Blocks of token IDs -> their JSON, least recently used dropped past ``max_bytes``."""
+    """Blocks of token IDs -> their JSON, in at most ``max_bytes``.
 
-    def __init__(self, max_bytes: int = MAX_BYTES, block: int = BLOCK) -> None:
-        self.max_bytes, self.block = max_bytes, block
+    When full, the least recently used block makes room only once it has gone unused for
+    ``idle_s``: sessions that take turns in a round bigger than the cache would otherwise
+    each push out the blocks the next one needs (no block would ever be found again); this
+    way the blocks kept go on being found, and those of finished sessions age out."""
+
+    def __init__(
+        self,
+        max_bytes: int = MAX_BYTES,
+        block: int = BLOCK,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_bytes, self.block, self.idle_s, self.clock = max_bytes, block, idle_s, clock
         self.bytes = 0
-        self._kept: OrderedDict[int, tuple[bytes, bytes]] = OrderedDict()  # hash -> (IDs, JSON)
+        # hash -> [IDs, JSON, last used], least recently used first
+        self._kept: OrderedDict[int, list] = OrderedDict()
         self._lock = threading.Lock()  # one cache per process; engines may run on other loops
 
     def dumps(self, ids: array) -> bytes:
@@ -47,30 +61,42 @@ class PromptJSON:
         whole = len(raw) - len(raw) % step
         pieces = [b"["]
         with self._lock:
+            now = self.clock()
             for at in range(0, whole, step):
-                pieces += (self._block(raw[at : at + step]), b",")
+                pieces += (self._block(raw[at : at + step], now), b",")
         if whole < len(raw):
             pieces += (_json(raw[whole:]), b",")
         pieces[-1] = b"]" if len(pieces) > 1 else b"[]"
         return b"".join(pieces)  # (one buffer: a concatenation would write it twice)
 
-    def _block(self, raw: memoryview) -> bytes:
+    def _block(self, raw: memoryview, now: float) -> bytes:
         ids = raw.tobytes()  # (a memoryview compares element by element: ~40x slower)
         key = xxhash.xxh3_64_intdigest(ids)
         kept = self._kept.get(key)
         if kept is not None and kept[0] == ids:
+            kept[2] = now
             self._kept.move_to_end(key)
             return kept[1]
         text = _json(raw)
         if kept is not None:  # another block with this hash: the newer one is kept
-            self.bytes -= len(kept[0]) + len(kept[1])
-            del self._kept[key]
-        self._kept[key] = (ids, text)
-        self.bytes += len(ids) + len(text)
-        while self.bytes > self.max_bytes and self._kept:
-            _, (old_ids, old_text) = self._kept.popitem(last=False)
-            self.bytes -= len(old_ids) + len(old_text)
+            self._drop(key)
+        self._keep(key, ids, text, now)
         return text
+
+    def _keep(self, key: int, ids: bytes, text: bytes, now: float) -> None:
+        size = len(ids) + len(text)
+        while self.bytes + size > self.max_bytes and self._kept:
+            oldest, (_, _, used) = next(iter(self._kept.items()))
+            if now - used < self.idle_s:
+                return  # every kept block is in use: this one is not kept
+            self._drop(oldest)
+        if self.bytes + size <= self.max_bytes:
+            self._kept[key] = [ids, text, now]
+            self.bytes += size
+
+    def _drop(self, key: int) -> None:
+        ids, text, _ = self._kept.pop(key)
+        self.bytes -= len(ids) + len(text)
 
 
 _PROMPTS = PromptJSON()
