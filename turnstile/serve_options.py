@@ -8,6 +8,7 @@ import argparse
 
 from .engines import KINDS
 from .engines.http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S
+from .engines.prompt_json import MAX_BYTES as PROMPT_CACHE_BYTES
 from .parsing import tool_formats
 from .server.limits import Limits
 
@@ -151,6 +152,15 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         type=int,
         default=32,
         help="largest request body in MiB (larger: 413; default: 32)",
+    )
+    s.add_argument(
+        "--prompt-cache-mb",
+        type=int,
+        default=PROMPT_CACHE_BYTES >> 20,
+        metavar="MIB",
+        help="memory for prompt IDs already written as the engine's JSON, reused by a "
+        "session's next call (~10 bytes per token; default: "
+        f"{PROMPT_CACHE_BYTES >> 20}; 0: write every prompt whole)",
     )
     defaults = Limits()
     s.add_argument(

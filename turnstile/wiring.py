@@ -25,6 +25,7 @@ from .engines.base import Engine
 from .engines.capture import CaptureEngine, capture_engine
 from .engines.http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S
 from .engines.pool import ReplicaPool
+from .engines.prompt_json import PROMPTS
 from .gateway.capture import PassthroughGateway
 from .gateway.token_in import Gateway
 from .parsing.detect import FormatChoice, detect_format
@@ -254,6 +255,7 @@ def server_from_args(
             f"encoding with {gateway.tok.encoder}",
             *gateway.policy.describe(),
         ]
+    PROMPTS.max_bytes = args.prompt_cache_mb << 20  # one per process (engines/prompt_json.py)
     public = args.public_url or f"http://{args.host}:{args.port}"
     app = create_app(
         gateway,

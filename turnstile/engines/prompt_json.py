@@ -23,7 +23,8 @@ import orjson
 import xxhash
 
 BLOCK = 4096  # tokens
-MAX_BYTES = 256 << 20  # kept IDs + JSON (~10 B per token: ~250 sessions at 100k tokens)
+# kept IDs + JSON, ~10 B per token: ~250 sessions at 100k tokens (serve --prompt-cache-mb)
+MAX_BYTES = 256 << 20
 IDLE_S = 60.0  # a full cache drops a block only after it went this long unused
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
@@ -56,6 +57,8 @@ class PromptJSON:
 
     def dumps(self, ids: array) -> bytes:
         """``orjson.dumps(list(ids))`` for an int32 array, from kept blocks where it can."""
+        if self.max_bytes <= 0:
+            return orjson.dumps(np.frombuffer(ids, dtype=np.int32), option=_NUMPY)
         raw = memoryview(ids).cast("B")
         step = self.block * ids.itemsize
         whole = len(raw) - len(raw) % step
@@ -99,7 +102,7 @@ class PromptJSON:
         self.bytes -= len(ids) + len(text)
 
 
-_PROMPTS = PromptJSON()
+PROMPTS = PromptJSON()  # the process's (a worker, a Ray replica: each its own)
 
 
 def wire_ids(ids: Sequence[int]) -> object:
@@ -108,5 +111,5 @@ def wire_ids(ids: Sequence[int]) -> object:
     ``orjson.Fragment``), never as a Python int per token (at 100k tokens that was ~3 ms per
     call). A list stays a list."""
     if isinstance(ids, array) and ids.typecode == "i":
-        return orjson.Fragment(_PROMPTS.dumps(ids))
+        return orjson.Fragment(PROMPTS.dumps(ids))
     return list(ids)
