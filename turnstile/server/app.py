@@ -35,7 +35,6 @@ from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
-from .malloc import keep_freed_memory
 from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .monitor import Monitor, VerifyOptions
 from .peers import PEER_PATH, Peers
@@ -202,7 +201,6 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     # alone is ~1,000 containers); at GC_THRESHOLD such turns took ~9% less CPU
     # (benchmarks/README.md, coding-agent sessions).
     gc.set_threshold(*GC_THRESHOLD)
-    keep_freed_memory()  # large buffers reused, not faulted in again each call (malloc.py)
     try:
         yield
     finally:
