@@ -70,6 +70,12 @@ CHAT = {
     "n": 1,
 }
 
+# a forced call: the object form of tool_choice (a structured output may not go with it)
+CHAT_FORCED = {
+    **{k: v for k, v in CHAT.items() if k != "response_format"},
+    "tool_choice": {"type": "function", "function": {"name": "read"}},
+}
+
 MESSAGES = {
     "model": "m",
     "max_tokens": 16,
@@ -185,14 +191,18 @@ def _answers_or_refuses(parse: Any, body: dict) -> None:
 SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.mark.parametrize("base", [CHAT, MESSAGES, RESPONSES], ids=["chat", "messages", "responses"])
+@pytest.mark.parametrize(
+    "base",
+    [CHAT, CHAT_FORCED, MESSAGES, RESPONSES],
+    ids=["chat", "chat-forced", "messages", "responses"],
+)
 def test_the_valid_bodies_parse(base: dict, tmp_path: Path) -> None:
     """The starting points are valid: every mutation starts from a request that passes."""
     _parser(base, tmp_path)(copy.deepcopy(base))
 
 
 def _parser(base: dict, tmp_path: Path) -> Any:
-    if base is CHAT:
+    if base is CHAT or base is CHAT_FORCED:
         return parse_chat_request
     if base is MESSAGES:
         return anthropic.parse
@@ -200,7 +210,11 @@ def _parser(base: dict, tmp_path: Path) -> Any:
     return lambda body: responses.parse(body, "s", chains)
 
 
-@pytest.mark.parametrize("base", [CHAT, MESSAGES, RESPONSES], ids=["chat", "messages", "responses"])
+@pytest.mark.parametrize(
+    "base",
+    [CHAT, CHAT_FORCED, MESSAGES, RESPONSES],
+    ids=["chat", "chat-forced", "messages", "responses"],
+)
 def test_any_mutation_is_answered_or_refused_with_a_4xx(base: dict, tmp_path: Path) -> None:
     parse = _parser(base, tmp_path)
 

@@ -73,12 +73,14 @@ def _tool_choice(body: dict, tools: list[dict] | None) -> tuple[str, str | None]
         if tc == "required" and not tools:
             raise bad("tool_choice", "'required' needs a non-empty 'tools' list.")
         return tc, None
+    fn = tc.get("function") if isinstance(tc, dict) else None
     if (
         isinstance(tc, dict)
         and tc.get("type") == "function"
-        and isinstance((tc.get("function") or {}).get("name"), str)
+        and isinstance(fn, dict)
+        and isinstance(fn.get("name"), str)
     ):
-        name = tc["function"]["name"]
+        name = fn["name"]
         if name not in {t["function"]["name"] for t in tools or ()}:
             raise bad("tool_choice", f"function {name!r} is not among 'tools'.")
         return "function", name
