@@ -24,8 +24,10 @@ import orjson
 import xxhash
 
 BLOCK = 4096  # tokens
-# kept IDs + JSON, ~10 B per token: ~60 sessions at 100k tokens (serve --prompt-cache-mb)
-MAX_BYTES = 64 << 20
+# kept IDs + JSON, ~10 B per token (serve --prompt-cache-mb): every session's shared system
+# prompt and tools, and ~15 sessions' contexts at 100k tokens (~1 B more per token of 384
+# sessions' contexts at most, benchmarks/README.md round 11)
+MAX_BYTES = 16 << 20
 IDLE_S = 60.0  # a full cache drops a block only after it went this long unused
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
