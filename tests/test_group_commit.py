@@ -11,6 +11,7 @@ fails every call in it (none was written)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import tempfile
 import threading
@@ -249,4 +250,22 @@ def test_a_failed_transaction_fails_every_call_in_it(tmp_path: Path) -> None:
     other.close()
     assert all(isinstance(r, APIError) and r.status == 503 for r in results), results
     assert store.calls(sid) == []
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling classes")
+def test_the_writer_thread_does_not_preempt_the_event_loop(tmp_path: Path) -> None:
+    """The writer runs as SCHED_BATCH (no wake-up preemption of the loop's thread), read back
+    from the kernel by the thread's id; the loop's own thread keeps its class."""
+    store = Store(tmp_path)
+    store.create_session({}, "s")
+
+    async def run() -> None:
+        await commit(store, _record(0, "s", "call0", [1, 2]))
+
+    asyncio.run(run())
+    thread = store._writer._thread
+    assert thread is not None and thread.native_id is not None
+    assert os.sched_getscheduler(thread.native_id) == os.SCHED_BATCH
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
     store.close()
