@@ -89,47 +89,74 @@ def gateway_status(engine_status: int) -> int:
     return 502
 
 
-async def sse_batches(
-    resp: aiohttp.ClientResponse, until_done: bool = True
-) -> AsyncIterator[list[bytes]]:
-    """The ``data`` payloads of server-sent events, grouped by the network read that completed
-    them, so that a burst of tokens is handled (and answered) once, not once per token.
+class SSEPayloads:
+    """The ``data`` payloads of server-sent events, out of a byte stream fed chunk by chunk.
 
     Lines may be of any length (aiohttp's line reader refuses lines over its buffer size, and an
     SGLang cumulative stream resends every logprob so far in each event). Comments
-    (``: keep-alive``) and ``event:`` lines are skipped; several ``data`` lines of one event are
-    joined with newlines. ``until_done``: stop at a ``[DONE]`` event (not included)."""
-    buf = bytearray()
-    data: list[bytes] = []
-    async for chunk in resp.content.iter_any():
+    (``: keep-alive``) and ``event:``/``id:`` lines are skipped; several ``data`` lines of one
+    event are joined with newlines. Lines end in LF or CRLF. ``until_done``: a ``[DONE]``
+    event ends the stream (not included; ``done`` is then set)."""
+
+    def __init__(self, until_done: bool = True) -> None:
+        self.until_done = until_done
+        self.done = False
+        self._buf = bytearray()
+        self._data: list[bytes] = []  # the data lines of the event not yet ended
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The payloads of the events that ``chunk`` completed."""
+        buf = self._buf
         buf += chunk
+        out: list[bytes] = []
         start = 0
-        batch: list[bytes] = []
         while (nl := buf.find(b"\n", start)) >= 0:
-            line = bytes(buf[start:nl]).rstrip(b"\r")
+            self._line(bytes(buf[start:nl]).rstrip(b"\r"), out)
             start = nl + 1
-            if not line:
-                if data:
-                    payload = b"\n".join(data)
-                    data = []
-                    if until_done and payload.strip() == b"[DONE]":
-                        if batch:
-                            yield batch
-                        return
-                    batch.append(payload)
-            elif line.startswith(b"data:"):
-                value = line[5:]
-                data.append(value[1:] if value.startswith(b" ") else value)
         del buf[:start]
-        if batch:
+        return out
+
+    def end(self) -> list[bytes]:
+        """The payload of a last event that the stream did not end with a blank line."""
+        out: list[bytes] = []
+        self._line(bytes(self._buf).rstrip(b"\r"), out)  # no LF in it: feed took the lines
+        self._buf.clear()
+        self._line(b"", out)
+        return out
+
+    def _line(self, line: bytes, out: list[bytes]) -> None:
+        if not line:
+            if self._data:
+                payload = b"\n".join(self._data)
+                self._data = []
+                self._payload(payload, out)
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value.startswith(b" ") else value)
+
+    def _payload(self, payload: bytes, out: list[bytes]) -> None:
+        if self.done:
+            return
+        if self.until_done and payload.strip() == b"[DONE]":
+            self.done = True
+        else:
+            out.append(payload)
+
+
+async def sse_batches(
+    resp: aiohttp.ClientResponse, until_done: bool = True
+) -> AsyncIterator[list[bytes]]:
+    """The ``data`` payloads of server-sent events (:class:`SSEPayloads`), grouped by the
+    network read that completed them, so that a burst of tokens is handled (and answered)
+    once, not once per token."""
+    events = SSEPayloads(until_done)
+    async for chunk in resp.content.iter_any():
+        if batch := events.feed(chunk):
             yield batch
-    if buf.startswith(b"data:"):
-        value = bytes(buf[5:]).rstrip(b"\r")
-        data.append(value[1:] if value.startswith(b" ") else value)
-    if data:
-        payload = b"\n".join(data)
-        if not (until_done and payload.strip() == b"[DONE]"):
-            yield [payload]
+        if events.done:
+            return
+    if batch := events.end():
+        yield batch
 
 
 async def fed_batches(
