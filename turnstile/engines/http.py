@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +34,7 @@ def new_request_id() -> str:
     return "turnstile-" + uuid.uuid4().hex
 
 
+@functools.lru_cache(maxsize=64)  # asked for on every call, of one engine's version
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
     """``"0.33.0"``, ``"0.11.1rc2.dev3+gabc"`` → ``(0, 33, 0)`` / ``(0, 11, 1)``."""
     if not version:
