@@ -14,13 +14,14 @@ import contextlib
 import functools
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
 import orjson
 
 from .base import EngineBase, EngineError, Finish, SamplingParams, TokenEvent
+from .connection import EnginePool, Response
 
 
 class EngineUnusable(EngineError):
@@ -146,13 +147,13 @@ class SSEPayloads:
 
 
 async def sse_batches(
-    resp: aiohttp.ClientResponse, until_done: bool = True
+    chunks: AsyncIterable[bytes], until_done: bool = True
 ) -> AsyncIterator[list[bytes]]:
     """The ``data`` payloads of server-sent events (:class:`SSEPayloads`), grouped by the
     network read that completed them, so that a burst of tokens is handled (and answered)
     once, not once per token."""
     events = SSEPayloads(until_done)
-    async for chunk in resp.content.iter_any():
+    async for chunk in chunks:
         if batch := events.feed(chunk):
             yield batch
         if events.done:
@@ -185,7 +186,7 @@ async def fed_batches(
 
 async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """The ``data`` payload of each server-sent event, one by one (``[DONE]`` included)."""
-    async for batch in sse_batches(resp, until_done=False):
+    async for batch in sse_batches(resp.content.iter_any(), until_done=False):
         for payload in batch:
             yield payload
 
@@ -210,6 +211,11 @@ ENGINE_TIMEOUT_S = 600.0  # the longest one engine call may take (serve's --engi
 # which an engine whose accept loop is starved under load does for seconds: 5 s failed such
 # calls with a 502 that a relay without a connect limit never gave.
 CONNECT_TIMEOUT_S = 60.0
+
+
+# What a failed engine request raises: aiohttp's errors (control requests), the generation
+# pool's (connection.py: ConnectionError), and TimeoutError past the engine timeout.
+ENGINE_FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
 
 
 def timed_out(exc: BaseException) -> bool:
@@ -249,6 +255,7 @@ class HTTPEngine(EngineBase):
         self._connect = min(connect_timeout, timeout)
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect)
         self._session: aiohttp.ClientSession | None = None
+        self._pool: EnginePool | None = None  # generations (the control requests: _session)
         self._background: set[asyncio.Task] = set()
 
     async def start(self) -> None:
@@ -259,6 +266,7 @@ class HTTPEngine(EngineBase):
             # llama-server's httplib); reusing one they are closing fails the call.
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
         )
+        self._pool = EnginePool(self.url, self._timeout.total or 0, self._connect, KEEPALIVE_S)
         try:
             await self.refresh()
         except EngineUnusable:
@@ -281,19 +289,23 @@ class HTTPEngine(EngineBase):
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     @contextlib.asynccontextmanager
-    async def post(self, path: str, body: bytes) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST a JSON body; the response, released on exit. A kept-alive connection the
-        engine closed just as we sent on it fails before any answer: that is sent once more, on
-        a fresh connection (nothing reached the harness or the record yet)."""
+    async def post(self, path: str, body: bytes) -> AsyncIterator[Response]:
+        """POST a JSON body (a generation, on the pool); the response, released on exit. A
+        kept-alive connection the engine closed just as we sent on it fails before any answer:
+        that is sent once more, on a fresh connection (nothing reached the harness or the
+        record yet)."""
+        if self._pool is None:
+            raise EngineError(f"{self.label} adapter used before start()", 503)
         for attempt in (1, 2):
             try:
-                resp = await self.session.post(
-                    self.url + path, data=body, headers={"content-type": "application/json"}
-                )
+                resp = await self._pool.post(path, body)
                 break
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            except ConnectionError:
                 if attempt == 2:
                     raise
         try:
@@ -315,7 +327,7 @@ class HTTPEngine(EngineBase):
         goes to ``refused`` first (which may raise something else), then is raised as
         EngineError. A consumer that stops before the engine finished drops the connection and
         ``abort`` runs in the background."""
-        resp: aiohttp.ClientResponse | None = None
+        resp: Response | None = None
         ended = False
         try:
             async with self.post(path, body) as resp:
@@ -333,7 +345,7 @@ class HTTPEngine(EngineBase):
                         yield events
                 else:
                     async for events in fed_batches(
-                        sse_batches(resp), reader.feed_event, reader.take
+                        sse_batches(resp.content.iter_any()), reader.feed_event, reader.take
                     ):
                         yield events
                     ended = True
@@ -341,7 +353,7 @@ class HTTPEngine(EngineBase):
         except EngineError:
             ended = True
             raise
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except ENGINE_FAILURES as exc:
             raise self._failed(exc) from exc
         finally:
             if not ended:  # given up, timed out or failed: stop the engine's work too
@@ -423,7 +435,7 @@ class HTTPEngine(EngineBase):
         task.add_done_callback(self._background.discard)
 
     def _give_up(
-        self, resp: aiohttp.ClientResponse | None, abort: Callable[[], Awaitable[object]] | None
+        self, resp: Response | None, abort: Callable[[], Awaitable[object]] | None
     ) -> None:
         """The consumer stopped before the engine finished: drop the connection (engines
         cancel on disconnect) and, where the engine has one, call its abort route too."""

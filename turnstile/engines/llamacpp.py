@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 
-import aiohttp
 import orjson
 
 from .base import (
@@ -28,7 +27,8 @@ from .base import (
     TokenEvent,
     logprob_unfitness,
 )
-from .http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S, HTTPEngine, timed_out
+from .connection import Response
+from .http import CONNECT_TIMEOUT_S, ENGINE_FAILURES, ENGINE_TIMEOUT_S, HTTPEngine, timed_out
 from .prompt_json import wire_ids
 
 _STOP_REASON = {"eos": "stop", "word": "stop", "limit": "length"}
@@ -162,7 +162,7 @@ class LlamaCppEngine(HTTPEngine):
         """Always one non-streamed request (see the module doc). A consumer that stops waiting
         closes the connection, which makes llama-server stop the task."""
         body = self.request_body(prompt_ids, params)
-        resp: aiohttp.ClientResponse | None = None
+        resp: Response | None = None
         ended = False
         try:
             async with self.post(
@@ -179,7 +179,7 @@ class LlamaCppEngine(HTTPEngine):
             if events:
                 yield events
             yield _finish(data, events)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except ENGINE_FAILURES as exc:
             # past the adapter's timeout (a non-streamed request sends nothing until it is
             # done) a clean 504, the call recorded as an error, and the connection dropped so
             # that llama-server stops the task; any other failure a 502
