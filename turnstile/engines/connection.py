@@ -1,12 +1,13 @@
-"""Generation requests to one engine: a pool of keep-alive HTTP/1.1 connections on asyncio,
-the answers parsed by httptools (the parser uvicorn serves with).
+"""Requests to one engine: a pool of keep-alive HTTP/1.1 connections on asyncio, the answers
+parsed by httptools (the parser uvicorn serves with).
 
-A generation is the hot path and needs little of a general client: one host, a POST with a
-JSON body, the answer read whole or as a stream, the connection dropped when the caller gives
-up (engines abort on it). aiohttp's client (which the adapters keep for their control
-requests) spent ~0.2 ms of CPU more per call on its request and response machinery: 1.42 ->
-1.25x the floor per call at concurrency 32, 1.25 -> 1.12x streamed (benchmarks/README.md,
-round 12)."""
+A generation is the hot path and needs little of a general client: one host, a JSON body,
+the answer read whole or as a stream, the connection dropped when the caller gives up
+(engines abort on it). aiohttp's client (now only capture mode's, which relays the harness's
+own requests) spent ~0.2 ms of CPU more per call on its request and response machinery:
+1.42 -> 1.25x the floor per call at concurrency 32, 1.25 -> 1.12x streamed
+(benchmarks/README.md, round 12). The adapters' control requests (health, version, pause,
+aborts) use the same pool."""
 
 from __future__ import annotations
 
@@ -238,20 +239,38 @@ class EnginePool:
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
 
     async def post(self, path: str, body: bytes) -> Response:
-        """POST ``body`` (JSON) to ``path``; the response once its status and headers came.
-        The whole call (headers and body) must end within ``timeout``: past it the response
-        fails with TimeoutError and its connection is dropped. Raises :class:`EngineUnreachable`
-        or :class:`ConnectionDropped`."""
+        """POST ``body`` (JSON) to ``path``: :meth:`request`."""
+        return await self.request("POST", path, body)
+
+    async def request(
+        self, method: str, path: str, body: bytes | None = None, timeout: float | None = None
+    ) -> Response:
+        """``method`` on ``path`` (``body``: JSON); the response once its status and headers
+        came. The whole call (connecting, headers and body) must end within ``timeout``
+        (default: the pool's): past it the response fails with TimeoutError and its
+        connection is dropped. A connection that ends before any answer (a kept-alive one the
+        engine closed just as the request went out) is tried once more on a fresh one.
+        Raises :class:`EngineUnreachable` or :class:`ConnectionDropped`."""
+        for attempt in (1, 2):
+            try:
+                return await self._send(method, path, body, timeout or self.timeout)
+            except ConnectionDropped:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _send(self, method: str, path: str, body: bytes | None, timeout: float) -> Response:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        conn = self._reused() or await self._connect()
-        timer = loop.call_at(deadline, self._expired, conn)
+        deadline = loop.time() + timeout
+        conn = self._reused() or await self._connect(min(self.connect_timeout, timeout))
+        timer = loop.call_at(deadline, self._expired, conn, timeout)
         response = Response(conn, timer)
+        kind = "Content-Type: application/json\r\n" if body is not None else ""
         head = (
-            f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\n"
+            f"{kind}Content-Length: {len(body or b'')}\r\n\r\n"
         ).encode("latin-1")
-        conn.send(head, body, response)
+        conn.send(head, body or b"", response)
         try:
             await response._head
         except BaseException:
@@ -276,10 +295,10 @@ class EnginePool:
             conn.drop()
         return None
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, within: float) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout(within):
                 _, conn = await loop.create_connection(
                     lambda: _Connection(self),
                     self.host,
@@ -289,7 +308,7 @@ class EnginePool:
                 )
         except TimeoutError as exc:
             raise EngineUnreachable(
-                f"no connection to {self.host}:{self.port} within {self.connect_timeout:g} s"
+                f"no connection to {self.host}:{self.port} within {within:g} s"
             ) from exc
         except OSError as exc:
             raise EngineUnreachable(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
@@ -307,8 +326,8 @@ class EnginePool:
     def gone(self, conn: _Connection) -> None:
         self._all.discard(conn)
 
-    def _expired(self, conn: _Connection) -> None:
+    def _expired(self, conn: _Connection, timeout: float) -> None:
         response = conn.response
         if response is not None:
-            response._fail(TimeoutError(f"the engine call ran past {self.timeout:g} s"))
+            response._fail(TimeoutError(f"the engine call ran past {timeout:g} s"))
         conn.drop()

@@ -254,18 +254,11 @@ class HTTPEngine(EngineBase):
         self.context_length = 0
         self._connect = min(connect_timeout, timeout)
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=self._connect)
-        self._session: aiohttp.ClientSession | None = None
-        self._pool: EnginePool | None = None  # generations (the control requests: _session)
+        self._pool: EnginePool | None = None
+        self._session: aiohttp.ClientSession | None = None  # capture mode's relay only
         self._background: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            timeout=self._timeout,
-            json_serialize=lambda o: orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode(),
-            # Engines close idle connections after 5 s (vLLM's and SGLang's uvicorn,
-            # llama-server's httplib); reusing one they are closing fails the call.
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
-        )
         self._pool = EnginePool(self.url, self._timeout.total or 0, self._connect, KEEPALIVE_S)
         try:
             await self.refresh()
@@ -295,19 +288,8 @@ class HTTPEngine(EngineBase):
 
     @contextlib.asynccontextmanager
     async def post(self, path: str, body: bytes) -> AsyncIterator[Response]:
-        """POST a JSON body (a generation, on the pool); the response, released on exit. A
-        kept-alive connection the engine closed just as we sent on it fails before any answer:
-        that is sent once more, on a fresh connection (nothing reached the harness or the
-        record yet)."""
-        if self._pool is None:
-            raise EngineError(f"{self.label} adapter used before start()", 503)
-        for attempt in (1, 2):
-            try:
-                resp = await self._pool.post(path, body)
-                break
-            except ConnectionError:
-                if attempt == 2:
-                    raise
+        """POST a JSON body (a generation); the response, released on exit."""
+        resp = await self.pool.post(path, body)
         try:
             yield resp
         finally:
@@ -382,27 +364,38 @@ class HTTPEngine(EngineBase):
         return status == 200
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def pool(self) -> EnginePool:
+        if self._pool is None:
             raise EngineError(f"{self.label} adapter used before start()", 503)
+        return self._pool
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """An aiohttp session to the engine (capture mode relays the harness's requests on
+        it), made on first use."""
+        if self._pool is None:
+            raise EngineError(f"{self.label} adapter used before start()", 503)
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                # Engines close idle connections after 5 s (vLLM's and SGLang's uvicorn,
+                # llama-server's httplib); reusing one they are closing fails the call.
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            )
         return self._session
 
     async def _request(
         self, method: str, path: str, body: object = None, timeout: float | None = None
     ) -> tuple[int, bytes]:
         """One whole request; raises EngineError (503) only when the engine is unreachable."""
-        kw: dict = {}
-        if body is not None:
-            kw["data"] = orjson.dumps(body)
-            kw["headers"] = {"content-type": "application/json"}
-        if timeout is not None:
-            kw["timeout"] = aiohttp.ClientTimeout(
-                total=timeout, sock_connect=min(timeout, self._connect)
-            )
+        raw = None if body is None else orjson.dumps(body)
         try:
-            async with self.session.request(method, self.url + path, **kw) as r:
-                return r.status, await r.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            resp = await self.pool.request(method, path, raw, timeout)
+            try:
+                return resp.status, await resp.read()
+            finally:
+                resp.release()
+        except ENGINE_FAILURES as exc:
             raise EngineError(f"{self.label} at {self.url} is unreachable: {exc}", 503) from exc
 
     async def _get_json(self, path: str, timeout: float | None = 30) -> dict | list | None:
@@ -441,5 +434,5 @@ class HTTPEngine(EngineBase):
         cancel on disconnect) and, where the engine has one, call its abort route too."""
         if resp is not None:
             resp.close()
-        if abort is not None and self._session is not None and not self._session.closed:
+        if abort is not None and self._pool is not None:
             self._in_background(abort)
