@@ -1,8 +1,9 @@
-"""The generation pool (``engines.connection.EnginePool``) against real HTTP servers: what the
-server received is what was posted, and what it sent (whole, chunked in pieces of any size,
-or ended by closing) is what the caller reads, call after call on kept-alive connections;
-plus its failures: a refused port, an answer past the timeout, a connection dropped under a
-call, something that is not HTTP, an answer abandoned half-read (the server sees it go)."""
+"""The adapters' connection pool (``engines.connection.EnginePool``) against real HTTP
+servers: what the server received is what was posted, and what it sent (whole, chunked in
+pieces of any size, or ended by closing) is what the caller reads, call after call on
+kept-alive connections; plus its failures: a refused port, an answer past the timeout, a
+connection dropped under a call, something that is not HTTP, an answer abandoned half-read
+(the server sees it go)."""
 
 from __future__ import annotations
 
