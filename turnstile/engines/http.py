@@ -213,9 +213,9 @@ ENGINE_TIMEOUT_S = 600.0  # the longest one engine call may take (serve's --engi
 CONNECT_TIMEOUT_S = 60.0
 
 
-# What a failed engine request raises: aiohttp's errors (control requests), the generation
-# pool's (connection.py: ConnectionError), and TimeoutError past the engine timeout.
-ENGINE_FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
+# What a failed request on the adapters' pool raises (connection.py): a ConnectionError, or
+# TimeoutError past the engine timeout; both are OSErrors.
+ENGINE_FAILURES: tuple[type[BaseException], ...] = (OSError,)
 
 
 def timed_out(exc: BaseException) -> bool:
