@@ -131,37 +131,40 @@ async def watched(
     disconnected: Callable[[], Awaitable[object]],
     gone: set[asyncio.Task],
 ) -> T:
-    """``run()`` in a task of its own, bound to ``ticket``, while ``disconnected`` watches the
-    harness. If the harness goes first, the task is cancelled (its engine call is dropped, and
-    the engine stops on the dropped connection) with the task in ``gone`` while it unwinds, so
-    it records itself as aborted (``CLIENT_GONE``); then :class:`ClientGone` is raised."""
+    """``run()`` in the current task, bound to ``ticket``, while ``disconnected`` watches the
+    harness in a task of its own. If the harness goes first, the current task is cancelled
+    (its engine call is dropped, and the engine stops on the dropped connection) with the task
+    in ``gone`` while it unwinds, so it records itself as aborted (``CLIENT_GONE``); then
+    :class:`ClientGone` is raised. (One task per call, not two: the call runs where it was.)"""
+    task = asyncio.current_task()
+    assert task is not None
+    control.bind(ticket)  # an abort (a pause, the session's close) cancels this task
+    if ticket.abort:
+        raise ticket.abort.error()
+    running = True
 
-    async def bound() -> T:
-        control.bind(ticket)  # an abort (a pause, the session's close) cancels this task
-        if ticket.abort:
-            raise ticket.abort.error()
-        return await run()
+    def left(watch: asyncio.Future) -> None:
+        if watch.cancelled():
+            return
+        watch.exception()  # a watch that failed counts as the harness gone, as asyncio.wait did
+        if running:
+            gone.add(task)
+            task.cancel()
 
-    call = asyncio.ensure_future(bound())
     watch = asyncio.ensure_future(disconnected())
+    watch.add_done_callback(left)
     try:
-        await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        call.cancel()
-        watch.cancel()
-        why = control.aborted()  # aborted (a pause, a close) before the call had begun
-        if why is not None:
-            raise why.error() from None
+        return await run()
+    except (asyncio.CancelledError, ClientGone, APIError) as exc:
+        if task in gone:  # the cancel was ours (the call may have turned it into ClientGone)
+            task.uncancel()
+            raise ClientGone(ticket.session_id) from None
+        if isinstance(exc, asyncio.CancelledError):
+            why = control.aborted()  # aborted (a pause, a close) before the call had begun
+            if why is not None:
+                raise why.error() from None
         raise
-    if call.done():
-        watch.cancel()
-        return call.result()
-    gone.add(call)
-    call.cancel()
-    try:
-        await call
-    except (asyncio.CancelledError, ClientGone, APIError):
-        pass
     finally:
-        gone.discard(call)
-    raise ClientGone(ticket.session_id)
+        running = False  # a watch ending from now on changes nothing
+        gone.discard(task)
+        watch.cancel()
