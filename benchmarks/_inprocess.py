@@ -51,9 +51,13 @@ class InProcessEngine:
         return None
 
     async def generate(self, prompt_ids, params, stream=True):  # noqa: ANN001
-        from turnstile.engines.base import PROCESSED_LOGPROBS, Finish, TokenEvent
+        from turnstile.engines import base
 
-        yield [TokenEvent(t, lp) for t, lp in zip(self.ids, self.lps, strict=True)]
+        if hasattr(base, "TokenBatch"):
+            yield base.TokenBatch(list(self.ids), list(self.lps))
+        else:  # a baseline checkout from before the columns (one object per token)
+            yield [base.TokenEvent(t, lp) for t, lp in zip(self.ids, self.lps, strict=True)]
+        Finish, PROCESSED_LOGPROBS = base.Finish, base.PROCESSED_LOGPROBS
         yield Finish("stop", prompt_tokens=len(prompt_ids), logprob_kind=PROCESSED_LOGPROBS)
 
 

@@ -36,7 +36,7 @@ from turnstile.chat.patches import apply_patches
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate, TemplateError
 from turnstile.dialects.chat_request import parse_chat_request
-from turnstile.engines.base import EngineBase, Finish, SamplingParams, TokenEvent
+from turnstile.engines.base import EngineBase, Finish, SamplingParams, TokenBatch
 from turnstile.errors import APIError
 from turnstile.gateway.token_in import Gateway
 from turnstile.parsing.detect import detect_format
@@ -80,11 +80,11 @@ class ScriptedEngine(EngineBase):
 
     async def generate(
         self, prompt_ids, params: SamplingParams, stream: bool = False
-    ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    ) -> AsyncIterator[TokenBatch | Finish]:
         self.received.append(list(prompt_ids))
         ids, reason = self.next
         if ids:
-            yield [TokenEvent(t, -1.0) for t in ids]
+            yield TokenBatch(list(ids), [-1.0] * len(ids))
         yield Finish(reason=reason, logprob_kind="processed_logprobs")
 
 

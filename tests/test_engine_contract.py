@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from turnstile import testbed
-from turnstile.engines import Engine, EngineError, Finish, SamplingParams, TokenEvent, make_engine
+from turnstile.engines import Engine, EngineError, Finish, SamplingParams, TokenBatch, make_engine
 from turnstile.testing.fake_server import FakeServer
 from turnstile.testing.fake_sglang import SGLangFake
 from turnstile.testing.fake_vllm import VLLMFake
@@ -67,21 +67,32 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def collect(
-    h: Harness, params: SamplingParams, stream: bool
-) -> tuple[list[TokenEvent], Finish]:
+@dataclass(frozen=True)
+class Token:
+    """One sampled token, read out of a batch's columns."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None
+
+
+async def collect(h: Harness, params: SamplingParams, stream: bool) -> tuple[list[Token], Finish]:
     engine = h.engine()
     await engine.start()
     try:
         items: list = [b async for b in engine.generate(h.prompt, params, stream=stream)]
     finally:
         await engine.close()
-    # batches of events (never empty), then one Finish
+    # batches of tokens (never empty, columns of one length), then one Finish
     assert isinstance(items[-1], Finish)
-    assert all(
-        isinstance(b, list) and b and all(isinstance(e, TokenEvent) for e in b) for b in items[:-1]
-    )
-    return [e for b in items[:-1] for e in b], items[-1]
+    for b in items[:-1]:
+        assert isinstance(b, TokenBatch) and b.ids and len(b.logprobs) == len(b.ids)
+        assert b.top is None or len(b.top) == len(b.ids)
+    return [
+        Token(t, b.logprobs[i], None if b.top is None else b.top[i])
+        for b in items[:-1]
+        for i, t in enumerate(b.ids)
+    ], items[-1]
 
 
 # harnesses
@@ -208,7 +219,7 @@ def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
-def key(e: TokenEvent) -> tuple:
+def key(e: Token) -> tuple:
     return e.token_id, None if math.isnan(e.logprob) else e.logprob, e.top
 
 

@@ -303,10 +303,10 @@ class _Batches(EngineBase):
         return None
 
     async def generate(self, prompt_ids, params, stream=True):
-        from turnstile.engines.base import Finish, TokenEvent
+        from turnstile.engines.base import Finish, TokenBatch
 
         for b in self.batches:
-            yield [TokenEvent(t, -1.0) for t in b]
+            yield TokenBatch(list(b), [-1.0] * len(b))
         yield Finish("stop", stop_string=self.stop)
 
 

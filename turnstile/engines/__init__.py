@@ -9,7 +9,7 @@ from .base import (
     EngineError,
     Finish,
     SamplingParams,
-    TokenEvent,
+    TokenBatch,
 )
 from .kinds import ENGINE_KINDS, KINDS, EngineKind, capture_kind, engine_kind
 from .llamacpp import LlamaCppEngine
@@ -30,7 +30,7 @@ __all__ = [
     "LlamaCppEngine",
     "SGLangEngine",
     "SamplingParams",
-    "TokenEvent",
+    "TokenBatch",
     "VLLMEngine",
     "make_engine",
 ]

@@ -1,10 +1,11 @@
 """The one contract every engine adapter meets: token IDs in, token IDs and logprobs out.
 
 The rest of Turnstile never knows which engine it talks to. An adapter turns
-``(prompt_ids, SamplingParams)`` into a stream of batches of :class:`TokenEvent` followed by
-one :class:`Finish`, and maps its engine's failures onto :class:`EngineError`. A batch is what
-one read from the engine brought (never empty): a whole completion, or the tokens of the stream
-events that arrived together, so a burst costs one pass through the gateway, not one per token.
+``(prompt_ids, SamplingParams)`` into a stream of :class:`TokenBatch` followed by one
+:class:`Finish`, and maps its engine's failures onto :class:`EngineError`. A batch is what one
+read from the engine brought (never empty): a whole completion, or the tokens of the stream
+events that arrived together, so a burst costs one pass through the gateway, not one per token;
+and it holds them column by column, so it is one object however many tokens it carries.
 """
 
 from __future__ import annotations
@@ -57,10 +58,39 @@ class SamplingParams:
 
 
 @dataclass(slots=True)
-class TokenEvent:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] | None = None
+class TokenBatch:
+    """Sampled tokens, as columns: ``ids[i]`` was sampled with ``logprobs[i]`` (NaN where the
+    engine gave none) and, when top-k logprobs were asked for, ``top[i]`` (its candidates as
+    ``(token_id, logprob)``). Columns, not an object per token: a whole answer of 2,000
+    tokens was 2,000 objects built and read back, ~0.25 us each."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, token_id: int, logprob: float, top: list[tuple[int, float]] | None = None):
+        """One token more (``top``: its candidates, None when none were asked for or given)."""
+        if top is not None and self.top is None:
+            self.top = [[] for _ in self.ids]
+        self.ids.append(token_id)
+        self.logprobs.append(logprob)
+        if self.top is not None:
+            self.top.append(top or [])
+
+    def extend(self, other: TokenBatch) -> None:
+        if other.top is not None and self.top is None:
+            self.top = [[] for _ in self.ids]
+        self.ids.extend(other.ids)
+        self.logprobs.extend(other.logprobs)
+        if self.top is not None:
+            self.top.extend(other.tops())
+
+    def tops(self) -> list[list[tuple[int, float]]]:
+        """Each token's candidates (empty lists when there were none)."""
+        return self.top if self.top is not None else [[] for _ in self.ids]
 
 
 @dataclass
@@ -171,7 +201,7 @@ class Generator(Protocol):
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-    ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    ) -> AsyncIterator[TokenBatch | Finish]:
         """``prompt_ids``: a list, or an int32 ``array`` (see :func:`~.prompt_json.wire_ids`).
 
         ``stream`` is a hint: an adapter whose engine cannot stream exact token IDs

@@ -20,7 +20,7 @@ from typing import Protocol
 import aiohttp
 import orjson
 
-from .base import EngineBase, EngineError, Finish, SamplingParams, TokenEvent
+from .base import EngineBase, EngineError, Finish, SamplingParams, TokenBatch
 from .connection import EnginePool, Response
 
 
@@ -165,8 +165,8 @@ async def sse_batches(
 async def fed_batches(
     payload_batches: AsyncIterator[list[bytes]],
     feed: Callable[[bytes], None],
-    take: Callable[[], list],
-) -> AsyncIterator[list]:
+    take: Callable[[], TokenBatch],
+) -> AsyncIterator[TokenBatch]:
     """Feed each batch of stream payloads to an adapter's reader and yield the events it made.
     An engine error in the middle of a batch is raised after the tokens before it are out, so
     the call record keeps them."""
@@ -193,13 +193,13 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
 
 class GenerationReader(Protocol):
     """An adapter's reader of one generation: whole bodies or stream events in, batches of
-    token events and one :class:`Finish` out (engine failures raised as EngineError)."""
+    token batches and one :class:`Finish` out (engine failures raised as EngineError)."""
 
     def feed_whole(self, raw: bytes) -> None: ...
 
     def feed_event(self, payload: bytes) -> None: ...
 
-    def take(self) -> list[TokenEvent]: ...
+    def take(self) -> TokenBatch: ...
 
     def finish(self) -> Finish: ...
 
@@ -303,7 +303,7 @@ class HTTPEngine(EngineBase):
         reader: GenerationReader,
         abort: Callable[[], Awaitable[object]] | None,
         refused: Callable[[int, bytes], None] | None = None,
-    ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    ) -> AsyncIterator[TokenBatch | Finish]:
         """The read loop every token-in adapter shares: POST ``body``, feed the whole answer
         (or each stream event) to ``reader``, yield its batches and its Finish. An error status
         goes to ``refused`` first (which may raise something else), then is raised as

@@ -24,7 +24,7 @@ from .base import (
     EngineError,
     Finish,
     SamplingParams,
-    TokenEvent,
+    TokenBatch,
     logprob_unfitness,
 )
 from .connection import Response
@@ -158,7 +158,7 @@ class LlamaCppEngine(HTTPEngine):
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-    ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    ) -> AsyncIterator[TokenBatch | Finish]:
         """Always one non-streamed request (see the module doc). A consumer that stops waiting
         closes the connection, which makes llama-server stop the task."""
         body = self.request_body(prompt_ids, params)
@@ -175,10 +175,10 @@ class LlamaCppEngine(HTTPEngine):
                     raise EngineError(f"llama-server answered {resp.status}: {text}", status)
                 data = orjson.loads(await resp.read())
                 ended = True
-            events = _events(data, params.top_logprobs)
-            if events:
-                yield events
-            yield _finish(data, events)
+            batch = _events(data, params.top_logprobs)
+            if batch:
+                yield batch
+            yield _finish(data, batch)
         except ENGINE_FAILURES as exc:
             # past the adapter's timeout (a non-streamed request sends nothing until it is
             # done) a clean 504, the call recorded as an error, and the connection dropped so
@@ -190,7 +190,7 @@ class LlamaCppEngine(HTTPEngine):
                 self._give_up(resp, None)
 
 
-def _events(data: dict, k: int = 0) -> list[TokenEvent]:
+def _events(data: dict, k: int = 0) -> TokenBatch:
     """Sampled tokens with their logprobs.
 
     ``tokens`` lists every sampled ID, but ``completion_probabilities`` skips a token whose text
@@ -199,24 +199,24 @@ def _events(data: dict, k: int = 0) -> list[TokenEvent]:
     ("sampled, logprob unknown", null in JSON) rather than a neighbour's number.
     """
     probs = data.get("completion_probabilities") or []
-    out = []
+    out = TokenBatch()
     j = 0
     for tid in data.get("tokens") or []:
         if j < len(probs) and probs[j].get("id") == tid:
             p = probs[j]
             j += 1
             top = [(t["id"], t["logprob"]) for t in p.get("top_logprobs") or ()][:k]
-            out.append(TokenEvent(tid, float(p["logprob"]), top or None))
+            out.add(tid, float(p["logprob"]), top or None)
         else:
-            out.append(TokenEvent(tid, float("nan")))
+            out.add(tid, float("nan"))
     return out
 
 
-def _finish(data: dict, events: list[TokenEvent]) -> Finish:
+def _finish(data: dict, batch: TokenBatch) -> Finish:
     stop_type = data.get("stop_type", "none")
     timings = data.get("timings") or {}
     # "eos": the last sampled token is the end-of-generation token (kept in ``tokens``).
-    stop_token = events[-1].token_id if stop_type == "eos" and events else None
+    stop_token = batch.ids[-1] if stop_type == "eos" and batch else None
     return Finish(
         reason=_STOP_REASON.get(stop_type, "stop"),
         stop_token_id=stop_token,

@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from .base import EngineAdapter, EngineControl, EngineError, Finish, SamplingParams, TokenEvent
+from .base import EngineAdapter, EngineControl, EngineError, Finish, SamplingParams, TokenBatch
 
 
 class Replica(EngineControl, Protocol):
@@ -132,7 +132,7 @@ class Bound(Generic[R]):
         prompt_ids: Sequence[int],
         params: SamplingParams,
         stream: bool = True,
-    ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    ) -> AsyncIterator[TokenBatch | Finish]:
         try:
             async for batch in self.engine.generate(prompt_ids, params, stream=stream):
                 yield batch

@@ -32,7 +32,7 @@ from .base import (
     EngineError,
     Finish,
     SamplingParams,
-    TokenEvent,
+    TokenBatch,
     logprob_unfitness,
 )
 from .http import (
@@ -154,7 +154,7 @@ class SGLangEngine(SGLangServer):
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-    ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    ) -> AsyncIterator[TokenBatch | Finish]:
         rid = new_request_id()
         body = self.request_body(prompt_ids, params, stream, rid)
         async for batch in self._generation(
@@ -177,7 +177,7 @@ class _Reader:
     def __init__(self, engine: SGLangEngine, params: SamplingParams, prompt_len: int):
         self.engine, self.params, self.prompt_len = engine, params, prompt_len
         self.ids: list[int] = []
-        self.pending: list[TokenEvent] = []
+        self.pending = TokenBatch()
         self.meta: dict = {}
 
     def feed(self, obj: dict, cumulative: bool | None) -> None:
@@ -222,9 +222,10 @@ class _Reader:
                 lp = math.nan
             top = None
             k = self.params.top_logprobs
-            if k > 0 and i < len(tops) and tops[i]:
-                top = [(int(t[1]), float(t[0])) for t in tops[i][:k] if t[0] is not None]
-            self.pending.append(TokenEvent(tid, lp, top))
+            if k > 0:
+                given = tops[i] if i < len(tops) and tops[i] else ()
+                top = [(int(t[1]), float(t[0])) for t in given[:k] if t[0] is not None]
+            self.pending.add(tid, lp, top)
         self.ids.extend(new)
         if meta:
             self.meta = meta
@@ -235,8 +236,8 @@ class _Reader:
     def feed_event(self, payload: bytes) -> None:
         self.feed(_loads(payload), cumulative=None)
 
-    def take(self) -> list[TokenEvent]:
-        out, self.pending = self.pending, []
+    def take(self) -> TokenBatch:
+        out, self.pending = self.pending, TokenBatch()
         return out
 
     def finish(self) -> Finish:

@@ -44,7 +44,7 @@ from .base import (
     EngineError,
     Finish,
     SamplingParams,
-    TokenEvent,
+    TokenBatch,
     logprob_unfitness,
 )
 from .http import (
@@ -329,7 +329,7 @@ class VLLMEngine(VLLMServer):
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, stream: bool = True
-    ) -> AsyncIterator[list[TokenEvent] | Finish]:
+    ) -> AsyncIterator[TokenBatch | Finish]:
         if self.route is None:
             await self.refresh()
         route = self.route or GENERATE

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from .base import EngineError, Finish, SamplingParams, TokenEvent
+from .base import EngineError, Finish, SamplingParams, TokenBatch
 from .http import json_object
 
 GENERATE = "/inference/v1/generate"  # token IDs in and out
@@ -39,7 +39,7 @@ class Reader:
         self.route, self.params = route, params
         self.logprob_kind, self.error = logprob_kind, error
         self.prompt_len = len(prompt_ids)
-        self.pending: list[TokenEvent] = []
+        self.pending = TokenBatch()
         self.ids: list[int] = []
         self.final: dict | None = None  # the choice that carried finish_reason
         self.usage: dict | None = None
@@ -57,9 +57,9 @@ class Reader:
         for choice in obj.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
-            events = self._events(choice)
-            self.pending.extend(events)
-            self.ids.extend([ev.token_id for ev in events])
+            batch = self._events(choice)
+            self.pending.extend(batch)
+            self.ids.extend(batch.ids)
             if choice.get("weight_versions"):
                 self.weight_versions = choice["weight_versions"]
             if choice.get("finish_reason") is not None:
@@ -70,11 +70,11 @@ class Reader:
 
     feed_event = feed_whole
 
-    def take(self) -> list[TokenEvent]:
-        out, self.pending = self.pending, []
+    def take(self) -> TokenBatch:
+        out, self.pending = self.pending, TokenBatch()
         return out
 
-    def _events(self, choice: dict) -> list[TokenEvent]:
+    def _events(self, choice: dict) -> TokenBatch:
         k = self.params.top_logprobs
         lp = choice.get("logprobs")
         if self.route == GENERATE:
@@ -84,12 +84,12 @@ class Reader:
                 ids = [_entry_id(e) for e in entries]
             elif k <= 0 and (fast := _plain_events(ids, entries)) is not None:
                 return fast
-            out = []
+            out = TokenBatch()
             n = len(entries)
             for i, tid in enumerate(ids):
                 e = entries[i] if i < n else None
                 if e is None or _entry_id(e) != tid:
-                    out.append(TokenEvent(int(tid), math.nan))
+                    out.add(int(tid), math.nan, [] if k > 0 else None)
                     continue
                 top = (
                     _top_k(
@@ -99,7 +99,7 @@ class Reader:
                     if k > 0
                     else None
                 )
-                out.append(TokenEvent(int(tid), _num(e.get("logprob")), top))
+                out.add(int(tid), _num(e.get("logprob")), top)
             return out
         # /v1/completions: legacy parallel lists, tokens named "token_id:N"
         lp = lp or {}
@@ -115,10 +115,10 @@ class Reader:
                     "old for return_token_ids)",
                     502,
                 )
-        out = []
+        out = TokenBatch()
         for i, tid in enumerate(ids):
             if i >= len(values) or values[i] is None:
-                out.append(TokenEvent(int(tid), math.nan))
+                out.add(int(tid), math.nan, [] if k > 0 else None)
                 continue
             named = _placeholder_id(tokens[i]) if i < len(tokens) else None
             if named is not None and named != tid:
@@ -128,7 +128,7 @@ class Reader:
                 )
             top_d = tops[i] if i < len(tops) and tops[i] else {}
             cands = [(_placeholder_id(t), float(v)) for t, v in top_d.items()]
-            out.append(TokenEvent(int(tid), float(values[i]), _top_k(cands, k)))
+            out.add(int(tid), float(values[i]), _top_k(cands, k))
         return out
 
     def finish(self) -> Finish:
@@ -173,19 +173,20 @@ class Reader:
         )
 
 
-def _plain_events(ids: list, entries: list) -> list[TokenEvent] | None:
+def _plain_events(ids: list, entries: list) -> TokenBatch | None:
     """The loop below in one pass, for the usual answer (0.32+, no top-k): an entry with an
     integer ``token_id`` for every sampled token, in order. None when the answer is anything
     else (the loop then handles it entry by entry)."""
     if len(entries) != len(ids):
         return None
     try:
-        if [int(e["token_id"]) for e in entries] != ids:
+        sampled = [int(e["token_id"]) for e in entries]
+        if sampled != ids:
             return None
-        return [
-            TokenEvent(int(t), math.nan if (v := e.get("logprob")) is None else float(v))
-            for t, e in zip(ids, entries, strict=True)
-        ]
+        return TokenBatch(
+            sampled,
+            [math.nan if (v := e.get("logprob")) is None else float(v) for e in entries],
+        )
     except (KeyError, TypeError, ValueError):
         return None
 

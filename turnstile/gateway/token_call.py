@@ -16,7 +16,7 @@ from typing import Protocol
 
 from ..chat.detokenize import IncrementalDetokenizer
 from ..chat.loaded_tokenizer import LoadedTokenizer
-from ..engines.base import EngineError, Finish, TokenEvent
+from ..engines.base import EngineError, Finish, TokenBatch
 from ..errors import APIError
 from ..parsing import Parser
 from ..request import Answer, ChatRequest
@@ -110,7 +110,7 @@ class TokenCall:
 
     # the engine
 
-    async def events(self, stream: bool) -> AsyncIterator[list[TokenEvent]]:
+    async def events(self, stream: bool) -> AsyncIterator[TokenBatch]:
         """Batches of engine events, accumulated into ``call.gen``; sets its ``finish``."""
         owner, call = self.owner, self.call
         eog = owner.tok.eog_token_ids
@@ -132,10 +132,10 @@ class TokenCall:
                     batch.stop_token_id = gen.ids[-1]
                 gen.finish = batch
                 return
-            gen.ids.extend([ev.token_id for ev in batch])
-            gen.logprobs.extend([ev.logprob for ev in batch])
+            gen.ids.extend(batch.ids)
+            gen.logprobs.extend(batch.logprobs)
             if params.top_logprobs:
-                gen.top.extend([ev.top or [] for ev in batch])
+                gen.top.extend(batch.tops())
             yield batch
         raise EngineError(
             f"the {owner.engine.name} engine ended the generation without saying how it finished",
@@ -217,13 +217,13 @@ class TokenCall:
 
         try:
             async for batch in self.events(stream=True):
-                sampled = [ev for ev in batch if ev.token_id not in eog]
-                text = visible(detok.push_many([ev.token_id for ev in sampled]) if sampled else "")
-                lp = (
-                    [cc.logprob_entry(tok, ev.token_id, ev.logprob, ev.top or []) for ev in sampled]
-                    if req.logprobs and sampled
-                    else None
-                )
+                kept = [i for i, t in enumerate(batch.ids) if t not in eog]
+                sampled = [batch.ids[i] for i in kept]
+                text = visible(detok.push_many(sampled) if sampled else "")
+                lp = None
+                if req.logprobs and sampled:
+                    lps, tops = batch.logprobs, batch.tops()
+                    lp = [cc.logprob_entry(tok, batch.ids[i], lps[i], tops[i]) for i in kept]
                 deltas = parser.feed(text) if text else []
                 if lp and not deltas:
                     deltas = [{"content": ""}]
