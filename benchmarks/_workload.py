@@ -116,7 +116,7 @@ MORE = (
 
 
 def reply_text(words: int) -> tuple[str, str, dict]:
-    thought = " ".join([THOUGHT, *MORE[:words]])
+    thought = " ".join([THOUGHT, *(MORE[i % len(MORE)] for i in range(words))])
     call = {
         "name": "bash",
         "arguments": {
@@ -132,7 +132,7 @@ def reply_spec(n_tokens: int = 64) -> dict:
     from turnstile.chat.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tiny_qwen2()))
-    for words in range(len(MORE) + 1):
+    for words in range(n_tokens + 1):  # past MORE's end its words come round again
         text, thought, call = reply_text(words)
         ids = tok.encode(text)
         if len(ids) >= n_tokens - 1:

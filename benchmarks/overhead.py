@@ -47,6 +47,9 @@ TURNS = 4  # agent turns per session
 LOADGEN_CPU, PROXY_CPU = 0, 1
 
 
+REPLY_TOKENS = 64  # tokens per completion (--reply-tokens)
+
+
 class Target:
     def __init__(
         self, name: str, url: str, server: _machine.Server | None, api_key: str = "unused"
@@ -93,7 +96,7 @@ class Agent:
             model=_workload.MODEL_NAME,
             messages=self.msgs,
             tools=_workload.TOOLS,
-            max_tokens=64,
+            max_tokens=REPLY_TOKENS,
             temperature=1.0,
             extra_headers={"x-session-id": self.sid},
         )
@@ -300,7 +303,7 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                 )
         title = {
             "plain": "non-streaming",
-            "stream": "streaming (64 events at once)",
+            "stream": f"streaming ({REPLY_TOKENS} events at once)",
             "paced": f"streaming, one token every {pace:g} ms",
         }[mode]
         out.append(
@@ -342,6 +345,12 @@ def main() -> None:
     p.add_argument("--pace-ms", type=float, default=None, help="10 (1 with --quick)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=64,
+        help="tokens per completion (64; longer ones show what each sampled token costs)",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -373,7 +382,9 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    spec = _workload.reply_spec(64)
+    global REPLY_TOKENS
+    REPLY_TOKENS = args.reply_tokens
+    spec = _workload.reply_spec(REPLY_TOKENS)
     base = _workload.base_messages(pad_to=3500)
     print("# Per-call overhead: Turnstile vs minimal relays vs LiteLLM")
     print(f"machine: {_machine.machine()}")
@@ -382,8 +393,8 @@ def main() -> None:
         f"fake engine on core {LOADGEN_CPU}, each proxy on core {PROXY_CPU}"
     )
     print(
-        f"workload: agent sessions of {TURNS} turns, 64-token completions (a thought + a "
-        f"Hermes tool call), tools={len(_workload.TOOLS)}; concurrency {concs}; modes {modes}"
+        f"workload: agent sessions of {TURNS} turns, {REPLY_TOKENS}-token completions (a thought "
+        f"+ a Hermes tool call), tools={len(_workload.TOOLS)}; concurrency {concs}; modes {modes}"
     )
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")

@@ -46,7 +46,7 @@ PARTS = [  # (part, frame substrings), first match wins
     ("match the history + assemble the context", ["SessionTree", "build_prompt", "root_hash"]),
     (
         "engine round trip: request body, response -> token events",
-        ["VLLMEngine.generate", "HTTPEngine", "_Reader", "ClientSession", "aiohttp"],
+        ["VLLMEngine.generate", "HTTPEngine", "EnginePool", "connection.py", "_Reader", "aiohttp"],
     ),
     ("detokenize + parse the completion", ["Parser.", "LoadedTokenizer.decode", "_text_ids"]),
     (
@@ -90,7 +90,11 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
 
     (wd / "spec.json").write_text(json.dumps(_workload.reply_spec(64)))
     fake, fake_url = _servers.start_fake(wd / "spec.json", 0, wd / "fake.log")
-    ts, url = _servers.start_turnstile(fake_url, wd / "data", 1, wd / "ts.log")
+    if args.target == "floor":
+        (wd / "floor").mkdir()
+        ts, url = _servers.start_relay("floor", fake_url, 1, wd / "floor.log", wd / "floor")
+    else:
+        ts, url = _servers.start_turnstile(fake_url, wd / "data", 1, wd / "ts.log")
     spy = None
     try:
 
@@ -123,7 +127,7 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
 
         if args.long:
             return await _long(args, ts, url, start_spy, wd)
-        target = o.Target("turnstile", url, ts, _servers.TOKEN)
+        target = o.Target(args.target, url, ts, _servers.TOKEN)
         await o.warm_up([target], args.conc, _workload.base_messages())
         spy = start_spy()
         cell = await o.run_cell(target, args.mode, args.conc, max(1, args.calls // args.conc))
@@ -187,6 +191,12 @@ def main() -> None:
     p.add_argument("--mode", default="plain", choices=["plain", "stream"])
     p.add_argument("--conc", type=int, default=1)
     p.add_argument("--calls", type=int, default=600)
+    p.add_argument(
+        "--target",
+        default="turnstile",
+        choices=["turnstile", "floor"],
+        help="the floor (_floor.py) profiled the same way, to set beside Turnstile's parts",
+    )
     p.add_argument("--long", type=int, metavar="TURNS", help="profile a long session instead")
     p.add_argument(
         "--gil",
