@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 
 from turnstile import testbed
-from turnstile.engines import Engine, EngineError, Finish, SamplingParams, TokenBatch, make_engine
+from turnstile.engines import Engine, EngineError, Finish, SamplingParams, make_engine
 from turnstile.testing.fake_server import FakeServer
 from turnstile.testing.fake_sglang import SGLangFake
 from turnstile.testing.fake_vllm import VLLMFake
+from turnstile.testing.tokens import Token, tokens
 from turnstile.testing.toy_model import EOS, IM_END
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -67,15 +68,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@dataclass(frozen=True)
-class Token:
-    """One sampled token, read out of a batch's columns."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] | None
-
-
 async def collect(h: Harness, params: SamplingParams, stream: bool) -> tuple[list[Token], Finish]:
     engine = h.engine()
     await engine.start()
@@ -83,16 +75,7 @@ async def collect(h: Harness, params: SamplingParams, stream: bool) -> tuple[lis
         items: list = [b async for b in engine.generate(h.prompt, params, stream=stream)]
     finally:
         await engine.close()
-    # batches of tokens (never empty, columns of one length), then one Finish
-    assert isinstance(items[-1], Finish)
-    for b in items[:-1]:
-        assert isinstance(b, TokenBatch) and b.ids and len(b.logprobs) == len(b.ids)
-        assert b.top is None or len(b.top) == len(b.ids)
-    return [
-        Token(t, b.logprobs[i], None if b.top is None else b.top[i])
-        for b in items[:-1]
-        for i, t in enumerate(b.ids)
-    ], items[-1]
+    return tokens(items)  # batches of tokens (never empty, columns of one length), one Finish
 
 
 # harnesses

@@ -73,5 +73,5 @@ def test_a_connection_closed_under_a_call_is_retried_once() -> None:
 
     log, items = asyncio.run(go())
     assert log == ["/props", "dropped", "/completion"]
-    assert [e.token_id for e in items[0]] == [5, 6]
+    assert items[0].ids == [5, 6]
     assert isinstance(items[-1], Finish)

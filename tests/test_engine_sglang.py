@@ -10,6 +10,7 @@ import pytest
 
 from turnstile.engines import EngineError, SamplingParams, make_engine
 from turnstile.testing.fake_sglang import SGLangFake
+from turnstile.testing.tokens import tokens
 from turnstile.testing.toy_model import EOS, IM_END
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -27,8 +28,8 @@ async def generate(url: str, params: SamplingParams, stream: bool = False, **opt
         out = [batch async for batch in engine.generate(PROMPT, params, stream=stream)]
     finally:
         await engine.close()
-    assert all(isinstance(batch, list) and batch for batch in out[:-1])
-    return [ev for batch in out[:-1] for ev in batch], out[-1], engine
+    events, finish = tokens(out)
+    return events, finish, engine
 
 
 def test_the_request_is_token_in_with_every_sampling_default_pinned():

@@ -16,6 +16,7 @@ from turnstile.engines import EngineError, Finish, SamplingParams, VLLMEngine, m
 from turnstile.engines.http import EngineUnusable
 from turnstile.testbed import free_port
 from turnstile.testing.fake_vllm import VLLMFake
+from turnstile.testing.tokens import tokens
 from turnstile.testing.toy_model import EOS, IM_END
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -33,8 +34,8 @@ async def generate(url: str, params: SamplingParams, stream: bool = False, **opt
         out = [batch async for batch in engine.generate(PROMPT, params, stream=stream)]
     finally:
         await engine.close()
-    assert all(isinstance(batch, list) and batch for batch in out[:-1])
-    return [ev for batch in out[:-1] for ev in batch], out[-1], engine
+    events, finish = tokens(out)
+    return events, finish, engine
 
 
 @pytest.mark.parametrize("version, status", [("0.31.0", 404), ("0.32.0", 403), ("0.33.0", 403)])
