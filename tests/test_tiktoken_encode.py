@@ -135,3 +135,33 @@ def test_the_merge_check_is_remembered_on_disk(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tiktoken_encode, "_merges_induced", must_not_run)
     assert tiktoken_encoder(good, "second")[0] is not None
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_decode_equals_tokenizers(name: str):
+    """The table decode gives ``tokenizers``' text for any IDs: added tokens, lone bytes that
+    are not UTF-8 (each maximal bad run one U+FFFD, as Rust's ``from_utf8_lossy``), the whole
+    vocabulary; an ID outside it gets what ``tokenizers`` answers."""
+    tok = vocab(name)
+    assert tok.fast_decode is not None
+    size = tok.tokenizer.get_vocab_size()
+    added = sorted(tok.tokenizer.get_added_tokens_decoder())
+    by_byte = [tok.tokenizer.token_to_id(chr(cp)) for cp in byte_alphabet()]
+    assert None not in by_byte
+    ids = st.one_of(st.integers(0, size - 1), st.sampled_from(added), st.sampled_from(by_byte))
+
+    @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(ids, max_size=24))
+    def agree(seq: list[int]) -> None:
+        assert tok.decode(seq) == tok.hf_decode(seq)
+
+    agree()
+
+    def outcome(f, seq):  # noqa: ANN001, ANN202
+        try:
+            return f(seq)
+        except Exception as exc:  # noqa: BLE001 - the same failure either way
+            return type(exc)
+
+    for seq in ([size], [1, size + 7, 2], [-1]):
+        assert outcome(tok.decode, seq) == outcome(tok.hf_decode, seq)

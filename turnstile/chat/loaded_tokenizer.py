@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import tokenizers
 
 from ..families import end_markers
-from .tiktoken_encode import Encode, tiktoken_encoder
+from .tiktoken_encode import Decode, Encode, tiktoken_decoder, tiktoken_encoder
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,13 @@ class LoadedTokenizer:
     # tiktoken's encoder where it gives this tokenizer's IDs exactly (``tiktoken_encode``)
     fast: Encode | None = field(default=None, init=False, repr=False, compare=False)
     encoder: str = field(default="tokenizers", init=False, compare=False)
+    # and its table of token bytes where decoding by it gives the same text
+    fast_decode: Decode | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fast, why = tiktoken_encoder(self.tokenizer, self.fingerprint)
         object.__setattr__(self, "fast", fast)
+        object.__setattr__(self, "fast_decode", tiktoken_decoder(self.tokenizer, self.fingerprint))
         object.__setattr__(self, "encoder", "tiktoken" if fast else f"tokenizers ({why})")
 
     def encode(self, text: str) -> list[int]:
@@ -57,7 +60,17 @@ class LoadedTokenizer:
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text for ``ids`` (special tokens kept unless asked otherwise)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        ids = ids if type(ids) is list else list(ids)
+        if self.fast_decode is not None and not skip_special_tokens:
+            try:
+                return self.fast_decode(ids)
+            except (KeyError, OverflowError, TypeError):
+                pass  # an ID outside the vocabulary: tokenizers' own answer
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def hf_decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """``decode`` by the ``tokenizers`` library itself (what the fast path must equal)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int) -> str | None:
         """The vocabulary entry for ``token_id`` (e.g. ``Ġhello`` for byte-level BPE), or None."""
