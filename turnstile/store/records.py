@@ -6,8 +6,8 @@ them back. Bodies are zlib-compressed JSON.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 import zlib
 from array import array
 from dataclasses import dataclass, field
@@ -90,7 +90,8 @@ class CallRecord:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
+    """``prefix`` and 96 random bits in hex (three per call: uuid4's object cost ~2 us each)."""
+    return prefix + os.urandom(12).hex()
 
 
 def pack_body(body: object) -> bytes | None:
