@@ -83,11 +83,17 @@ class SessionTrees:
     def _trim(self) -> None:
         """Keep at most ``max_trees`` cached trees, dropping the least recently used idle
         ones (a tree with a running call stays: its call adds to it when it commits)."""
-        if len(self.entries) <= self.max_trees:
+        over = len(self.entries) - self.max_trees
+        if over <= 0:
             return
-        for sid in [sid for sid, e in list(self.entries.items())[:-1] if not e.busy]:
-            if len(self.entries) <= self.max_trees:
-                break
+        newest = next(reversed(self.entries))  # just fetched: its call is about to hold it
+        idle = []
+        for sid, e in self.entries.items():  # oldest first; stops at the first ``over`` idle
+            if not e.busy and sid != newest:
+                idle.append(sid)
+                if len(idle) == over:
+                    break
+        for sid in idle:
             del self.entries[sid]
 
     def get(self, session_id: str) -> Tree:
