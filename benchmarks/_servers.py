@@ -217,7 +217,7 @@ def _serve_main(argv: list[str]) -> None:
         from _relays import relay_app
 
         app = relay_app(a.upstream.rstrip("/"), a.kind)
-    # The same server settings as `turnstile serve`.
+    # The same server settings as `turnstile serve` (for the floor and the relays too).
     uvicorn.run(
         app,
         host="127.0.0.1",
@@ -227,6 +227,7 @@ def _serve_main(argv: list[str]) -> None:
         http="httptools",
         access_log=False,
         backlog=4096,
+        proxy_headers=False,
     )
 
 

@@ -106,9 +106,7 @@ def serve(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
+        **serve_options.UVICORN,
     )
 
 

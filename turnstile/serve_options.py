@@ -5,12 +5,32 @@ from them)."""
 from __future__ import annotations
 
 import argparse
+from typing import Literal, TypedDict
 
 from .engines import KINDS
 from .engines.http import CONNECT_TIMEOUT_S, ENGINE_TIMEOUT_S
 from .engines.prompt_json import MAX_BYTES as PROMPT_CACHE_BYTES
 from .parsing import tool_formats
 from .server.limits import Limits
+
+
+# How uvicorn serves Turnstile's app (``serve``, each of ``--workers``): uvloop, httptools, no
+# access log (error answers are logged by ``server.error_log``), and no proxy headers: nothing
+# reads the client's address or scheme, and uvicorn's ProxyHeadersMiddleware cost 2.7% of a
+# call's CPU (benchmarks/README.md, round 13). A Ray replica's direct port likewise.
+class UvicornSettings(TypedDict):
+    loop: Literal["uvloop"]
+    http: Literal["httptools"]
+    access_log: bool
+    proxy_headers: bool
+
+
+UVICORN: UvicornSettings = {
+    "loop": "uvloop",
+    "http": "httptools",
+    "access_log": False,
+    "proxy_headers": False,
+}
 
 
 def _seconds(value: str) -> float:

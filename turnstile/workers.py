@@ -156,12 +156,12 @@ def run(app: Any, sock: socket.socket, log_level: str) -> None:
     """uvicorn on a socket this process was given."""
     import uvicorn
 
+    from .serve_options import UVICORN
+
     config = uvicorn.Config(
         app,
         log_level=log_level,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
+        **UVICORN,
         # a call held at a paused door would keep a graceful shutdown waiting for ever (and
         # the front would never stop its workers)
         timeout_graceful_shutdown=GRACE_S,

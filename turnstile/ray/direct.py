@@ -49,7 +49,12 @@ class DirectServer:
         self.sock.bind((host, 0))
         self.port: int = self.sock.getsockname()[1]
         config = uvicorn.Config(
-            app, lifespan="off", log_config=None, access_log=False, http="httptools"
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            http="httptools",
+            proxy_headers=False,  # as serve_options.UVICORN: nothing reads the client's address
         )
         self.server = _Uvicorn(config)
         self.task: asyncio.Task | None = None
