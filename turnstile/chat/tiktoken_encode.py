@@ -86,7 +86,7 @@ def tiktoken_decoder(tok: tokenizers.Tokenizer, key: str) -> Decode | None:
     return _decoders.get(key)
 
 
-def _build(tok: tokenizers.Tokenizer, key: str = "") -> tuple[Encode | None, str]:
+def _build(tok: tokenizers.Tokenizer, key: str) -> tuple[Encode | None, str]:
     text = tok.to_str()
     spec = orjson.loads(text)
     if spec.get("normalizer") is not None:

@@ -71,7 +71,9 @@ class TokenBatch:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def add(self, token_id: int, logprob: float, top: list[tuple[int, float]] | None = None):
+    def add(
+        self, token_id: int, logprob: float, top: list[tuple[int, float]] | None = None
+    ) -> None:
         """One token more (``top``: its candidates, None when none were asked for or given)."""
         if top is not None and self.top is None:
             self.top = [[] for _ in self.ids]
