@@ -203,5 +203,5 @@ def _fast_overlay(compiled: Any, source: str) -> Any:
         return compiled  # depends on the transformers version
     overlay = env.overlay()
     overlay.filters = {**env.filters, "tojson": memo_tojson(tojson)}
-    overlay.getattr = dict_first_getattr(overlay)  # type: ignore[method-assign]
+    overlay.getattr = dict_first_getattr(overlay)  # type: ignore[method-assign, assignment]
     return overlay.from_string(source)
