@@ -64,7 +64,7 @@ LOOP_NAMES = [
 def _render(env_class, fast: bool, source: str, **variables: object) -> tuple:  # noqa: ANN001
     env = env_class()
     if fast:
-        env.getattr = dict_first_getattr(env)  # type: ignore[method-assign]
+        env.getattr = dict_first_getattr(env)
     try:
         return ("text", env.from_string(source).render(**variables))
     except (SecurityError, UndefinedError, TypeError) as exc:
