@@ -81,6 +81,14 @@ class Renderer:
         """The template's text for :meth:`as_rendered` ``messages``."""
         return self.template.render(self.as_rendered(messages), tools, **kwargs)
 
+    def prepare(self, messages: list[dict]) -> list[dict]:
+        """:meth:`as_rendered` ``messages`` as the template receives them, for
+        :meth:`ChatTemplate.render_prepared` (message by message: a slice stays prepared)."""
+        try:
+            return self.template.prepare(self.as_rendered(messages))
+        except Exception as exc:  # as a render that refuses them
+            raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
+
     @property
     def ignores_tools(self) -> bool:
         """True when the template renders the same prompt with and without ``tools``
@@ -130,14 +138,15 @@ class Renderer:
         messages by position and branch on it (Bielik), so the stand-in keeps it.
         """
         head = [system, STAND_IN_USER] if system else [STAND_IN_USER]
-        render = self.render
+        render = self.template.render_prepared
         # The close is searched in a copy of the reply without end-of-turn marker text in it
         # (a coding agent may write "<|endoftext|>" into a file): the search must not land
         # inside the content.
         probe = _without(assistant, list(self.eog_text.values()))
-        before = render([*head, probe], tools, add_generation_prompt=False, **kwargs)
+        prepared = self.prepare([*head, probe, *new_messages])  # once for both renders
+        before = render(prepared[: len(head) + 1], tools, add_generation_prompt=False, **kwargs)
         before_turn = self._head(head, tools, kwargs, before)
-        after = render([*head, probe, *new_messages], tools, add_generation_prompt=True, **kwargs)
+        after = render(prepared, tools, add_generation_prompt=True, **kwargs)
         if not after.startswith(before):
             at = _first_difference(before, after)
             raise NotPrefixPreserving(
@@ -148,7 +157,7 @@ class Renderer:
         close_at, close_text = self._turn_close(before, turn_start)
         tail = after[close_at:]
         if probe is not assistant:
-            real = render(
+            real = self.render(
                 [*head, assistant, *new_messages], tools, add_generation_prompt=True, **kwargs
             )
             if not real.endswith(tail):

@@ -77,13 +77,34 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
+        try:
+            prepared = self.prepare(messages)
+        except Exception as exc:  # as a render that refuses them
+            raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
+        return self.render_prepared(prepared, tools, add_generation_prompt, **kwargs)
+
+    def prepare(self, messages: list[dict]) -> list[dict]:
+        """The messages as the template receives them (:meth:`messages`, then transformers'
+        aliases of reasoning fields). Each message is prepared on its own, so a slice of the
+        prepared list is the prepared slice: a delta's two renders share one preparation."""
+        prepared = self.messages(messages)
+        return _alias_reasoning_fields(prepared) if _PIECES else prepared
+
+    def render_prepared(
+        self,
+        prepared: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """The template's text for messages from :meth:`prepare`."""
         variables = {**self.variables, **kwargs}
         try:
             if _PIECES:
-                return self._render_plain(messages, tools, add_generation_prompt, variables)
+                return self._render_plain(prepared, tools, add_generation_prompt, variables)
             # transformers annotates -> str; it returns (rendered, generation indices)
             rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
-                conversations=[self.messages(messages)],
+                conversations=[prepared],
                 tools=list(tools) if tools else None,
                 chat_template=self.source,
                 add_generation_prompt=add_generation_prompt,
@@ -104,11 +125,11 @@ class ChatTemplate:
         add_generation_prompt: bool,
         variables: dict[str, Any],
     ) -> str:
-        """``render_jinja_template`` for inputs that are plain JSON already."""
+        """``render_jinja_template`` for inputs that are plain JSON already (prepared)."""
         if self._compiled is None:
             self._compiled = _fast_overlay(_compile_jinja_template(self.source), self.source)
         return self._compiled.render(
-            messages=_alias_reasoning_fields(self.messages(messages)),
+            messages=messages,
             tools=tools or None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
