@@ -9,6 +9,7 @@ Llama-3 JSON / Mistral-style formats later.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,6 +17,8 @@ from ..families.shapes import ARGS_KEYS
 
 JSON_WS = " \t\n\r"
 _DECODER = json.JSONDecoder()
+_STRUCTURE = re.compile(r'["{}\[\]]')  # outside a string: a string opens, or the depth changes
+_IN_STRING = re.compile(r'["\\]')  # inside one: it closes, or an escape
 
 
 def skip_ws(text: str, i: int) -> int:
@@ -286,7 +289,9 @@ class ValueScanner:
     """Finds where a streamed JSON object/array ends by tracking brackets and strings.
 
     It does not validate (that happens once the call is complete); it only needs to know which
-    characters belong to the value, character by character, whatever the chunking.
+    characters belong to the value, whatever the chunking. It jumps from one character that
+    matters to the next (a regex search, in C): a coding agent's tool call carries whole
+    files in its arguments, and a loop over every character cost ~50 ns each.
     """
 
     def __init__(self, depth: int = 1) -> None:
@@ -300,20 +305,37 @@ class ValueScanner:
 
     def feed(self, text: str) -> int | None:
         """Consume ``text``; return the index just past the closing bracket, or None."""
-        for i, ch in enumerate(text):
+        i, n = 0, len(text)
+        if self._escaped and n:  # the last chunk ended inside a string on a backslash
+            self._escaped = False
+            i = 1
+        while i < n:
             if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif ch == "\\":
-                    self._escaped = True
-                elif ch == '"':
-                    self._in_string = False
-            elif ch == '"':
+                m = _IN_STRING.search(text, i)
+                if m is None:
+                    return None
+                j = m.start()
+                if text[j] == "\\":
+                    if j + 1 == n:
+                        self._escaped = True
+                        return None
+                    i = j + 2
+                    continue
+                self._in_string = False
+                i = j + 1
+                continue
+            m = _STRUCTURE.search(text, i)
+            if m is None:
+                return None
+            j = m.start()
+            ch = text[j]
+            if ch == '"':
                 self._in_string = True
             elif ch in "{[":
                 self.depth += 1
-            elif ch in "}]":
+            else:
                 self.depth -= 1
                 if self.depth == 0:
-                    return i + 1
+                    return j + 1
+            i = j + 1
         return None
