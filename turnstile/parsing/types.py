@@ -97,20 +97,28 @@ Event = Text | Reasoning | CallStart | ArgsDelta | CallEnd | Issue
 
 
 class ToolSchemas:
-    """Parameter types of the request's tools, for formats that write arguments as plain text."""
+    """Parameter types of the request's tools, for formats that write arguments as plain text
+    (read on first use: most formats never ask, and a coding agent sends ~20 tools a call)."""
 
     def __init__(self, tools: list[dict[str, Any]] | None) -> None:
-        self._props: dict[str, dict[str, Any]] = {}
-        for tool in tools or []:
+        self._tools = tools
+        self._props: dict[str, dict[str, Any]] | None = None
+
+    def _index(self) -> dict[str, dict[str, Any]]:
+        props_of: dict[str, dict[str, Any]] = {}
+        for tool in self._tools or []:
             fn = tool.get("function", tool) if isinstance(tool, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 continue
             params = fn.get("parameters")
             props = params.get("properties") if isinstance(params, dict) else None
-            self._props[fn["name"]] = props if isinstance(props, dict) else {}
+            props_of[fn["name"]] = props if isinstance(props, dict) else {}
+        return props_of
 
     def schema(self, function: str, param: str) -> dict[str, Any] | None:
         """The JSON schema of one parameter, or None when unknown."""
+        if self._props is None:
+            self._props = self._index()
         prop = self._props.get(function, {}).get(param)
         return prop if isinstance(prop, dict) else None
 
