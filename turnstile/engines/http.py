@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import re
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Protocol
@@ -20,6 +19,7 @@ from typing import Protocol
 import aiohttp
 import orjson
 
+from ..random_ids import random_hex
 from .base import EngineBase, EngineError, Finish, SamplingParams, TokenBatch
 from .connection import EnginePool, Response
 
@@ -32,7 +32,7 @@ class EngineUnusable(EngineError):
 
 def new_request_id() -> str:
     """A request id of our own, so a call can be aborted and found in engine logs."""
-    return "turnstile-" + os.urandom(16).hex()  # uuid4's randomness without its object
+    return "turnstile-" + random_hex(16)
 
 
 @functools.lru_cache(maxsize=64)  # asked for on every call, of one engine's version
