@@ -84,10 +84,7 @@ class Renderer:
     def prepare(self, messages: list[dict]) -> list[dict]:
         """:meth:`as_rendered` ``messages`` as the template receives them, for
         :meth:`ChatTemplate.render_prepared` (message by message: a slice stays prepared)."""
-        try:
-            return self.template.prepare(self.as_rendered(messages))
-        except Exception as exc:  # as a render that refuses them
-            raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
+        return self.template.prepare(self.as_rendered(messages))
 
     @property
     def ignores_tools(self) -> bool:

@@ -77,18 +77,17 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        try:
-            prepared = self.prepare(messages)
-        except Exception as exc:  # as a render that refuses them
-            raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
-        return self.render_prepared(prepared, tools, add_generation_prompt, **kwargs)
+        return self.render_prepared(self.prepare(messages), tools, add_generation_prompt, **kwargs)
 
     def prepare(self, messages: list[dict]) -> list[dict]:
         """The messages as the template receives them (:meth:`messages`, then transformers'
         aliases of reasoning fields). Each message is prepared on its own, so a slice of the
         prepared list is the prepared slice: a delta's two renders share one preparation."""
-        prepared = self.messages(messages)
-        return _alias_reasoning_fields(prepared) if _PIECES else prepared
+        try:
+            prepared = self.messages(messages)
+            return _alias_reasoning_fields(prepared) if _PIECES else prepared
+        except Exception as exc:  # as a render that refuses them
+            raise TemplateError(f"chat template cannot render these messages: {exc}") from exc
 
     def render_prepared(
         self,
