@@ -1,6 +1,6 @@
 """A trainer's weights ⇄ the GGUF file llama-server runs: the weight sync of a CPU RL loop.
 
-The trainer (PyTorch, ``tests/trainers/policy.py``) holds a Hugging Face ``LlamaForCausalLM``
+The trainer (PyTorch, ``benchmarks/trainer_policy.py``) holds a Hugging Face ``LlamaForCausalLM``
 state dict; llama-server reads GGUF. This writes those tensors under llama.cpp's names (with
 the rotary permutation llama.cpp's ``llama`` architecture expects of ``q``/``k``), in F32, F16
 or BF16, with a real tokenizer copied from a vocabulary GGUF; and reads a GGUF back into the
@@ -218,13 +218,14 @@ def as_stored(weights: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarra
 
 
 class Trainer:
-    """The PyTorch policy (``tests/trainers/policy.py``) as a subprocess in the trainers
-    venv; one JSON command a line."""
+    """The PyTorch policy (``trainer_policy.py`` beside this file) as a subprocess in the
+    trainers venv (:func:`turnstile.testbed_trainers.trainers_python`); one JSON command a
+    line."""
 
     def __init__(self, python: Path, **init: object):
         import subprocess
 
-        script = Path(__file__).resolve().parent.parent / "tests" / "trainers" / "policy.py"
+        script = Path(__file__).resolve().parent / "trainer_policy.py"
         self.proc = subprocess.Popen(
             [str(python), str(script)],
             stdin=subprocess.PIPE,

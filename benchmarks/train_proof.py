@@ -39,14 +39,14 @@ from pathlib import Path
 
 import numpy as np
 import openai
+import policy_gguf
 
 import turnstile
-from benchmarks import policy_gguf
-from tests.trainers import venv as trainers_venv
 from turnstile import testbed
 from turnstile.auth import load_or_create_token
-from turnstile.demo import _serve
+from turnstile.demo import serve_in_thread
 from turnstile.server.app import create_app
+from turnstile.testbed_trainers import trainers_python
 from turnstile.verify import rerendered
 from turnstile.wiring import build_gateway
 
@@ -403,7 +403,7 @@ def main() -> None:
     setup = {"init": init, "vocab": vocab, "template": template}
     t0 = time.monotonic()
     rows = []
-    trainer = policy_gguf.Trainer(trainers_venv.ensure(), lr=args.lr, **init)
+    trainer = policy_gguf.Trainer(trainers_python(), lr=args.lr, **init)
     server = None
     try:
         # one gateway for the whole run, built on the initial weights; each step's engine
@@ -416,7 +416,7 @@ def main() -> None:
         port = testbed.free_port()
         gw["base"] = f"http://127.0.0.1:{port}"
         token = load_or_create_token(gw["data"])[0]
-        server = _serve(create_app(gateway, gw["base"], token=token), port)
+        server = serve_in_thread(create_app(gateway, gw["base"], token=token), port)
         gw["render"], gw["encode"] = gateway.renderer.render, gateway.renderer.encoder.encode
         gw["decode"] = gateway.tok.decode
         for seed in range(args.seeds):

@@ -83,7 +83,10 @@ CONVERSATIONS = [
 ]
 
 
-def _serve(app: Starlette, port: int) -> uvicorn.Server:
+def serve_in_thread(app: Starlette, port: int) -> uvicorn.Server:
+    """``app`` served by uvicorn on ``127.0.0.1:port`` in a daemon thread, returned once it
+    listens (set ``should_exit`` to stop it): the demo's server, and the benchmarks' and
+    examples' that run a gateway in their own process."""
     server = uvicorn.Server(
         uvicorn.Config(
             app, host="127.0.0.1", port=port, log_level="error", loop="uvloop", http="httptools"
@@ -93,6 +96,9 @@ def _serve(app: Starlette, port: int) -> uvicorn.Server:
     while not server.started:
         time.sleep(0.05)
     return server
+
+
+_serve = serve_in_thread  # the name examples/grpo_loop.py and a test still import
 
 
 def run(args: argparse.Namespace) -> None:
@@ -116,7 +122,7 @@ def run(args: argparse.Namespace) -> None:
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
         token = load_or_create_token(data)[0]  # as `turnstile serve` does: DATA/turnstile.token
-        server = _serve(
+        server = serve_in_thread(
             create_app(gateway, base, token=token, tokenizer=gateway.renderer.tok), port
         )
 
