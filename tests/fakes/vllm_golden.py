@@ -243,11 +243,13 @@ def answer(client: httpx.Client, base: str, case: Case) -> dict:
             structure = shape(value)
     else:
         structure = "empty"
+    text = raw.decode(errors="replace")
     return {
         "status": r.status_code,
         "media_type": kind,
         "shape": structure,
-        "example": raw.decode(errors="replace")[:3000],
+        "facts": facts(case, text, kind, r.status_code),
+        "example": text[:3000],
     }
 
 
@@ -286,3 +288,191 @@ def _diff(want: Any, got: Any, at: str) -> list[str]:
     if want != got:
         return [f"{at}: {json.dumps(got)[:200]}, the engine {json.dumps(want)[:200]}"]
     return []
+
+
+# Values inside one answer. The structure above leaves values out; these are the counts an
+# answer must agree with itself on (and, where the request fixes them, with the engine's):
+# one logprob entry per sampled token ID, usage equal to what was sent and sampled, one SSE
+# event per token, one ``[DONE]``.
+
+TOKEN_PATHS = {"/inference/v1/generate", "/v1/completions", "/v1/chat/completions", "/generate"}
+
+
+def _request_prompt(body: dict | None) -> int | None:
+    for key in ("token_ids", "prompt", "input_ids"):
+        value = (body or {}).get(key)
+        if isinstance(value, list):
+            return len(value)
+    return None
+
+
+def _events(raw: str) -> tuple[list[dict], int]:
+    """A stream's JSON events and its number of ``[DONE]`` lines."""
+    bodies, done = [], 0
+    for event in raw.split("\n\n"):
+        for line in event.split("\n"):
+            if line == "data: [DONE]":
+                done += 1
+            elif line.startswith("data: "):
+                bodies.append(json.loads(line[6:]))
+    return bodies, done
+
+
+def _vllm_choice(c: dict) -> tuple[int | None, int | None, list[int], int]:
+    """A choice's token IDs, logprob entries, top-list lengths and text length."""
+    ids = c.get("token_ids")
+    lp = c.get("logprobs")
+    entries: int | None = None
+    tops: list[int] = []
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):  # generate, chat
+        entries = len(lp["content"])
+        tops = [len(e.get("top_logprobs") or []) for e in lp["content"]]
+    elif isinstance(lp, dict) and isinstance(lp.get("tokens"), list):  # completions
+        entries = len(lp["tokens"])
+        assert len(lp["token_logprobs"]) == len(lp["text_offset"]) == entries, c
+        tops = [len(t or {}) for t in lp.get("top_logprobs") or []]
+    text = (
+        c.get("text") if "text" in c else (c.get("delta") or c.get("message") or {}).get("content")
+    )
+    return (len(ids) if isinstance(ids, list) else None), entries, tops, len(text or "")
+
+
+def facts(case: Case, raw: str, kind: str, status: int) -> dict | None:
+    """The counts inside one token-bearing answer (``None`` for any other): the request's
+    prompt length, usage, sampled token IDs, logprob entries, top-list lengths, echoed prompt
+    IDs; for a stream its JSON events, those carrying tokens, and its ``[DONE]`` lines."""
+    if status != 200 or case.path not in TOKEN_PATHS:
+        return None
+    stream = kind == "text/event-stream"
+    bodies, done = _events(raw) if stream else ([json.loads(raw)], 0)
+    if any("choices" not in b and "meta_info" not in b for b in bodies):
+        return None  # an error inside a stream: no tokens
+    out: dict[str, Any] = {"request_prompt": _request_prompt(case.body)}
+    if stream:
+        out |= {"events": len(bodies), "done": done}
+    if any("meta_info" in b for b in bodies):  # SGLang: each event cumulative
+        cumulative = [(len(b["output_ids"]), b["meta_info"]["completion_tokens"]) for b in bodies]
+        last = bodies[-1]
+        meta = last["meta_info"]
+        lps = meta.get("output_token_logprobs")
+        tops = meta.get("output_top_logprobs")
+        return out | {
+            "cumulative": all(a == b for a, b in cumulative)
+            and [a for a, _ in cumulative] == sorted(a for a, _ in cumulative),
+            "token_ids": len(last["output_ids"]),
+            "usage": {"prompt": meta["prompt_tokens"], "completion": meta["completion_tokens"]},
+            "logprobs": None if lps is None else len(lps),
+            "logprobs_length": meta.get("output_token_logprobs_length"),
+            "top": None if tops is None else sorted({len(t) for t in tops}),
+            "top_lists": None if tops is None else len(tops),
+        }
+    n_ids: int | None = None
+    n_lp: int | None = None
+    tops_seen: set[int] = set()
+    prompt_ids: int | None = None
+    usage: dict | None = None
+    token_events = 0
+    for b in bodies:
+        if isinstance(b.get("usage"), dict):
+            u = b["usage"]
+            usage = {
+                "prompt": u["prompt_tokens"],
+                "completion": u["completion_tokens"],
+                "total": u["total_tokens"],
+            }
+        echoed = [b.get("prompt_token_ids")] + [c.get("prompt_token_ids") for c in b["choices"]]
+        for p in echoed:
+            if isinstance(p, list):
+                prompt_ids = (prompt_ids or 0) + len(p)
+        carries = False
+        for c in b["choices"]:
+            ids, entries, tops, text = _vllm_choice(c)
+            if ids is not None:
+                n_ids = (n_ids or 0) + ids
+            if entries is not None:
+                n_lp = (n_lp or 0) + entries
+            tops_seen |= set(tops)
+            carries = carries or bool(ids or entries or text)
+        token_events += carries
+    out |= {
+        "usage": usage,
+        "token_ids": n_ids,
+        "logprobs": n_lp,
+        "top": sorted(tops_seen) or None,
+        "prompt_token_ids": prompt_ids,
+    }
+    if stream:
+        out["token_events"] = token_events
+    return out
+
+
+def inconsistencies(f: dict | None) -> list[str]:
+    """Where one answer's counts disagree with each other (empty: they agree)."""
+    if f is None:
+        return []
+    out = []
+    usage = f.get("usage")
+    if usage is None:
+        return ["no usage"]
+    completion = usage["completion"]
+
+    def same(what: str, value: object, want: object, of: str) -> None:
+        if value is not None and want is not None and value != want:
+            out.append(f"{what} {value} != {of} {want}")
+
+    if "total" in usage:
+        same(
+            "usage.total_tokens", usage["total"], usage["prompt"] + completion, "prompt+completion"
+        )
+    same("usage.prompt_tokens", usage["prompt"], f["request_prompt"], "the request's prompt")
+    same("echoed prompt_token_ids", f.get("prompt_token_ids"), usage["prompt"], "prompt_tokens")
+    same("token IDs", f["token_ids"], completion, "usage.completion_tokens")
+    same("logprob entries", f["logprobs"], completion, "usage.completion_tokens")
+    same("output_token_logprobs_length", f.get("logprobs_length"), completion, "completion")
+    same("top-logprob lists", f.get("top_lists"), completion, "usage.completion_tokens")
+    if f.get("cumulative") is False:
+        out.append("a cumulative event's output_ids and completion_tokens disagree")
+    if "done" in f:
+        same("[DONE] lines", f["done"], 1, "one")
+    if "token_events" in f:  # one event per token, plus the usage event (include_usage)
+        same("events carrying tokens", f["token_events"], completion, "usage.completion_tokens")
+    return out
+
+
+def golden_facts(recorded: dict, case: Case) -> dict | None:
+    """The counts of a recorded answer: stored by the recorder (from the whole answer), else
+    read from its example, which the recorder cut at 3000 characters: ``CUT`` when it was cut
+    (not guessed), ``None`` for an answer that carries no tokens."""
+    if "facts" in recorded:
+        return recorded["facts"]
+    if case.path not in TOKEN_PATHS or recorded["status"] != 200:
+        return None
+    try:
+        return facts(case, recorded["example"], recorded["media_type"], recorded["status"])
+    except ValueError:  # json: the example ends mid-answer
+        return CUT
+
+
+CUT = {"cut": True}  # a recorded example too long to read back (re-recording stores its facts)
+
+
+def fact_differences(golden: dict | None, got: dict | None, case: Case) -> list[str]:
+    """Where the fake's counts differ from the engine's for the same request: every count,
+    but a chat prompt's length (the fake's chat template is its own toy one)."""
+
+    def comparable(f: dict | None) -> dict | None:
+        if f is None or case.path != "/v1/chat/completions":
+            return f
+        usage = {k: v for k, v in (f.get("usage") or {}).items() if k == "completion"}
+        return {**f, "usage": usage, "prompt_token_ids": f.get("prompt_token_ids") is not None}
+
+    want, have = comparable(golden), comparable(got)
+    if want == have:
+        return []
+    if want is None or have is None:
+        return [f"{case.name}: counts {have}, the engine {want}"]
+    return [
+        f"{case.name}: {k} {have.get(k)!r}, the engine {want.get(k)!r}"
+        for k in sorted(set(want) | set(have))
+        if want.get(k) != have.get(k)
+    ]

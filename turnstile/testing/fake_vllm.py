@@ -86,9 +86,13 @@ def _sampling_error(
 
 
 class VLLMFake(FakeServer):
+    """``version`` defaults to 0.32.0: the test bed's real vLLM, whose recorded answers
+    (``tests/fakes/golden/vllm-0.32.0.json``) the fake is held to. The other versions' shapes
+    are read from their wheels, not recorded: ask for one by name."""
+
     def __init__(
         self,
-        version: str = "0.33.0",
+        version: str = "0.32.0",
         *,
         scale_out: bool = True,
         logprobs_mode: str = "raw_logprobs",

@@ -67,7 +67,8 @@ class ScriptedModel:
 
 
 def scripted_vllm(tok: LoadedTokenizer, reply: Callable[[str], str], end: str) -> VLLMFake:
-    """A vLLM fake (0.33, token-in route served) whose model is ``reply``, with a context
+    """A vLLM fake (its default version, token-in route served) whose model is ``reply``, with
+    a context
     long enough for a coding agent's prompts."""
     fake = VLLMFake(max_model_len=131072)
     [end_id] = tok.encode(end)
