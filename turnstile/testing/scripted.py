@@ -68,8 +68,7 @@ class ScriptedModel:
 
 def scripted_vllm(tok: LoadedTokenizer, reply: Callable[[str], str], end: str) -> VLLMFake:
     """A vLLM fake (its default version, token-in route served) whose model is ``reply``, with
-    a context
-    long enough for a coding agent's prompts."""
+    a context long enough for a coding agent's prompts."""
     fake = VLLMFake(max_model_len=131072)
     [end_id] = tok.encode(end)
     fake.model = ScriptedModel(tok, reply, end_id)  # type: ignore[assignment]
