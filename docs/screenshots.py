@@ -24,6 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from turnstile import testbed
 from turnstile.server.app import create_app
+from turnstile.viewer.routes import viewer_routes
 from turnstile.wiring import build_gateway
 
 OUT = Path(__file__).resolve().parent
@@ -80,7 +81,13 @@ def main() -> None:
         gateway = build_gateway(engine_url, str(model), data, model_name=MODEL)
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
-        app = create_app(gateway, base, token=None, tokenizer=gateway.renderer.tok)
+        app = create_app(
+            gateway,
+            base,
+            token=None,
+            tokenizer=gateway.renderer.tok,
+            mounted=viewer_routes(gateway.model_name),
+        )
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
         threading.Thread(target=server.run, daemon=True).start()
         while not server.started:

@@ -251,6 +251,7 @@ def test_openapi_is_the_trainers_and_matches_the_routes(turnstile):
     from starlette.routing import Route
 
     from turnstile.server.app import ROUTES
+    from turnstile.viewer.routes import viewer_routes  # mounted by wiring.py beside them
 
     r = httpx.get(turnstile.url + "/openapi.json")
     assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
@@ -263,7 +264,7 @@ def test_openapi_is_the_trainers_and_matches_the_routes(turnstile):
     described = {(m.upper(), shape(p)) for p, ops in doc["paths"].items() for m in ops}
     served = {
         (method, shape(route.path))
-        for route in ROUTES
+        for route in [*ROUTES, *viewer_routes(None)]
         if isinstance(route, Route)  # not the WebSocket catch-all (426)
         for method in route.methods or ()
         if method != "HEAD"  # Starlette adds it beside every GET

@@ -204,6 +204,7 @@ def server_from_args(
     per call, and a session that moves to this gateway continues exactly from its last
     acknowledged call."""
     from .server.app import create_app
+    from .viewer.routes import viewer_routes
 
     shared = shared or is_postgres(args.store or "")
 
@@ -270,6 +271,8 @@ def server_from_args(
         shared=shared,
         peers=peers,
         peer_route=peer_route,
+        # the viewer sits above the HTTP edge: mounted here, where the app is composed
+        mounted=viewer_routes(gateway.model_name),
     )
     return Server(app, gateway, banner)
 

@@ -1,36 +1,29 @@
 """HTTP routes. Harness-facing: ``/v1/chat/completions`` and ``/v1/models`` under a session's
 base URL ``/s/<capability>/v1`` (or with the capability as the API key). Trainer-facing (the
 trainer's token): sessions (open, list, reward, close, delete), their calls and trajectories
-(merged or per call), admin, the OpenAPI document, the trajectory viewer's data (its page at
-``/ui`` is open). Credentials: turnstile/auth.py.
+(merged or per call), admin, the OpenAPI document. Credentials: turnstile/auth.py.
 
 This module wires the app; the handlers live in ``routes_harness``, ``routes_sessions`` and
 ``routes_admin``, access checks in ``access``, shared state in ``context``, the session cache
-in ``session_index`` and the error responses in ``error_handlers``."""
+in ``session_index`` and the error responses in ``error_handlers``. The trajectory viewer sits
+above this edge: whoever composes the app mounts its routes (``mounted``; ``wiring.py`` does
+for ``turnstile serve``), so nothing here imports it."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from ..chat.loaded_tokenizer import LoadedTokenizer
 from ..dialects import DIALECTS
 from ..dialects.base import Dialect
 from ..gateway.contract import AppGateway
-from ..viewer.routes import (
-    ui_page,
-    ui_script,
-    ui_style,
-    viewer_parquet,
-    viewer_sessions,
-    viewer_trajectories,
-)
 from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
 from .error_handlers import EXCEPTION_HANDLERS
@@ -55,18 +48,6 @@ from .session_index import SessionIndex
 
 __all__ = ["DEFAULT_SESSION", "create_app"]
 
-# The trajectory viewer (turnstile/viewer): its page is open (no data in it), its data trainer's.
-VIEWER_ROUTES = [
-    Route("/ui", ui_page, methods=["GET"]),
-    Route("/ui/viewer.js", ui_script, methods=["GET"]),
-    Route("/ui/viewer.css", ui_style, methods=["GET"]),
-    Route("/v1/viewer/sessions", trainer(viewer_sessions), methods=["GET"]),
-    Route("/v1/viewer/sessions/{sid}/trajectories", trainer(viewer_trajectories), methods=["GET"]),
-    Route(
-        "/v1/viewer/sessions/{sid}/trajectories.parquet", trainer(viewer_parquet), methods=["GET"]
-    ),
-]
-
 # Harness routes check the capability themselves; trainer() guards the rest; /health is
 # open (engine up or not, for probes). Each route is described in openapi.py.
 ROUTES = [
@@ -88,7 +69,6 @@ ROUTES = [
     Route("/admin/status", trainer(admin_status), methods=["GET"]),
     Route("/openapi.json", trainer(openapi), methods=["GET"]),
     Route("/metrics", trainer(metrics_route), methods=["GET"]),
-    *VIEWER_ROUTES,
     WebSocketRoute("/{path:path}", no_websocket),  # any upgrade: 426, use HTTP
 ]
 
@@ -108,6 +88,7 @@ def create_app(
     shared: bool = False,
     peers: Peers | None = None,
     peer_route: bool = False,
+    mounted: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """``token``: the trainer's token (None: every route open, ``--no-auth``); ``tokenizer``:
     the viewer shows token IDs as its text pieces (None: as IDs); ``replica``: the
@@ -117,7 +98,9 @@ def create_app(
     points, by capability (None: ``public_url``; see ``AppContext``); ``shared``: other
     gateways write this store too (a session's status is read from it per call); ``peers``:
     the other workers the front of ``--workers N`` sends its trainer's actions to;
-    ``peer_route``: this gateway is one of those workers (it answers ``/internal/peer``)."""
+    ``peer_route``: this gateway is one of those workers (it answers ``/internal/peer``);
+    ``mounted``: routes of the layers above this edge, served beside its own (the viewer's:
+    ``turnstile.viewer.routes.viewer_routes``)."""
     store = gateway.store
     metrics = Metrics(replica)
     if store is not None:  # every committed call feeds the metrics
@@ -148,9 +131,9 @@ def create_app(
         session_origin=session_origin,
         peers=peers,
     )
-    routes = ROUTES
+    routes = [*ROUTES, *mounted]
     if peer_route:
-        routes = [*ROUTES, Route(PEER_PATH, trainer(peer), methods=["POST"])]
+        routes.append(Route(PEER_PATH, trainer(peer), methods=["POST"]))
     app = Starlette(
         routes=routes,
         lifespan=_lifespan,

@@ -20,13 +20,13 @@ from ..errors import APIError
 from ..gateway.contract import AppGateway
 from ..server.access import trainer
 from ..server.app import ROUTES as SERVE_ROUTES
-from ..server.app import VIEWER_ROUTES
 from ..server.context import AppContext
 from ..server.error_handlers import EXCEPTION_HANDLERS
 from ..server.limits import Limits
 from ..server.routes_sessions import call_body, calls, list_sessions, session, trajectories
 from ..server.session_index import SessionIndex
 from ..store.store import Store
+from .routes import viewer_routes
 
 
 async def read_only(request: Request) -> Response:
@@ -47,15 +47,14 @@ _READ = [
     Route("/v1/sessions/{sid}/calls/{cid}/body", trainer(call_body), methods=["GET"]),
     Route("/v1/sessions/{sid}/trajectories", trainer(trajectories), methods=["GET"]),
 ]
-# The read routes and the viewer's answer first; every other route turnstile serve has
-# (harness, admin, writes) answers read_only.
+# The read routes first; every other route turnstile serve has (harness, admin, writes)
+# answers read_only. The viewer's own routes are mounted beside them (create_viewer_app).
 ROUTES = [
     *_READ,
-    *VIEWER_ROUTES,
     *(
         Route(r.path, read_only, methods=sorted((r.methods or set()) - {"HEAD"}))
         for r in SERVE_ROUTES
-        if isinstance(r, Route) and r not in VIEWER_ROUTES
+        if isinstance(r, Route)
     ),
 ]
 
@@ -63,7 +62,8 @@ ROUTES = [
 def create_viewer_app(
     store: Store, public_url: str, *, token: str | None, tokenizer: LoadedTokenizer | None = None
 ) -> Starlette:
-    """The viewer over ``store``; ``token`` as for ``create_app`` (None: open)."""
+    """The viewer over ``store``; ``token`` as for ``create_app`` (None: open). The page names
+    ``tokenizer``'s model by the name of the file or directory ``--model`` gave."""
     ctx = AppContext(
         # No route mounted here reaches the gateway (harness, admin and write routes are
         # read_only above); the context's type wants one.
@@ -76,6 +76,8 @@ def create_viewer_app(
         sessions=SessionIndex(store),
         tokenizer=tokenizer,
     )
-    app = Starlette(routes=ROUTES, exception_handlers=dict(EXCEPTION_HANDLERS))
+    app = Starlette(
+        routes=[*viewer_routes(None), *ROUTES], exception_handlers=dict(EXCEPTION_HANDLERS)
+    )
     app.state.turnstile = ctx
     return app

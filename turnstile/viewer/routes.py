@@ -1,18 +1,26 @@
 """The viewer's routes: the page and its two static files (open: they hold no data; the script
 asks for the trainer's token when a data route answers 401), and the trainer-only JSON the page
-needs that no trainer route gives."""
+needs that no trainer route gives.
+
+Whoever composes an app mounts them (:func:`viewer_routes`): ``wiring.py`` beside the gateway's
+routes for ``turnstile serve``, :mod:`.app` for ``turnstile view``. The HTTP edge (``server/``)
+never imports the viewer; the viewer uses the edge's context and checks below it."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from ..errors import APIError
+from ..server.access import trainer
 from ..server.context import AppContext, context, json_response
 from ..server.validation import int_param
 from ..store.records import CallRecord
@@ -140,30 +148,35 @@ def _stitched(ctx: AppContext, sid: str, mode: str) -> tuple[list[Trajectory], l
     return [t.with_session(s) for t in stitch(calls, mode)], calls
 
 
-async def viewer_trajectories(request: Request) -> Response:
-    """The trajectories route's samples, each with the text piece of every token and, for a
-    segment that left the recorded conversation, both sides of where it did."""
-    ctx = context(request)
-    sid = ctx.sessions.require(request.path_params["sid"])
-    mode = _mode(request)
-    tok = ctx.tokenizer
+def _trajectories(model: str | None) -> Callable[[Request], Awaitable[Response]]:
+    """The trajectories route, naming the tokenizer by ``model``."""
 
-    def build() -> list[dict]:
-        trajs, calls = _stitched(ctx, sid, mode)
-        by_id = {c.id: c for c in calls}
-        return [
-            {
-                **t.to_json(),
-                "pieces": pieces(tok, t.token_ids),
-                "divergence": divergence(by_id[t.call_ids[0]], calls, tok),
-            }
-            for t in trajs
-        ]
+    async def viewer_trajectories(request: Request) -> Response:
+        """The trajectories route's samples, each with the text piece of every token and, for
+        a segment that left the recorded conversation, both sides of where it did."""
+        ctx = context(request)
+        sid = ctx.sessions.require(request.path_params["sid"])
+        mode = _mode(request)
+        tok = ctx.tokenizer
 
-    data = await run_in_threadpool(build)
-    return json_response(
-        {"object": "list", "mode": mode, "data": data, "tokenizer": tok.source if tok else None}
-    )
+        def build() -> list[dict]:
+            trajs, calls = _stitched(ctx, sid, mode)
+            by_id = {c.id: c for c in calls}
+            return [
+                {
+                    **t.to_json(),
+                    "pieces": pieces(tok, t.token_ids),
+                    "divergence": divergence(by_id[t.call_ids[0]], calls, tok),
+                }
+                for t in trajs
+            ]
+
+        data = await run_in_threadpool(build)
+        # the model as its user named it, never the local path its tokenizer was loaded from
+        named = (model or Path(tok.source).name) if tok else None
+        return json_response({"object": "list", "mode": mode, "data": data, "tokenizer": named})
+
+    return viewer_trajectories
 
 
 async def viewer_parquet(request: Request) -> Response:
@@ -182,3 +195,26 @@ async def viewer_parquet(request: Request) -> Response:
         media_type="application/vnd.apache.parquet",
         headers={"content-disposition": f'attachment; filename="{safe}-{mode}.parquet"'},
     )
+
+
+def viewer_routes(model: str | None) -> list[BaseRoute]:
+    """The viewer's routes, to mount on an app: its page is open (no data in it), its data
+    the trainer's. ``model``: the name the page gives the model whose tokenizer shows the
+    tokens' text, as its user named it (``--served-model-name``, else the model file's or
+    directory's name; None: that name)."""
+    return [
+        Route("/ui", ui_page, methods=["GET"]),
+        Route("/ui/viewer.js", ui_script, methods=["GET"]),
+        Route("/ui/viewer.css", ui_style, methods=["GET"]),
+        Route("/v1/viewer/sessions", trainer(viewer_sessions), methods=["GET"]),
+        Route(
+            "/v1/viewer/sessions/{sid}/trajectories",
+            trainer(_trajectories(model)),
+            methods=["GET"],
+        ),
+        Route(
+            "/v1/viewer/sessions/{sid}/trajectories.parquet",
+            trainer(viewer_parquet),
+            methods=["GET"],
+        ),
+    ]
