@@ -16,8 +16,9 @@ not applied), one short call per token on its prompt cache.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -25,84 +26,353 @@ import httpx
 import numpy as np
 
 from .chat.loaded_tokenizer import LoadedTokenizer
+from .engines.base import PROCESSED_LOGPROBS, RAW_LOGPROBS, SCALED_LOGPROBS
 from .store.contracts import CallReader
+from .store.records import CallRecord
 from .store.trajectories import Trajectory, stitch
 
-TOLERANCE = 1e-3  # |Δ logprob| above which a token counts as parted (report field)
+TOLERANCE = 1e-3  # |Δ logprob| past which a token parts, for an f32 engine (llama-server)
+# The same for a bf16 engine (vLLM, SGLang): its sampling (decode) and its recompute (prefill)
+# round differently; measured on the test bed's vLLM (docs/verification.md)
+BF16_TOLERANCE = 0.5
+TOP_N = 20  # alternatives asked per position where the sampler's cut must be recomputed
+# A recomputed processed logprob is known to within ± its half-width (the tail past the top N
+# bounds it); past this the token is left out as undecided (counted, never silently).
+BOUND = 0.02
+MASKED = -100.0  # the recompute's logprob for a token the recorded sampling could not sample
+VOCAB_BOUND = 2**18  # at most this many tokens in a vocabulary (bounds a tail at T > 1)
+_GREEDY_EPS = 1e-5  # vLLM: a temperature below this is greedy
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What one recorded call was sampled under (its record's ``info.sampling`` and
+    ``info.logprob_kind``), which decides what its recorded logprobs should equal."""
+
+    kind: str = RAW_LOGPROBS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    constrained: bool = False  # a grammar or JSON schema masked the distribution
+    start: int = 0  # where the call's completion starts in the scored sequence (penalties)
+
+    @classmethod
+    def of(cls, info: dict, start: int = 0) -> Sampling:
+        sp = info.get("sampling") or {}
+        return cls(
+            kind=info.get("logprob_kind") or RAW_LOGPROBS,
+            temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)),
+            top_k=int(sp.get("top_k") or 0),
+            min_p=float(sp.get("min_p") or 0.0),
+            logit_bias=tuple(
+                sorted((int(k), float(v)) for k, v in (sp.get("logit_bias") or {}).items())
+            ),
+            presence_penalty=float(sp.get("presence_penalty") or 0.0),
+            frequency_penalty=float(sp.get("frequency_penalty") or 0.0),
+            repetition_penalty=float(sp.get("repetition_penalty") or 1.0),
+            constrained=bool(sp.get("grammar") or sp.get("json_schema")),
+            start=start,
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def needs_distribution(self) -> bool:
+        """Does the recorded logprob depend on more than the token's own raw logprob?"""
+        if self.kind == RAW_LOGPROBS:
+            return False
+        cut = not self.greedy and (self.top_p < 1 or self.top_k > 0 or self.min_p > 0)
+        scaled = not self.greedy and not math.isclose(self.temperature, 1.0)
+        pen = self.kind == PROCESSED_LOGPROBS and (self.presence_penalty or self.frequency_penalty)
+        return bool(self.logit_bias or pen or scaled or (self.kind == PROCESSED_LOGPROBS and cut))
+
+    def refusal(self) -> str | None:
+        """Why this call's logprobs cannot be recomputed from the model's raw distribution."""
+        if self.kind not in (RAW_LOGPROBS, SCALED_LOGPROBS, PROCESSED_LOGPROBS):
+            return f"its logprobs are {self.kind}, not logprobs of a distribution"
+        if self.constrained:
+            return (
+                "a grammar-forced call: the engine masked its distribution (raw and processed "
+                "logprobs alike) with a grammar state that is not recomputed here"
+            )
+        if self.kind == PROCESSED_LOGPROBS and self.repetition_penalty != 1.0:
+            return (
+                "repetition_penalty in processed_logprobs mode: it scales logits by their sign, "
+                "which logprobs do not keep"
+            )
+        if self.kind == PROCESSED_LOGPROBS and (
+            self.presence_penalty < 0 or self.frequency_penalty < 0
+        ):
+            return "a negative presence/frequency penalty raises tokens past the known top N"
+        return None
+
+
+def recompute(
+    known: dict[int, float],
+    floor: float,
+    target: int,
+    s: Sampling,
+    counts: dict[int, int] | None = None,
+    vocab: int = VOCAB_BOUND,
+) -> tuple[float, float]:
+    """The logprob of ``target`` that the recorded call's mode should have given, from the raw
+    logprobs ``known`` of the top N tokens (and the target); ``floor`` is the N-th best raw
+    logprob, above which no unknown token lies. Follows vLLM's sampler (0.32, ``v1/sample``):
+    logit bias, then presence/frequency penalties (``counts``: the call's output so far), then
+    temperature, then min-p, top-k, top-p (kept: the tokens with less than p of the mass
+    above them). The unknown tail is carried as bounds on its mass; returns the midpoint and
+    the half-width of the interval the true value lies in (0 when decided exactly)."""
+    if not s.needs_distribution:
+        return known[target], 0.0
+    if not math.isfinite(floor):
+        return math.nan, math.inf  # no top N to bound the rest by
+    toks = np.fromiter(known, dtype=np.int64, count=len(known))
+    raw = np.fromiter(known.values(), dtype=np.float64, count=len(known))
+    tail_raw = max(0.0, 1.0 - float(np.exp(raw).sum()))
+    u = raw.copy()
+    lowered = 0  # tail tokens pushed down (their mass may leave the tail)
+    index = {int(t): i for i, t in enumerate(toks)}
+    for tok, b in s.logit_bias:
+        if tok in index:
+            u[index[tok]] += b
+        elif b > 0:
+            return math.nan, math.inf  # an unknown token raised: it may lead
+        else:
+            lowered += 1
+    if s.kind == PROCESSED_LOGPROBS:
+        for tok, c in (counts or {}).items():
+            pen = s.presence_penalty + s.frequency_penalty * c
+            if pen and tok in index:
+                u[index[tok]] -= pen
+            elif pen:
+                lowered += 1
+    t = 1.0 if s.greedy else s.temperature
+    w = u / t
+    top = floor / t  # no unknown token scores above this
+    # bounds on the tail's scaled mass, sum over unknown j of exp(a_j / t)
+    low_raw = max(0.0, tail_raw - lowered * math.exp(floor))
+    unknown = max(1, vocab - len(known))
+    if t <= 1.0:
+        hi = tail_raw * math.exp(floor * (1 / t - 1))
+        lo = 0.0 if t < 1.0 else low_raw
+    else:
+        hi = min(tail_raw ** (1 / t) * unknown ** (1 - 1 / t), unknown * math.exp(top))
+        lo = low_raw ** (1 / t)
+    sure = np.ones(len(w), bool)  # known tokens certainly kept
+    maybe = np.zeros(len(w), bool)  # known tokens perhaps kept
+    tail = "all"  # the tail: all of it kept, "some", or "none"
+    processed = s.kind == PROCESSED_LOGPROBS and not s.greedy
+    if processed and s.min_p > 0:
+        cut = float(w.max()) + math.log(s.min_p)
+        sure &= w >= cut
+        if top < cut:
+            tail, hi, lo = "none", 0.0, 0.0
+        else:
+            tail, lo = "some", 0.0
+    if processed and 0 < s.top_k < vocab:
+        above = np.sort(w[sure & (w > top)])[::-1]
+        if (tail == "none" or len(above) >= s.top_k) and sure.any():
+            kth = np.sort(w[sure])[::-1][min(s.top_k, int(sure.sum())) - 1]
+            sure &= w >= kth
+            tail, hi, lo = "none", 0.0, 0.0
+        else:
+            low = sure & (w <= top)
+            maybe |= low
+            sure &= ~low
+            tail, lo = "some", 0.0
+    before_top_p = 0.0  # a lower bound on the mass top-p cuts from: it keeps at least p of it
+    if processed and s.top_p < 1.0:
+        e = np.exp(w)
+        z_lo = before_top_p = float(e[sure].sum()) + lo
+        z_hi = float(e[sure].sum() + e[maybe].sum()) + hi
+        order = np.argsort(-w)
+        mass = 0.0
+        gone = False
+        for i in order:
+            if not (sure[i] or maybe[i]):
+                continue
+            if gone:
+                sure[i] = maybe[i] = False
+                continue
+            if tail != "none" and w[i] <= top:
+                sure[i], maybe[i] = False, True  # tail tokens may rank above it: open
+                continue
+            if mass >= s.top_p * z_hi:
+                sure[i] = maybe[i] = False
+                gone = True
+            elif mass >= s.top_p * z_lo:
+                sure[i], maybe[i] = False, True
+            mass += float(e[i])
+        if gone:
+            tail, hi, lo = "none", 0.0, 0.0
+        elif tail != "none":
+            tail, lo = "some", 0.0
+    ti = index[target]
+    if not (sure[ti] or maybe[ti]):
+        return MASKED, 0.0
+    sure[ti], maybe[ti] = True, False  # it was sampled: it was kept
+    e = np.exp(w)
+    z_lo = float(e[sure].sum()) + lo
+    z_hi = float(e[sure].sum() + e[maybe].sum()) + hi
+    z_lo = max(z_lo, s.top_p * before_top_p)
+    a, b = float(w[ti]) - math.log(z_hi), float(w[ti]) - math.log(z_lo)
+    return (a + b) / 2, (b - a) / 2
+
+
+def _counts(ids: Sequence[int], s: Sampling, p: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    if s.kind == PROCESSED_LOGPROBS and (s.presence_penalty or s.frequency_penalty):
+        for t in ids[s.start : p]:
+            out[t] = out.get(t, 0) + 1
+    return out
 
 
 class Scorer(Protocol):
-    """An engine that gives the logprob of ``ids[p]`` after ``ids[:p]`` for each ``p``."""
+    """An engine that gives, for each ``p``, the logprob of ``ids[p]`` after ``ids[:p]`` as the
+    recorded call's ``sampling[i]`` should have given it (NaN: undecided)."""
 
     name: str
+    tolerance: float  # |Δ| past which a token parts: this engine's numerical noise
 
-    async def score(self, ids: Sequence[int], positions: Sequence[int]) -> list[float]: ...
+    async def score(
+        self, ids: Sequence[int], positions: Sequence[int], sampling: Sequence[Sampling]
+    ) -> list[float]: ...
+
+    def refusal(self, s: Sampling) -> str | None:
+        """Why a call sampled so cannot be scored by this engine (None: it can)."""
+        ...
 
 
 class NotSupported(Exception):
     """This engine cannot score a given sequence."""
 
 
+def _from_top(
+    ids: Sequence[int],
+    positions: Sequence[int],
+    sampling: Sequence[Sampling],
+    rows: Sequence[dict[int, float]],
+    floors: Sequence[float],
+) -> list[float]:
+    out = []
+    for p, s, known, floor in zip(positions, sampling, rows, floors, strict=True):
+        value, half = recompute(known, floor, ids[p], s, _counts(ids, s, p))
+        out.append(value if half <= BOUND else math.nan)
+    return out
+
+
 class VLLMScorer:
-    """vLLM's ``/v1/completions`` with ``prompt_logprobs``: one call per trajectory."""
+    """vLLM's ``/v1/completions`` with ``prompt_logprobs``: one call per trajectory. Prompt
+    logprobs are the model's raw ones (vLLM computes them before any sampler step, whatever
+    ``--logprobs-mode``); where the recorded mode includes the sampler's work, the top N of
+    each position are asked for too (vLLM refuses N above its ``--max-logprobs``, 20 by
+    default) and the processed value is computed from them (:func:`recompute`)."""
 
     name = "vllm"
+    tolerance = BF16_TOLERANCE
 
-    def __init__(self, client: httpx.AsyncClient, url: str):
-        self.client, self.url = client, url.rstrip("/")
+    def __init__(self, client: httpx.AsyncClient, url: str, top_n: int = TOP_N):
+        self.client, self.url, self.top_n = client, url.rstrip("/"), top_n
         self.model: str | None = None
 
-    async def score(self, ids: Sequence[int], positions: Sequence[int]) -> list[float]:
+    def refusal(self, s: Sampling) -> str | None:
+        return s.refusal()
+
+    async def score(
+        self, ids: Sequence[int], positions: Sequence[int], sampling: Sequence[Sampling]
+    ) -> list[float]:
         if self.model is None:
             models = (await self.client.get(self.url + "/v1/models")).json()
             self.model = models["data"][0]["id"]
+        n = self.top_n if any(s.needs_distribution for s in sampling) else 0
         body = {
             "model": self.model,
             "prompt": list(ids),
             "max_tokens": 1,
             "temperature": 0.0,
-            "prompt_logprobs": 0,
+            "prompt_logprobs": n,
         }
         r = await self.client.post(self.url + "/v1/completions", json=body)
         if r.status_code != 200:
             raise NotSupported(f"vLLM answered {r.status_code}: {r.text[:300]}")
         per_position = r.json()["choices"][0]["prompt_logprobs"]
-        return [float(per_position[p][str(ids[p])]["logprob"]) for p in positions]
+        rows, floors = [], []
+        for p in positions:
+            entries = per_position[p]
+            rows.append({int(k): float(v["logprob"]) for k, v in entries.items()})
+            ranked = [float(v["logprob"]) for v in entries.values() if (v.get("rank") or 0) <= n]
+            floors.append(min(ranked) if n and ranked else -math.inf)
+        return _from_top(ids, positions, sampling, rows, floors)
 
 
 class SGLangScorer:
-    """SGLang's ``/generate`` with ``return_logprob`` from the first token."""
+    """SGLang's ``/generate`` with ``return_logprob`` from the first token; the top N input
+    logprobs too where the recorded kind needs them (the same :func:`recompute`)."""
 
     name = "sglang"
+    tolerance = BF16_TOLERANCE
 
-    def __init__(self, client: httpx.AsyncClient, url: str):
-        self.client, self.url = client, url.rstrip("/")
+    def __init__(self, client: httpx.AsyncClient, url: str, top_n: int = TOP_N):
+        self.client, self.url, self.top_n = client, url.rstrip("/"), top_n
 
-    async def score(self, ids: Sequence[int], positions: Sequence[int]) -> list[float]:
-        body = {
+    def refusal(self, s: Sampling) -> str | None:
+        return s.refusal()
+
+    async def score(
+        self, ids: Sequence[int], positions: Sequence[int], sampling: Sequence[Sampling]
+    ) -> list[float]:
+        n = self.top_n if any(s.needs_distribution for s in sampling) else 0
+        body: dict = {
             "input_ids": list(ids),
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": True,
             "logprob_start_len": 0,
         }
+        if n:
+            body["top_logprobs_num"] = n
         r = await self.client.post(self.url + "/generate", json=body)
         if r.status_code != 200:
             raise NotSupported(f"SGLang answered {r.status_code}: {r.text[:300]}")
-        rows = r.json()["meta_info"]["input_token_logprobs"]
-        return [float(rows[p][0]) for p in positions]
+        meta = r.json()["meta_info"]
+        own = meta["input_token_logprobs"]
+        tops = meta.get("input_top_logprobs") or [] if n else []
+        rows, floors = [], []
+        for p in positions:
+            known = {int(ids[p]): float(own[p][0])}
+            top = (tops[p] or []) if p < len(tops) else []
+            known.update({int(t): float(v) for v, t, *_ in top})
+            rows.append(known)
+            floors.append(min((float(v) for v, *_ in top), default=-math.inf) if n else -math.inf)
+        return _from_top(ids, positions, sampling, rows, floors)
 
 
 class LlamaCppScorer:
     """llama-server: each token sampled again by force after its prefix (a +100 bias), its
     raw logprob read from ``completion_probabilities``; the prefix stays in the slot's cache,
-    so each call evaluates one token."""
+    so each call evaluates one token. Raw logprobs only (what the llama-cpp adapter records)."""
 
     name = "llama-cpp"
+    tolerance = TOLERANCE
 
     def __init__(self, client: httpx.AsyncClient, url: str):
         self.client, self.url = client, url.rstrip("/")
 
-    async def score(self, ids: Sequence[int], positions: Sequence[int]) -> list[float]:
+    def refusal(self, s: Sampling) -> str | None:
+        if s.kind != RAW_LOGPROBS:
+            return f"llama-server gives raw logprobs only; this call recorded {s.kind}"
+        return None
+
+    async def score(
+        self, ids: Sequence[int], positions: Sequence[int], sampling: Sequence[Sampling]
+    ) -> list[float]:
         out = []
         for p in positions:
             body = {
@@ -147,22 +417,30 @@ def scorer(kind: str, client: httpx.AsyncClient, url: str) -> Scorer:
 class Agreement:
     """Recorded against recomputed logprobs over the sampled tokens of one sequence."""
 
-    tokens: int  # sampled tokens compared (those with a recorded logprob)
+    tokens: int  # sampled tokens compared (a recorded logprob and a decided recompute)
     max_abs: float
     mean_abs: float
     kl: float  # k3 estimate of KL(behaviour ‖ recompute), from the behaviour's own samples
-    parted_at: int | None  # index in the sequence of the first token past TOLERANCE
+    parted_at: int | None  # index in the sequence of the first token past the tolerance
+    undecided: int = 0  # tokens whose recompute the top N could not bound within BOUND
+    refused: int = 0  # tokens of calls the engine cannot score (Verified.notes says why)
 
     @classmethod
     def of(
-        cls, positions: Sequence[int], recorded: Sequence[float], recomputed: Sequence[float]
+        cls,
+        positions: Sequence[int],
+        recorded: Sequence[float],
+        recomputed: Sequence[float],
+        refused: int = 0,
+        tolerance: float = TOLERANCE,
     ) -> Agreement:
         rec, new = np.asarray(recorded, float), np.asarray(recomputed, float)
-        known = ~np.isnan(rec)
+        undecided = int(np.sum(np.isnan(new) & ~np.isnan(rec)))
+        known = ~np.isnan(rec) & ~np.isnan(new)
         d = rec[known] - new[known]
         if not len(d):
-            return cls(0, math.nan, math.nan, math.nan, None)
-        parted = np.flatnonzero(np.abs(d) > TOLERANCE)
+            return cls(0, math.nan, math.nan, math.nan, None, undecided, refused)
+        parted = np.flatnonzero(np.abs(d) > tolerance)
         where = np.asarray(positions)[known]
         log_ratio = -d  # log(recompute / behaviour) at the behaviour's samples
         kl = float(np.mean(np.expm1(log_ratio) - log_ratio))
@@ -172,6 +450,8 @@ class Agreement:
             float(np.mean(np.abs(d))),
             kl,
             int(where[parted[0]]) if len(parted) else None,
+            undecided,
+            refused,
         )
 
 
@@ -197,11 +477,21 @@ def naive_ids(tok: LoadedTokenizer, traj: Trajectory) -> tuple[list[int], list[i
     """What a text pipeline trains on: each run of prompt and each completion decoded and encoded
     again, the engine's logprobs laid on the re-encoded completion by position (as such
     pipelines align them). Returns (ids, sampled positions, logprobs at them)."""
+    ids, positions, logprobs, _ = _naive(tok, traj)
+    return ids, positions, logprobs
+
+
+def _naive(
+    tok: LoadedTokenizer, traj: Trajectory
+) -> tuple[list[int], list[int], list[float], list[int]]:
+    """:func:`naive_ids`, and for each sampled position the index of its completion run."""
     ids: list[int] = []
     positions: list[int] = []
     logprobs: list[float] = []
+    runs: list[int] = []
     mask, lps = traj.loss_mask, traj.logprobs
     start = 0
+    run = 0
     n = len(mask)
     while start < n:
         end = start
@@ -212,22 +502,73 @@ def naive_ids(tok: LoadedTokenizer, traj: Trajectory) -> tuple[list[int], list[i
             positions += range(len(ids), len(ids) + len(piece))
             engine = lps[start:end].tolist()
             logprobs += [engine[i] if i < len(engine) else math.nan for i in range(len(piece))]
+            runs += [run] * len(piece)
+            run += 1
         ids += piece
         start = end
-    return ids, positions, logprobs
+    return ids, positions, logprobs, runs
 
 
-async def verify(traj: Trajectory, engine: Scorer, tok: LoadedTokenizer | None) -> Verified:
-    """Score ``traj`` (and its naive version, when ``tok`` is given) with ``engine``."""
+def samplings(traj: Trajectory, calls: Mapping[str, CallRecord] | None) -> list[Sampling]:
+    """Each turn's :class:`Sampling`, from its call's record (raw logprobs when not given)."""
+    out = []
+    for t in traj.turns:
+        rec = calls.get(t["call_id"]) if calls else None
+        out.append(Sampling.of(rec.info if rec else {}, int(t["completion_start"])))
+    return out
+
+
+async def _score(
+    engine: Scorer,
+    ids: Sequence[int],
+    positions: Sequence[int],
+    turn_of: Sequence[int],
+    per_turn: Sequence[Sampling],
+    notes: list[str],
+    call_ids: Sequence[str],
+) -> tuple[list[float], int]:
+    """The engine's recompute at ``positions`` (NaN where a call is refused), and how many
+    positions were refused; each refusal's reason goes into ``notes`` once per call."""
+    reasons = [engine.refusal(s) for s in per_turn]
+    for k, why in enumerate(reasons):
+        if why and any(turn_of[i] == k for i in range(len(positions))):
+            notes.append(f"call {call_ids[min(k, len(call_ids) - 1)]} not scored: {why}")
+    keep = [i for i in range(len(positions)) if not reasons[turn_of[i]]]
+    out = [math.nan] * len(positions)
+    if keep:
+        got = await engine.score(
+            ids, [positions[i] for i in keep], [per_turn[turn_of[i]] for i in keep]
+        )
+        for i, v in zip(keep, got, strict=True):
+            out[i] = v
+    return out, len(positions) - len(keep)
+
+
+async def verify(
+    traj: Trajectory,
+    engine: Scorer,
+    tok: LoadedTokenizer | None,
+    calls: Mapping[str, CallRecord] | None = None,
+) -> Verified:
+    """Score ``traj`` (and its naive version, when ``tok`` is given) with ``engine``, each
+    call's tokens under that call's recorded sampling and logprob kind (``calls``: the
+    records by id; without them every logprob is taken as raw)."""
     ids = traj.token_ids.tolist()
     positions = np.flatnonzero(traj.loss_mask).tolist()
     recorded = traj.logprobs[positions].tolist()
-    exact = Agreement.of(positions, recorded, await engine.score(ids, positions))
+    per_turn = samplings(traj, calls)
+    call_ids = [str(t["call_id"]) for t in traj.turns]
+    ends = [int(t["completion_end"]) for t in traj.turns]
+    turn_of = [next(k for k, e in enumerate(ends) if p < e) for p in positions]
+    notes: list[str] = []
+    scores, refused = await _score(engine, ids, positions, turn_of, per_turn, notes, call_ids)
+    exact = Agreement.of(positions, recorded, scores, refused, engine.tolerance)
     versions = sorted({str(v) if v >= 0 else "none" for v in traj.versions[positions].tolist()})
     out = Verified(traj.id, traj.session_id, engine.name, versions, exact, None, False)
+    out.notes = notes
     if tok is None:
         return out
-    nids, npos, nlps = naive_ids(tok, traj)
+    nids, npos, nlps, runs = _naive(tok, traj)
     if nids == ids:
         return out
     out.naive_tokens_differ = True
@@ -235,7 +576,14 @@ async def verify(traj: Trajectory, engine: Scorer, tok: LoadedTokenizer | None) 
         (i for i, (a, b) in enumerate(zip(ids, nids, strict=False)) if a != b),
         min(len(ids), len(nids)),
     )
-    out.naive = Agreement.of(npos, nlps, await engine.score(nids, npos))
+    # each completion run is one turn; its start moves with the re-encoding
+    starts = {runs[i]: npos[i] for i in range(len(npos)) if i == 0 or runs[i] != runs[i - 1]}
+    naive_turns = [
+        dataclasses.replace(per_turn[min(r, len(per_turn) - 1)], start=starts[r])
+        for r in sorted(starts)
+    ]
+    nscores, nrefused = await _score(engine, nids, npos, runs, naive_turns, [], call_ids)
+    out.naive = Agreement.of(npos, nlps, nscores, nrefused, engine.tolerance)
     return out
 
 
@@ -252,8 +600,10 @@ async def verify_sessions(
     async with httpx.AsyncClient(timeout=timeout) as client:
         engine = scorer(kind, client, url)
         for sid in session_ids:
-            for traj in stitch(store.calls(sid)):
-                out.append(await verify(traj, engine, tok))
+            calls = store.calls(sid)
+            by_id = {c.id: c for c in calls}
+            for traj in stitch(calls):
+                out.append(await verify(traj, engine, tok, by_id))
     return out
 
 
@@ -276,6 +626,8 @@ def summary(results: Sequence[Verified]) -> list[dict]:
                 "mean_abs": sum(a.mean_abs * a.tokens for a in ags) / n if n else math.nan,
                 "kl": sum(a.kl * a.tokens for a in ags) / n if n else math.nan,
                 "parted": sum(a.parted_at is not None for a in ags),
+                "undecided": sum(a.undecided for v in vs if (a := getattr(v, arm)) is not None),
+                "refused": sum(a.refused for v in vs if (a := getattr(v, arm)) is not None),
             }
         row["naive_tokens_differ"] = sum(v.naive_tokens_differ for v in vs)
         rows.append(row)

@@ -22,12 +22,26 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from ..store.contracts import CallReader
 from ..store.records import CallRecord
 from ..store.trajectories import stitch
-from ..verify import NotSupported, Scorer, scorer, verify
+from ..verify import BF16_TOLERANCE, NotSupported, Scorer, scorer, verify
 
 log = logging.getLogger("turnstile.monitor")
 
 # |Δ logprob| of the worst token of a call: exact records sit at 0 (or the engine's noise)
 _DELTA = (0.0, 1e-6, 1e-4, 1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, float("inf"))
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A verified call parts when its worst token's |Δ logprob| passes ``max_abs`` (a broken
+    token) or its mean |Δ| passes ``mean_abs`` (a drift over every token: other weights).
+    The defaults pass a healthy bf16 engine and fail the broken records measured in
+    tests/test_verify_vllm.py (figures in docs/verification.md)."""
+
+    max_abs: float = BF16_TOLERANCE
+    mean_abs: float = 0.05
+
+
+DEFAULT_THRESHOLD = Threshold()
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,7 @@ class VerifyOptions:
     fraction: float
     engine: str  # the engine kind: "llama-cpp", "vllm", "sglang"
     url: str | None = None  # None: the replica that served each call
-    threshold: float = 0.05
+    threshold: float | None = None  # the max |Δ| threshold (None: DEFAULT_THRESHOLD's)
 
 
 class Monitor:
@@ -52,12 +66,16 @@ class Monitor:
         fraction: float,
         registry: CollectorRegistry,
         replica: str,
-        threshold: float = 0.05,
+        threshold: float | None = None,
         capacity: int = 64,
         rng: Callable[[], float] = random.random,
     ):
         self.store, self.kind, self.url = store, kind, url
-        self.fraction, self.threshold, self.capacity = fraction, threshold, capacity
+        self.threshold = Threshold(
+            DEFAULT_THRESHOLD.max_abs if threshold is None else threshold,
+            DEFAULT_THRESHOLD.mean_abs,
+        )
+        self.fraction, self.capacity = fraction, capacity
         self.rng, self.replica = rng, replica
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue: asyncio.Queue[tuple[str, str, str]] | None = None
@@ -72,8 +90,9 @@ class Monitor:
         )
         self.parted = Counter(
             "turnstile_verify_parted_calls",
-            "Verified calls with a sampled token whose recorded logprob the engine's recompute "
-            f"misses by more than the threshold ({threshold})",
+            "Verified calls whose recorded logprobs the engine's recompute misses: the worst "
+            f"token by more than {self.threshold.max_abs}, or all on average by more than "
+            f"{self.threshold.mean_abs}",
             labels,
             registry=registry,
         )
@@ -86,8 +105,9 @@ class Monitor:
         )
         self.dropped = Counter(
             "turnstile_verify_dropped_calls",
-            "Calls picked for verification but dropped: the queue was full, or the engine "
-            "could not score them",
+            "Calls picked for verification but dropped: the queue was full (queue_full), the "
+            "engine could not be asked (engine), the call's sampling cannot be recomputed "
+            "(refused: e.g. a grammar), or the top N could not bound any token (undecided)",
             ["replica", "why"],
             registry=registry,
         )
@@ -139,23 +159,33 @@ class Monitor:
         traj = next((t for t in stitch(calls, "per_call") if t.call_ids[-1] == call_id), None)
         if traj is None:  # the session was deleted meanwhile
             return
-        report = await verify(traj, engine, None)
+        report = await verify(traj, engine, None, {c.id: c for c in calls if c.id == call_id})
         version = ",".join(report.versions) or "none"
         agreement = report.exact
         if not agreement.tokens:
+            if agreement.refused or agreement.undecided:
+                why = "refused" if agreement.refused else "undecided"
+                self.dropped.labels(self.replica, why).inc()
+                log.warning("verify: call %s not scored: %s", call_id, "; ".join(report.notes))
             return
         self.verified.labels(self.replica, version).inc()
         self.delta.labels(self.replica, version).observe(agreement.max_abs)
-        if agreement.max_abs > self.threshold:
+        if (
+            agreement.max_abs > self.threshold.max_abs
+            or agreement.mean_abs > self.threshold.mean_abs
+        ):
             self.parted.labels(self.replica, version).inc()
             if version not in self._warned:
                 self._warned.add(version)
                 log.warning(
                     "verify: call %s (weights %s) parts from the engine's recompute: max |Δ "
-                    "logprob| %.4g over %d tokens (threshold %g); logged once per version",
+                    "logprob| %.4g, mean %.4g over %d tokens (thresholds %g, %g); logged once "
+                    "per version",
                     call_id,
                     version,
                     agreement.max_abs,
+                    agreement.mean_abs,
                     agreement.tokens,
-                    self.threshold,
+                    self.threshold.max_abs,
+                    self.threshold.mean_abs,
                 )
