@@ -72,8 +72,8 @@ def set_pace(fake_url: str, ms: float) -> None:
 def start_relay(
     kind: str, upstream: str, cpu: int | None, log: Path, data: Path | None = None
 ) -> tuple[Server, str]:
-    """A relay (``relay-aiohttp``, ``relay-httpx``) or the floor recorder (``floor``; its
-    records under ``data``)."""
+    """A relay (``relay-aiohttp``, ``relay-httpx``) or a floor recorder (``floor``,
+    ``floor-aiohttp``; its records under ``data``)."""
     port = free_port()
     extra = ["--data", str(data)] if data else []
     s = Server(
@@ -201,7 +201,9 @@ def _serve_main(argv: list[str]) -> None:
     import uvicorn
 
     p = argparse.ArgumentParser()
-    p.add_argument("kind", choices=["relay-aiohttp", "relay-httpx", "turnstile", "floor"])
+    p.add_argument(
+        "kind", choices=["relay-aiohttp", "relay-httpx", "turnstile", "floor", "floor-aiohttp"]
+    )
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream")
     p.add_argument("--engine-url")
@@ -209,10 +211,10 @@ def _serve_main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     if a.kind == "turnstile":
         app = _turnstile_app(a.engine_url, a.data, a.port)
-    elif a.kind == "floor":
+    elif a.kind.startswith("floor"):
         from _floor import floor_app
 
-        app = floor_app(a.upstream.rstrip("/"), tiny_qwen2(), a.data)
+        app = floor_app(a.upstream.rstrip("/"), tiny_qwen2(), a.data, a.kind)
     else:
         from _relays import relay_app
 

@@ -33,17 +33,21 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import _machine
+import _records
 import _report
 import _servers
 import _workload
 import orjson
 
 TURNS = 4  # agent turns per session
+TOKEN_IN = ("turnstile", "turnstile-base", "floor", "floor-aiohttp")  # they record tokens
 LOADGEN_CPU, PROXY_CPU = 0, 1
 
 
@@ -84,6 +88,7 @@ class Agent:
 
     def __init__(self, base: list[dict]):
         self.base = base
+        self.answered: list[tuple[str, int]] = []  # (session, call's place in it) per answer
         self.new_session()
 
     def new_session(self) -> None:
@@ -101,6 +106,7 @@ class Agent:
             extra_headers={"x-session-id": self.sid},
         )
         sizes.append(len(orjson.dumps({"messages": self.msgs, "tools": _workload.TOOLS})))
+        sid, index = self.sid, self.turn
         t0 = time.perf_counter()
         try:
             content, calls = await self._create(client, mode, kw)
@@ -111,6 +117,7 @@ class Agent:
         lat.append(time.perf_counter() - t0)
         if not calls:
             raise RuntimeError(f"no tool call in the reply: {content!r}")
+        self.answered.append((sid, index))
         self.msgs = [
             *self.msgs,
             {"role": "assistant", "content": content or None, "tool_calls": calls},
@@ -246,10 +253,13 @@ async def measure(
     fake_url: str,
     pace_ms: float,
     rounds: int = 1,
+    after_warm_up: Callable[[], None] | None = None,
 ) -> list[dict]:
     """Each cell once per round; the targets' order reversed every other round (ABBA), so a
     drift of the machine over the run falls on every target alike."""
     await warm_up(targets, max(concs), base)
+    if after_warm_up is not None:
+        after_warm_up()
     rows = []
     for mode in modes:
         await asyncio.to_thread(_servers.set_pace, fake_url, pace_ms if mode == "paced" else 0.0)
@@ -264,9 +274,63 @@ async def measure(
                         + (f"  {r['errors']} errors" if r["errors"] else ""),
                         flush=True,
                     )
+    if not any(r["errors"] for r in rows):
+        await check_pass(targets, modes, max(concs), fake_url)
     for t in targets:
         await t.client.close()
     return rows
+
+
+async def check_pass(targets: list[Target], modes: list[str], conc: int, fake_url: str) -> None:
+    """After the measured cells, with the fake engine's recorder on: one call per agent in
+    each mode through each target that records tokens (what each answered is kept in
+    ``Agent.answered`` for :func:`check_records`)."""
+    await asyncio.to_thread(_servers.set_pace, fake_url, 0.0)
+    await asyncio.to_thread(_records.start, fake_url)
+    for t in targets:
+        for a in t.agents:
+            a.answered.clear()
+    for mode in modes:
+        for t in targets:
+            if t.name in TOKEN_IN:
+                await run_cell(t, mode, conc, 1)
+
+
+def check_records(targets: list[Target], fake_url: str, wd: Path) -> list[str]:
+    """The check pass's records against what the fake engine received and sampled: every
+    answered call recorded with a prompt the engine was sent, the completion and logprobs it
+    answered, one engine request per answered call, sampled as the harness asked."""
+    engine = _records.Engine(_records.recorded(fake_url))
+    answered = {t.name: [c for a in t.agents for c in a.answered] for t in targets}
+    n = sum(len(v) for k, v in answered.items() if k in TOKEN_IN)
+    out = []
+    if n == 0 or engine.received != n:
+        out.append(f"the engine received {engine.received} requests for {n} answered calls")
+    out += engine.sampling_problems(REPLY_TOKENS, 1.0)
+    for t in targets:
+        if t.name.startswith("turnstile"):
+            out += _records.turnstile_problems(engine, t.url, t.api_key, answered[t.name])
+        elif t.name.startswith("floor"):
+            out += _records.floor_problems(engine, wd / t.name / "floor.sqlite3", answered[t.name])
+    checked = {k: len(v) for k, v in answered.items() if k in TOKEN_IN}
+    print(f"\nrecords checked against the engine's own account: {checked}")
+    return out
+
+
+def corrupt_one(data: Path, session: str) -> None:
+    """The smoke test's negative control (``--corrupt-record``): one recorded call's logprobs
+    changed in Turnstile's SQLite file, as a wrong record would be."""
+    import sqlite3
+
+    (db,) = [p for p in data.iterdir() if p.suffix in (".sqlite3", ".db", ".sqlite")]
+    con = sqlite3.connect(db)
+    with con:
+        (cid, lps) = con.execute(
+            "SELECT id, completion_logprobs FROM calls WHERE session_id = ? ORDER BY seq LIMIT 1",
+            (session,),
+        ).fetchone()
+        con.execute("UPDATE calls SET completion_logprobs = ? WHERE id = ?", (bytes(len(lps)), cid))
+    con.close()
 
 
 def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
@@ -282,6 +346,7 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
             relays = [r for r in crow if r["target"].startswith("relay")]
             floor = min((r["cpu_ms"] for r in relays), default=float("nan"))
             recorder = next((r["cpu_ms"] for r in crow if r["target"] == "floor"), None)
+            old = next((r["cpu_ms"] for r in crow if r["target"] == "floor-aiohttp"), None)
             for r in crow:
                 if r["target"] == "direct":
                     continue
@@ -296,6 +361,7 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                         r["cpu_ms"],
                         r["cpu_ms"] / floor if floor == floor else float("nan"),
                         *([r["cpu_ms"] / recorder] if recorder else []),
+                        *([r["cpu_ms"] / old] if old else []),
                         add50,
                         add99,
                         r["rps"],
@@ -316,6 +382,11 @@ def report(rows: list[dict], concs: list[int], pace: float = 10.0) -> str:
                     "CPU ms/call",
                     "x fastest relay",
                     *(["x floor"] if any(r["target"] == "floor" for r in mrows) else []),
+                    *(
+                        ["x floor-aiohttp"]
+                        if any(r["target"] == "floor-aiohttp" for r in mrows)
+                        else []
+                    ),
                     "added p50 ms",
                     "added p99 ms",
                     "calls/s",
@@ -341,7 +412,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few calls per cell, no LiteLLM")
     p.add_argument("--conc", default=None, help="concurrencies, e.g. 1,32,256")
     p.add_argument("--modes", default="plain,stream,paced")
-    p.add_argument("--targets", default="direct,relay-aiohttp,relay-httpx,floor,turnstile,litellm")
+    p.add_argument(
+        "--targets",
+        default="direct,relay-aiohttp,relay-httpx,floor,floor-aiohttp,turnstile,litellm",
+    )
     p.add_argument("--pace-ms", type=float, default=None, help="10 (1 with --quick)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument(
@@ -356,6 +430,18 @@ def main() -> None:
         default=1,
         help="run every cell this many times, the targets' order reversed every other round; "
         "the table pools them (and lists each round's CPU per call)",
+    )
+    p.add_argument(
+        "--stop-engine",
+        action="store_true",
+        help="a negative control: the fake engine is stopped after the warm-up, so every "
+        "measured call fails and the run must exit non-zero",
+    )
+    p.add_argument(
+        "--corrupt-record",
+        action="store_true",
+        help="a negative control: one of Turnstile's checked records is changed before the "
+        "check, which must fail the run",
     )
     p.add_argument(
         "--baseline",
@@ -410,7 +496,7 @@ def main() -> None:
             for name in names:
                 if name == "direct":
                     targets.append(Target(name, fake_url, None))
-                elif name.startswith("relay") or name == "floor":
+                elif name.startswith(("relay", "floor")):
                     (wd / name).mkdir()
                     s, url = _servers.start_relay(
                         name, fake_url, PROXY_CPU, wd / f"{name}.log", wd / name
@@ -437,11 +523,29 @@ def main() -> None:
                     s, url = _servers.start_litellm(fake_url, PROXY_CPU, wd / "litellm.log", wd)
                     servers.append(s)
                     targets.append(Target(name, url, s, _servers.LITELLM_KEY))
+                else:
+                    raise SystemExit(f"unknown target {name!r}")
             rows += asyncio.run(
                 measure(
-                    targets, modes, concs, args.quick, base, fake_url, args.pace_ms, args.rounds
+                    targets,
+                    modes,
+                    concs,
+                    args.quick,
+                    base,
+                    fake_url,
+                    args.pace_ms,
+                    args.rounds,
+                    fake.stop if args.stop_engine else None,
                 )
             )
+            errors = sum(r["errors"] for r in rows)
+            if errors:
+                problems = [f"{errors} calls failed"]
+            else:
+                if args.corrupt_record:
+                    t = next(t for t in targets if t.name == "turnstile")
+                    corrupt_one(wd / "data", next(a for a in t.agents if a.answered).answered[0][0])
+                problems = check_records(targets, fake_url, wd)
         finally:
             for s in reversed(servers):
                 s.stop()
@@ -455,6 +559,9 @@ def main() -> None:
     print(report(rows, concs, args.pace_ms))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if problems:
+        print("\nFAILED:\n  " + "\n  ".join(problems[:20]))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,12 @@ beside the proxy measured in front of it. It serves vLLM 0.33's ``/inference/v1/
 ``/v1/chat/completions`` giving the same reply as text + tool call (for relays and LiteLLM).
 ``POST /pace {"ms": M, "prefill_ms_per_1k": P}`` sets the pacing of streams.
 
+Its recorder, for a benchmark to check a proxy's records against what the engine received and
+sampled (not against the proxy's own account): ``POST /record {"keep": N}`` starts a count of
+the token-in requests and keeps the first ``N`` bodies whole; ``GET /recorded`` answers
+``{"received": count, "requests": [bodies], "sampled": {"token_ids", "logprobs"}}``, the
+sampled IDs and logprobs read back from the bytes it answers with.
+
 The token-in answers are built once by :class:`~turnstile.testing.fake_vllm.VLLMFake` itself
 (held to the golden answers of a real vLLM) for the reply as a
 :class:`~turnstile.testing.scripted.FixedReply`: the same bytes, served without a framework.
@@ -135,6 +141,12 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float 
     )
     json_h = [(b"content-type", b"application/json")]
     state = {"pace": pace, "prefill": prefill}
+    recorder: dict[str, Any] = {"keep": 0, "received": 0, "requests": []}
+    sent = orjson.loads(token_in.whole(0))["choices"][0]
+    sampled = {
+        "token_ids": sent["token_ids"],
+        "logprobs": [e["logprob"] for e in sent["logprobs"]["content"]],
+    }
     sse_h = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
     async def app(scope, receive, send):  # noqa: ANN001
@@ -147,6 +159,16 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float 
             state["pace"] = float(p.get("ms", 0.0)) / 1000
             state["prefill"] = float(p.get("prefill_ms_per_1k", 0.0)) / 1000
             path = "/health"
+        if path == "/record":
+            recorder.update(keep=int(orjson.loads(body).get("keep", 0)), received=0, requests=[])
+            path = "/health"
+        if path == "/recorded":
+            kept = {k: recorder[k] for k in ("received", "requests")}
+            await send({"type": "http.response.start", "status": 200, "headers": json_h})
+            await send(
+                {"type": "http.response.body", "body": orjson.dumps({**kept, "sampled": sampled})}
+            )
+            return
         if path in ("/health", "/version", "/v1/models"):
             data = {"/health": b"{}", "/version": b'{"version":"0.33.0"}'}.get(path, models)
             await send({"type": "http.response.start", "status": 200, "headers": json_h})
@@ -158,6 +180,10 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float 
             return
         req = orjson.loads(body)
         generate = path == "/inference/v1/generate"
+        if generate:
+            recorder["received"] += 1
+            if len(recorder["requests"]) < recorder["keep"]:
+                recorder["requests"].append(req)
         # the chat route's prompt is not tokenized: its usage says 1000 tokens
         n_prompt = len(req.get("token_ids") or ()) if generate else 1000
         if not req.get("stream"):
