@@ -163,6 +163,7 @@ def _chain() -> LineageIndex:
     idx.add(c0)
     idx.add(new_node("c1", c0, array("i", [5]), array("i", [6, 7]), 1))
     idx.replies[b"after-c1"] = "c1"
+    idx.known.update([b"r", b"u", b"x", b"after-c1"])  # c0's [q] and c1's [q a q]
     idx.n_calls = 2
     return idx
 
@@ -198,8 +199,35 @@ def test_link_names_why_a_call_starts_a_new_segment():
         and d["received"]["text_from_index"] == "<9><8>"
     )
     assert "prompt token 6 is the first that differs" in drift.detail
-    assert asyncio.run(go(_chain(), [user], [b"r", b"u"], [1, 9])).reason == "new_conversation"
+    # another first message (a title request, a sub-agent): a new lineage
+    other = asyncio.run(go(_chain(), [user], [b"r", b"v"], [1, 9]))
+    assert other.reason == "new_conversation" and "new lineage" in other.detail
+    # a recorded conversation's first message, then other turns: its history rewritten
     assert (
-        asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"x", b"y"], [1, 9])).reason
+        asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"z", b"y"], [1, 9])).reason
         == "history_diverged"
     )
+
+
+def test_lineage_labels_follow_arrival_not_completion():
+    """The title request arrived first: the agent's first call is a new lineage whether
+    the title call is still running (nothing recorded) or done, never ``first_call``."""
+    agent = [{"role": "system", "content": "agent"}]
+
+    async def go(idx: LineageIndex, hashes: list[bytes], prompt: list[int]):
+        return await link(idx, agent, hashes, array("i", prompt), _text)
+
+    running = LineageIndex(first_request=b"title")
+    assert asyncio.run(go(running, [b"r", b"a"], [1, 2])).reason == "new_conversation"
+    done = LineageIndex(first_request=b"title")
+    done.add(new_node("t", None, array("i", [1, 5]), array("i", [6]), 0))
+    done.known.update([b"r", b"title"])
+    assert asyncio.run(go(done, [b"r", b"a"], [1, 2])).reason == "new_conversation"
+    # the first arrival itself, and a retry of it while nothing is recorded
+    assert asyncio.run(go(LineageIndex(first_request=b"a"), [b"r", b"a"], [1])).reason == (
+        "first_call"
+    )
+    # rebuilt from the store after a restart: the arrival order is gone, the records decide
+    rebuilt = LineageIndex()
+    rebuilt.add(new_node("t", None, array("i", [1, 5]), array("i", [6]), 0))
+    assert asyncio.run(go(rebuilt, [b"r", b"a"], [1, 2])).reason == "new_conversation"

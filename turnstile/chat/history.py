@@ -176,6 +176,9 @@ class SessionTree:
     # replies recorded under another template/tokenizer fingerprint: never extended
     stale: dict[bytes, str] = field(default_factory=dict)
     n_calls: int = 0
+    # the chain hash of the first request that arrived (``chat.lineages``: labels must not
+    # depend on which calls have finished)
+    first_request: bytes | None = None
     content_format: str = "string"  # how the template reads content (``chat.content``)
     # Every call's prompt delta + completion, appended in the order the calls were recorded:
     # a call that continues the one laid down just before it has its whole context as one

@@ -13,14 +13,15 @@ A call whose prompt IDs start with a recorded call's prompt + completion is that
 (the rest is its prompt delta). A call that extends no recorded call starts a new segment, and
 the record says why and exactly where it left the closest recorded conversation:
 
-- ``first_call``: the session's first call;
+- ``first_call``: the session's first request to arrive (``chat.lineages``: the same rule
+  and words as token-in mode);
 - ``drift``: the request's messages continue a recorded call (its request + the reply we
   returned, compared as the default mode compares them), but the engine's prompt IDs do not
   extend that call's prompt + completion: the engine re-tokenized or re-rendered history;
-- ``history_diverged``: the messages continue no recorded call (edited or compacted history,
-  or assistant turns that were not sampled here);
-- ``new_conversation``: no assistant message at all (a new conversation, a subagent, a retry
-  of a first call).
+- ``history_diverged``: the leading messages are a recorded conversation's, but they continue
+  no recorded call (edited or compacted history, or assistant turns not sampled here);
+- ``new_conversation``: a new lineage: not even the first message is a recorded
+  conversation's (another system prompt, a title request, a sub-agent).
 
 Every segment root after the first carries ``info.drift``: the token index where the prompt
 leaves the closest recorded call, which call's prompt delta or completion holds that token,
@@ -36,6 +37,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
+from ..chat.history_hash import prefix_hashes, root_hash
 from ..dialects.chat_request import parse_capture_request
 from ..engines.base import EngineError
 from ..engines.capture import Capture, CaptureEngine
@@ -142,6 +144,11 @@ class PassthroughGateway:
             started,
             self.index(session_id).created,
         )
+        idx = self.index(session_id)
+        if idx.first_request is None and idx.n_calls == 0:  # the session's first arrival
+            idx.first_request = prefix_hashes(
+                root_hash(req.tools, req.template_kwargs), req.messages
+            )[-1]
         return CaptureCall(self, call)
 
     async def complete(

@@ -101,6 +101,7 @@ class CaptureCall:
                         link.prompt,
                     )
                 )
+                idx.known.update(rec.prefix_hashes)
                 if rec.history_hash is not None:
                     idx.replies[rec.history_hash] = rec.id
 

@@ -138,6 +138,10 @@ def build_record(
         error=error,
         message=message,
         history_hash=reply_hash,
+        # the request's conversation prefixes not yet known (lineage labels after a restart)
+        prefix_hashes=[h for h in link.hashes if h not in idx.known]
+        if link is not None and status == "ok"
+        else [],
         info=info,
     )
     return rec

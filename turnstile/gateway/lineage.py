@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..chat.lineages import root_reason
+
 if TYPE_CHECKING:
     from ..store.records import CallRecord
 
@@ -111,6 +113,8 @@ class LineageIndex:
     replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
     n_calls: int = 0
     created: float | None = None  # the session's creation time (a re-created id differs)
+    known: set[bytes] = field(default_factory=set)  # every recorded conversation prefix
+    first_request: bytes | None = None  # the first request to arrive (``chat.lineages``)
 
     @classmethod
     def from_calls(cls, calls: Iterable[CallRecord]) -> LineageIndex:
@@ -123,6 +127,7 @@ class LineageIndex:
                 continue
             parent = idx.nodes.get(c.parent_id) if c.parent_id else None
             idx.add(new_node(c.id, parent, c.prompt_delta, c.completion_ids, c.seq))
+            idx.known.update(c.prefix_hashes)
             if c.history_hash is not None:
                 idx.replies[c.history_hash] = c.id
         return idx
@@ -203,20 +208,27 @@ async def link(
     if parent is not None and (continued is None or extends(continued, prompt)):
         out.parent = parent
         return out
-    if not idx.nodes:
-        out.reason = "first_call"
-        return out
     if continued is not None:
         compared = continued
         common = common_prefix(prompt, continued.full())
         out.reason = "drift"
     else:
-        compared, common = idx.closest(prompt)  # type: ignore[misc]
-        out.reason = (
-            "history_diverged"
-            if any(m.get("role") == "assistant" for m in messages)
-            else "new_conversation"
+        matched = max((k for k, h in enumerate(hashes) if h in idx.known), default=0)
+        out.reason = root_reason(
+            request_hash=hashes[-1],
+            first_request=idx.first_request,
+            recorded_calls=len(idx.nodes),
+            matched=matched,
         )
+        if out.reason == "first_call":
+            return out
+        if not idx.nodes:  # the calls that came first are still running
+            out.detail = (
+                "a new lineage: another conversation of this session arrived first and has "
+                "not been recorded yet"
+            )
+            return out
+        compared, common = idx.closest(prompt)  # type: ignore[misc]
     out.drift = await _located(compared, common, prompt, detokenize)
     out.detail = describe(out.reason, out.drift)
     return out
@@ -284,8 +296,8 @@ def describe(reason: str, d: dict) -> str:
         "extend its prompt + completion",
         "history_diverged": "the messages continue no recorded call; the closest "
         "recorded conversation is call {c}",
-        "new_conversation": "a conversation with no assistant turn; the closest "
-        "recorded one is call {c}",
+        "new_conversation": "a new lineage: its first message (under its tools) is that of "
+        "no recorded conversation; the closest recorded one is call {c}",
     }[reason].format(c=d["call_id"])
     if i >= d["received_len"]:
         where = (

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..chat.divergence import describe_divergence
 from ..chat.history import Node, SessionTree
 from ..chat.history_hash import root_hash
+from ..chat.lineages import root_reason
 from ..chat.policy import Policy, append_kind
 from ..chat.render import NotPrefixPreserving, Renderer
 from ..chat.template import TemplateError
@@ -92,11 +93,21 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
     elif match.matched == len(req.messages) and tree.requests.get(match.hashes[-1]):
         reason = "first_call"  # a new root: the same request as an earlier one (a retry)
         detail = f"a retry: the same messages as {tree.requests[match.hashes[-1]]}"
-    elif tree.n_calls == 0:
-        reason = "first_call"
     else:
-        reason = "history_diverged"
-        detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
+        reason = root_reason(
+            request_hash=match.hashes[-1],
+            first_request=tree.first_request,
+            recorded_calls=tree.n_calls,
+            matched=match.matched,
+        )
+        if reason == "history_diverged":
+            detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
+        elif reason == "new_conversation":
+            detail = (
+                "a new lineage: its first message (under its tools) is that of no recorded "
+                "conversation of this session (another system prompt, a side request, a "
+                "sub-agent)"
+            )
     try:
         ids = array("i", renderer.render_full(req.messages, req.tools, **req.template_kwargs))
     except TemplateError as exc:

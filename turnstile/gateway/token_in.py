@@ -128,8 +128,17 @@ class Gateway:
         """The call's prompt and sampling (render errors are the harness's 400s)."""
         started = time.time()
         prompt = self.prompt(tree, req)
+        # the session's first arrival (before any await: a concurrent call sees it)
+        first = tree.first_request is None
+        if first:
+            tree.first_request = prompt.hashes[-1]
         tail = self.tok.decode(prompt.ids[-16:].tolist())  # enough to see an opened block
-        params = await self.sampling(req, len(prompt.ids), tail)
+        try:
+            params = await self.sampling(req, len(prompt.ids), tail)
+        except BaseException:
+            if first and tree.first_request == prompt.hashes[-1]:
+                tree.first_request = None  # refused: it never became a call
+            raise
         return TokenCall(self, Call(session_id, tree, req, prompt, params, started, tail))
 
     async def complete(
