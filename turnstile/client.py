@@ -75,6 +75,9 @@ class SessionInfo:
     closed: float | None = None
     termination_reason: str | None = None
     n_calls: int | None = None
+    # serve --canary-fraction: the calls checked, how many a text pipeline would have given
+    # other prompt IDs, where (``where``) and the first such (``first_drift``); None when off
+    canary: dict | None = None
 
     @classmethod
     def from_json(cls, d: dict) -> Self:

@@ -137,6 +137,16 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "parted, and logged once per weight version (default: 0.05)",
     )
     s.add_argument(
+        "--canary-fraction",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="for this fraction of calls, render the harness's messages as a text pipeline "
+        "would (template, then encode) and count, in /metrics, the session summary and the "
+        "viewer, whether and where its prompt IDs differ from the recorded ones; in the "
+        "background, dropped when busy (default: 0, off; token-in mode)",
+    )
+    s.add_argument(
         "--keepalive",
         type=float,
         default=10.0,

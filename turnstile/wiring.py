@@ -29,6 +29,7 @@ from .engines.prompt_json import PROMPTS
 from .gateway.capture import PassthroughGateway
 from .gateway.token_in import Gateway
 from .parsing.detect import FormatChoice, detect_format
+from .server.canary import attach as attach_canary
 from .server.limits import Limits
 from .server.monitor import VerifyOptions
 from .store.database import is_postgres
@@ -274,6 +275,10 @@ def server_from_args(
         # the viewer sits above the HTTP edge: mounted here, where the app is composed
         mounted=viewer_routes(gateway.model_name),
     )
+    if isinstance(gateway, Gateway) and attach_canary(
+        gateway.store, gateway.renderer, getattr(args, "canary_fraction", 0.0), app.state.metrics
+    ):
+        banner.append(f"drift canary on {args.canary_fraction:g} of calls (/metrics, sessions)")
     return Server(app, gateway, banner)
 
 

@@ -14,6 +14,7 @@ from ..errors import APIError
 from ..gateway import record
 from ..store.trajectories import MODES, stitch
 from ..verify import NotSupported, summary, verify_sessions
+from .canary import canary_of
 from .context import AppContext, context, json_response, read_json
 from .validation import int_param, number, session_fields
 
@@ -31,6 +32,9 @@ async def session_json(ctx: AppContext, sid: str, s: dict | None = None) -> dict
     public = f"{ctx.public_url}/s/{cap}"
     # the Anthropic SDK adds /v1 itself: its base URL is the same without it
     out = {**s, "object": "session", "base_url": f"{public}/v1", "anthropic_base_url": public}
+    canary = canary_of(ctx.store)
+    if canary is not None:  # serve --canary-fraction: would a text pipeline's IDs differ?
+        out["canary"] = canary.session(sid)
     origin = await ctx.session_origin(cap) if ctx.session_origin is not None else None
     if origin:
         out.update(

@@ -100,6 +100,9 @@ class Store(ExportSide):
         self._wlock = threading.Lock()
         # told of every committed call with the seconds its write took (server.metrics)
         self.observers: list[Callable[[CallRecord, float], None]] = []
+        # told of every committed call with the request body it came from, kept or not
+        # (server.canary re-renders the harness's messages)
+        self.request_observers: list[Callable[[CallRecord, object], None]] = []
         # added to every call's info (turnstile.ray: the gateway replica that recorded it)
         self.record_fields: dict = dict(record_fields or {})
         self._writer = Writer(self)  # its thread starts with the first queued write
@@ -404,6 +407,11 @@ class Store(ExportSide):
         """``observer`` is told of every committed call with the seconds its write took."""
         self.observers.append(observer)
 
+    def observe_requests(self, observer: Callable[[CallRecord, object], None]) -> None:
+        """``observer`` is told of every committed call with its request body (the parsed JSON
+        the harness sent), whether or not ``keep_bodies`` stores it."""
+        self.request_observers.append(observer)
+
     def write(self, writes: Sequence[CallWrite | SessionWrite]) -> list[BaseException | None]:
         """Write sessions and calls in one transaction: one commit and one sync for all (a
         group commit; each as :meth:`create_session` / :meth:`add_call`, in order). One's own
@@ -420,6 +428,8 @@ class Store(ExportSide):
             if error is None and isinstance(w, CallWrite):
                 for observe in self.observers:
                     observe(w.record, took)
+                for seen in self.request_observers:
+                    seen(w.record, w.request_body)
         return errors
 
     def body(self, call_id: str) -> dict | None:

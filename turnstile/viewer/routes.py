@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..errors import APIError
 from ..server.access import trainer
+from ..server.canary import canary_of
 from ..server.context import AppContext, context, json_response
 from ..server.validation import int_param
 from ..store.records import CallRecord
@@ -132,7 +133,11 @@ async def viewer_sessions(request: Request) -> Response:
     ctx = context(request)
     q = list_query(dict(request.query_params))
     rows = await run_in_threadpool(summaries, ctx.store)
-    return json_response(select(rows, q))
+    page = select(rows, q)
+    canary = canary_of(ctx.store)
+    if canary is not None:  # serve --canary-fraction: the drift column
+        page["data"] = [{**row, "canary": canary.session(row["id"])} for row in page["data"]]
+    return json_response(page)
 
 
 def _mode(request: Request) -> str:

@@ -159,7 +159,7 @@ async function listView(main, params) {
     ` · rewarded ${c.rewarded}, mean ${fmt(page.mean_reward)}`,
     page.matched > page.data.length ? ` · first ${page.data.length} shown` : "");
   const head = ["session", "group", "sample", "status", "reward", "calls", "errors",
-                "new segments", "sampled", "length", "model", "created"];
+                "new segments", "sampled", "length", "drift", "model", "created"];
   const rows = page.data.map((s) => h("tr", { class: "session-row", "data-id": s.id },
     h("td", {}, h("a", { href: "#/session/" + enc(s.id) }, s.id)),
     h("td", {}, s.group_id ? h("a", { href: "#/group/" + enc(s.group_id) }, s.group_id) : "—"),
@@ -171,11 +171,25 @@ async function listView(main, params) {
     h("td", { class: "num" }, s.segments),
     h("td", { class: "num" }, s.sampled),
     h("td", { class: "num" }, s.length),
+    drift(s.canary),
     h("td", {}, s.models.join(", ") || "—"),
     h("td", {}, when(s.created))));
   main.replaceChildren(h("h1", {}, "Sessions"), form, counts,
     h("table", { id: "sessions", class: "grid" },
       h("thead", {}, h("tr", {}, head.map((t) => h("th", {}, t)))), h("tbody", {}, rows)));
+}
+
+// The drift canary's cell (serve --canary-fraction): calls whose prompt a text pipeline would
+// have encoded to other token IDs, of those checked, and where the first of them lay.
+function drift(c) {
+  if (!c) return h("td", { class: "num", title: "canary off" }, "—");
+  const where = Object.entries(c.where).map(([k, n]) => `${k} ${n}`).join(", ");
+  const first = c.first_drift;
+  const title = first ? `first: call ${first.call_id}, token ${first.position} (${first.where}): ` +
+    `recorded ${JSON.stringify(first.recorded)}, text pipeline ${JSON.stringify(first.text_pipeline)}`
+    : `${c.checked} checked, all clean`;
+  return h("td", { class: "num" + (c.drifted ? " bad" : ""), title },
+    c.checked ? `${c.drifted}/${c.checked}` + (where ? ` · ${where}` : "") : "—");
 }
 
 // --- a group ---
