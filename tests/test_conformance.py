@@ -57,6 +57,15 @@ REAL_VOCAB = [
     "microsoft-Phi-3.5-mini-instruct",
 ]
 CHECKED: dict[str, int] = {}  # template -> calls checked (printed at the end)
+# why a call that continues the conversation (same first message, same template) may still
+# start a segment: the policy or the template will not extend, or the echo no longer matches
+# what was recorded. Never "first_call", "new_conversation" or "template_changed".
+CONTINUED_BREAKS = {
+    "template_policy",
+    "template_not_prefix_preserving",
+    "unsampled_assistant_message",
+    "history_diverged",
+}
 
 
 class ScriptedEngine(EngineBase):
@@ -282,11 +291,28 @@ def _check(
     truth_msgs: list[dict],
     kwargs: dict,
     random_model: bool,
+    prev_id: str | None,
+    restart: str | None,
 ) -> None:
+    """``prev_id``: the session's call before this one; ``restart``: the reason this call
+    must start a segment with (the first call, a rewritten history), ``None`` when it
+    continues the conversation: then it extends exactly ``prev_id``, or starts a segment for
+    one of the reasons a continued conversation can have."""
     rec = gw.store.calls(session)[-1]
-    if rec.parent_id is None:
-        assert rec.segment_reason, "a new segment without a reason"
+    where = f"call {rec.seq} ({rec.seam}): "
+    if restart is not None:
+        assert (rec.parent_id, rec.segment_reason) == (None, restart), where + (
+            f"expected a new segment ({restart}), got parent {rec.parent_id} "
+            f"({rec.segment_reason}: {rec.info.get('segment_detail')})"
+        )
         return
+    if rec.parent_id is None:
+        assert rec.segment_reason in CONTINUED_BREAKS, where + (
+            f"a continued conversation broke with {rec.segment_reason!r}: "
+            f"{rec.info.get('segment_detail')}"
+        )
+        return
+    assert rec.parent_id == prev_id, where + f"extends {rec.parent_id}, not the last call {prev_id}"
     sent = engine.received[-1]
     # the template's own render of the conversation as Turnstile declares it gives it to the
     # template (developer messages as system ones where the template would drop them)
@@ -295,7 +321,6 @@ def _check(
     full = renderer.render_full(truth_msgs, TOOLS, **kwargs)
     delta = list(rec.prompt_delta)
     tok = renderer.tok
-    where = f"call {rec.seq} ({rec.seam}): "
     assert not delta or full[len(full) - len(delta) :] == delta, (
         where + f"delta {tok.decode(delta)!r} is not the full render's tail "
         f"{tok.decode(full[len(full) - len(delta) :])!r}"
@@ -330,6 +355,7 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
     ordinary = [
         i for i in range(100, min(tok.tokenizer.get_vocab_size(), 20000)) if i not in specials
     ]
+    restart: str | None = "first_call"  # the reason the next call must start a segment with
     for n, turn in enumerate(plan["turns"]):
         body = {"messages": msgs, "tools": TOOLS, "chat_template_kwargs": kwargs}
         reply = _reply(turn, renderer, n, turn["reasoning"])
@@ -349,6 +375,8 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
             engine.next = (ids + [stop], "length")
         else:
             engine.next = (ids + [stop], "stop")
+        before = gw.store.calls(session)
+        prev_id = before[-1].id if before else None
         try:
             out = asyncio.run(gw.complete(session, parse_chat_request(body)))
         except APIError as exc:
@@ -359,7 +387,8 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
             # A new segment is a full render of the messages as sent; calls that extend it
             # continue from that, with the replies we recorded.
             truth = list(msgs)
-        _check(renderer, gw, engine, session, truth, kwargs, random_model)
+        _check(renderer, gw, engine, session, truth, kwargs, random_model, prev_id, restart)
+        restart = None
         returned = out.body["choices"][0]["message"]
         if not random_model:
             # The test's model only makes sense while our parse renders back to what it
@@ -379,6 +408,7 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
         if turn["append"] == "rewrite":  # compaction: history rewritten, a new segment
             msgs = msgs[:1] + [{"role": "user", "content": f"Summary of {n} turns."}]
             truth = list(msgs)
+            restart = "history_diverged"  # its first message is the recorded one's
             continue
         msgs = msgs + [echoed] + new
         truth = truth + [recorded] + new
@@ -508,7 +538,13 @@ def test_regression_mistral_tool_call_ids(tmp_path: Path) -> None:
     assert len(cid) == 9 and cid.isalnum()
     msgs += [reply, {"role": "tool", "tool_call_id": cid, "content": "18"}]
     _one_call(gw, engine, "Sunny.", msgs)  # the template accepts our ID: no 400
-    assert gw.store.calls("s")[-1].parent_id is not None or gw.store.calls("s")[-1].segment_reason
+    # the startup audit found Mistral Nemo's template does not extend exactly on a tool
+    # append after a call (the call's turn renders otherwise in history): a new segment, for
+    # that reason, not an extension and not any other break
+    first, second = gw.store.calls("s")
+    assert (first.parent_id, first.segment_reason) == (None, "first_call")
+    assert (second.parent_id, second.segment_reason) == (None, "template_policy")
+    assert "'tool' messages" in second.info["segment_detail"]
     foreign = [
         {"role": "user", "content": "q"},
         {
