@@ -49,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,9 @@ import _machine
 import _report
 import _servers
 import _workload
+import numpy as np
 import orjson
+import xxhash
 from _agent_workload import Plan, Reply, Workload
 
 from turnstile.testing.asgi import asgi_body, asgi_lifespan
@@ -328,6 +331,11 @@ def _int_after(body: bytes, key: bytes) -> int | None:
     return int(body[j:k]) if k > j else None
 
 
+def prompt_digest(ids: Any) -> str:
+    """A prompt's token IDs, hashed (the fake keeps this, not the IDs)."""
+    return xxhash.xxh3_128_hexdigest(np.asarray(ids, dtype=np.int32).tobytes())
+
+
 def fake_app(spec: dict) -> Any:
     """The fake engine. A request's reply is ``max_tokens - Workload.MAX_TOKENS`` (the workload
     names it); its prompt length is counted (token-in) or estimated from the body's bytes."""
@@ -337,6 +345,14 @@ def fake_app(spec: dict) -> Any:
     n_tokens = [len(r["token_ids"]) for r in replies]
     bpt = spec["bytes_per_token"]  # per dialect path
     state = {"prefill": 0.0, "decode": 0.0}  # seconds per 1k prompt tokens, per sampled token
+    # the recorder (``POST /record {"every": K}``): every K-th token-in request's prompt kept
+    # as its length and digest, with the reply it was answered with
+    recorder: dict[str, Any] = {"every": 0, "received": 0, "samples": []}
+    sampled = []
+    for shape in shapes:
+        choice = orjson.loads(shape["/inference/v1/generate"][0])["choices"][0]
+        lps = [e["logprob"] for e in choice["logprobs"]["content"]]
+        sampled.append({"token_ids": choice["token_ids"], "logprobs": lps})
     json_h = [(b"content-type", b"application/json")]
     sse_h = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
     models = orjson.dumps(
@@ -355,6 +371,16 @@ def fake_app(spec: dict) -> Any:
             p = orjson.loads(body)
             state["prefill"], state["decode"] = p["prefill_ms_per_1k"] / 1000, p["decode_ms"] / 1000
             path = "/health"
+        if path == "/record":
+            recorder.update(every=int(orjson.loads(body)["every"]), received=0, samples=[])
+            path = "/health"
+        if path == "/recorded":
+            kept = {k: recorder[k] for k in ("received", "samples")}
+            await send({"type": "http.response.start", "status": 200, "headers": json_h})
+            await send(
+                {"type": "http.response.body", "body": orjson.dumps({**kept, "sampled": sampled})}
+            )
+            return
         if path in ("/health", "/version", "/v1/models"):
             data = {"/health": b"{}", "/version": b'{"version":"0.33.0"}'}.get(path, models)
             await send({"type": "http.response.start", "status": 200, "headers": json_h})
@@ -374,6 +400,14 @@ def fake_app(spec: dict) -> Any:
             return
         v = (mt or 0) - Workload.MAX_TOKENS
         v = v if 0 <= v < len(shapes) else 0
+        if path == "/inference/v1/generate" and recorder["every"]:
+            recorder["received"] += 1
+            if recorder["received"] % recorder["every"] == 0:
+                req = orjson.loads(body)
+                ids = req["token_ids"]
+                recorder["samples"].append(
+                    {"n": len(ids), "digest": prompt_digest(ids), "reply": v, "max_tokens": mt}
+                )
         whole, events = shapes[v][path]
         stream = b'"stream":true' in body or b'"stream": true' in body
         prefill = prompt / 1000 * state["prefill"]
@@ -894,6 +928,81 @@ def check_store(data: Path, sids: dict[str, str]) -> dict:
             ):
                 out["exact"] += 1
     store.close()
+    return out
+
+
+def corrupt(data: Path) -> None:
+    """The smoke test's negative control (``--corrupt-record``): every recorded call's
+    logprobs zeroed in Turnstile's SQLite file (docs/schema.md), as wrong records would be."""
+    import sqlite3
+
+    (db,) = [p for p in data.iterdir() if p.suffix in (".sqlite3", ".db", ".sqlite")]
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("UPDATE calls SET completion_logprobs = zeroblob(length(completion_logprobs))")
+    con.close()
+
+
+def start_recording(fake_url: str, every: int) -> None:
+    req = urllib.request.Request(
+        fake_url + "/record", orjson.dumps({"every": every}), method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+
+
+def check_engine(fake_url: str, stores: list[Path], sids: dict[str, str]) -> dict:
+    """Turnstile's records against what the fake engine received and sampled: every sampled
+    request's prompt (its length and digest) must be the prompt of a recorded call (read as a
+    trainer reads it, ``stitch`` per call) whose completion and logprobs are the reply the
+    fake answered it with, its loss mask 1 exactly on them."""
+    from turnstile.store.store import Store
+    from turnstile.store.trajectories import stitch
+
+    with urllib.request.urlopen(fake_url + "/recorded", timeout=60) as r:
+        rec = orjson.loads(r.read())
+    want = {(x["n"], x["digest"]): x for x in rec["samples"]}
+    lengths = {n for n, _ in want}
+    found: dict[tuple[int, str], Any] = {}
+    for data in stores:
+        store = Store(data)
+        try:
+            for sid in sorted(sids):
+                calls = store.calls(sid)
+                if not any(c.reused_prefix_len + len(c.prompt_delta) in lengths for c in calls):
+                    continue
+                for t in stitch(calls, "per_call"):
+                    if t.prompt_len in lengths:
+                        key = (t.prompt_len, prompt_digest(t.token_ids[: t.prompt_len]))
+                        if key in want:
+                            found[key] = t
+        finally:
+            store.close()
+    out = {"received": rec["received"], "sampled": len(want), "matched": 0, "problems": []}
+    for key, x in want.items():
+        t = found.get(key)
+        reply = rec["sampled"][x["reply"]]
+        if t is None:
+            out["problems"].append(f"a {x['n']}-token prompt the engine was sent is not recorded")
+            continue
+        n = t.prompt_len
+        mask = np.asarray(t.loss_mask)
+        ok = (
+            t.token_ids[n:].tolist() == reply["token_ids"]
+            and np.array_equal(
+                np.asarray(t.logprobs[n:], dtype=np.float32),
+                np.asarray(reply["logprobs"], dtype=np.float32),
+            )
+            and not mask[:n].any()
+            and mask[n:].all()
+        )
+        if ok:
+            out["matched"] += 1
+        else:
+            out["problems"].append(
+                f"session {t.session_id} call {t.call_ids[-1]}: the record is not what the "
+                f"engine sampled (reply {x['reply']})"
+            )
     return out
 
 
@@ -1475,6 +1584,12 @@ def main() -> None:
         help="also run the turnstile package from SRC (another checkout) in the deep phase",
     )
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--corrupt-record",
+        action="store_true",
+        help="a negative control: Turnstile's recorded logprobs are zeroed before the check, "
+        "which must fail the run",
+    )
     p.add_argument("--serve-fake", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -1570,6 +1685,7 @@ def main() -> None:
         h.fake = fake
         servers = [fake]
         try:
+            start_recording(fake_url, 1 if q else 16)
             relay, relay_url = _servers.start_relay(
                 "relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log"
             )
@@ -1607,10 +1723,18 @@ def main() -> None:
                 targets.append(Target("workers", w_url, Workers(w), targets[1].headers, bases={}))
             res = asyncio.run(sweep(args, h, targets, fake_url))
             ts.stop()
+            stores = [wd / "data"]
+            if args.corrupt_record:
+                corrupt(wd / "data")
             check = check_store(wd / "data", h.sids)
             if args.workers:
                 w.stop()
                 res["workers_check"] = check_store(wd / "data-workers", h.sids)
+                stores.append(wd / "data-workers")
+            if args.baseline:
+                base.stop()
+                stores.append(wd / "data-base")
+            engine_check = check_engine(fake_url, stores, h.sids)
         finally:
             for s in reversed(servers):
                 s.stop()
@@ -1649,12 +1773,25 @@ def main() -> None:
                     default=str,
                 )
             )
+    ec = engine_check
+    print(
+        f"records checked against the engine's own account: {ec['matched']}/{ec['sampled']} "
+        f"distinct prompts sampled from the engine's {ec['received']} requests, recorded as "
+        "sent and sampled"
+    )
+    if ec["problems"] or ec["sampled"] == 0:
+        print("FAILED: records differ from what the engine received and sampled:")
+        print("  " + "\n  ".join(ec["problems"][:10] or ["nothing was sampled"]))
+        sys.exit(1)
     wc = res.get("workers_check")
-    if wc and wc["extended"] < wc["later"]:
+    if wc and (wc["extended"] < wc["later"] or wc["exact"] < wc["later"]):
         print("FAILED: some calls through the workers did not extend the recorded tokens")
         sys.exit(1)
     if check["extended"] < check["later"] or check["later"] == 0:
         print("FAILED: some calls did not extend the recorded tokens")
+        sys.exit(1)
+    if check["exact"] < check["later"]:
+        print("FAILED: some calls' reused prefix is not the previous prompt + completion")
         sys.exit(1)
     if h.errors:
         print(f"FAILED: {len(h.errors)} turns failed (see above)")
