@@ -130,3 +130,27 @@ def floor_problems(engine: Engine, db: Path, answered: list[tuple[str, int]]) ->
     finally:
         con.close()
     return out
+
+
+def check(
+    fake_url: str,
+    answered: list[tuple[str, str, list[tuple[str, int]]]],
+    token: str,
+    max_tokens: int,
+    temperature: float | None = 1.0,
+) -> list[str]:
+    """Each target's answered calls (``(kind, where, calls)``: ``turnstile`` and its URL, or
+    ``floor`` and its SQLite file) against the fake's account since :func:`start`; also one
+    engine request per answered call, and each sent with the harness's sampling."""
+    engine = Engine(recorded(fake_url))
+    n = sum(len(calls) for _, _, calls in answered)
+    out = []
+    if n == 0 or engine.received != n:
+        out.append(f"the engine received {engine.received} requests for {n} answered calls")
+    out += engine.sampling_problems(max_tokens, temperature)
+    for kind, where, calls in answered:
+        if kind == "turnstile":
+            out += turnstile_problems(engine, where, token, calls)
+        else:
+            out += floor_problems(engine, Path(where), calls)
+    return out

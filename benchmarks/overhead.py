@@ -258,11 +258,12 @@ async def measure(
     """Each cell once per round; the targets' order reversed every other round (ABBA), so a
     drift of the machine over the run falls on every target alike."""
     await warm_up(targets, max(concs), base)
-    if after_warm_up is not None:
-        after_warm_up()
     rows = []
     for mode in modes:
         await asyncio.to_thread(_servers.set_pace, fake_url, pace_ms if mode == "paced" else 0.0)
+        if after_warm_up is not None:
+            after_warm_up()
+            after_warm_up = None
         for conc in concs:
             for rnd in range(rounds):
                 for t in targets if rnd % 2 == 0 else targets[::-1]:
@@ -297,37 +298,38 @@ async def check_pass(targets: list[Target], modes: list[str], conc: int, fake_ur
 
 
 def check_records(targets: list[Target], fake_url: str, wd: Path) -> list[str]:
-    """The check pass's records against what the fake engine received and sampled: every
-    answered call recorded with a prompt the engine was sent, the completion and logprobs it
-    answered, one engine request per answered call, sampled as the harness asked."""
-    engine = _records.Engine(_records.recorded(fake_url))
-    answered = {t.name: [c for a in t.agents for c in a.answered] for t in targets}
-    n = sum(len(v) for k, v in answered.items() if k in TOKEN_IN)
-    out = []
-    if n == 0 or engine.received != n:
-        out.append(f"the engine received {engine.received} requests for {n} answered calls")
-    out += engine.sampling_problems(REPLY_TOKENS, 1.0)
+    """The check pass's records against what the fake engine received and sampled
+    (``_records.check``)."""
+    answered = []
     for t in targets:
+        calls = [c for a in t.agents for c in a.answered]
         if t.name.startswith("turnstile"):
-            out += _records.turnstile_problems(engine, t.url, t.api_key, answered[t.name])
+            answered.append(("turnstile", t.url, calls))
         elif t.name.startswith("floor"):
-            out += _records.floor_problems(engine, wd / t.name / "floor.sqlite3", answered[t.name])
-    checked = {k: len(v) for k, v in answered.items() if k in TOKEN_IN}
+            answered.append(("floor", str(wd / t.name / "floor.sqlite3"), calls))
+    out = _records.check(fake_url, answered, _servers.TOKEN, REPLY_TOKENS)
+    checked = {t.name: len(c) for t, (_, _, c) in zip(targets_in(targets), answered, strict=True)}
     print(f"\nrecords checked against the engine's own account: {checked}")
     return out
 
 
-def corrupt_one(data: Path, session: str) -> None:
-    """The smoke test's negative control (``--corrupt-record``): one recorded call's logprobs
-    changed in Turnstile's SQLite file, as a wrong record would be."""
+def targets_in(targets: list[Target]) -> list[Target]:
+    """The targets that record tokens."""
+    return [t for t in targets if t.name in TOKEN_IN]
+
+
+def corrupt_one(data: Path, session: str, index: int) -> None:
+    """The smoke test's negative control (``--corrupt-record``): one checked call's logprobs
+    zeroed in Turnstile's SQLite file (docs/schema.md), as a wrong record would be."""
     import sqlite3
 
     (db,) = [p for p in data.iterdir() if p.suffix in (".sqlite3", ".db", ".sqlite")]
     con = sqlite3.connect(db)
     with con:
         (cid, lps) = con.execute(
-            "SELECT id, completion_logprobs FROM calls WHERE session_id = ? ORDER BY seq LIMIT 1",
-            (session,),
+            "SELECT id, completion_logprobs FROM calls WHERE session_id = ? "
+            "ORDER BY seq LIMIT 1 OFFSET ?",
+            (session, index),
         ).fetchone()
         con.execute("UPDATE calls SET completion_logprobs = ? WHERE id = ?", (bytes(len(lps)), cid))
     con.close()
@@ -544,7 +546,7 @@ def main() -> None:
             else:
                 if args.corrupt_record:
                     t = next(t for t in targets if t.name == "turnstile")
-                    corrupt_one(wd / "data", next(a for a in t.agents if a.answered).answered[0][0])
+                    corrupt_one(wd / "data", *next(a for a in t.agents if a.answered).answered[0])
                 problems = check_records(targets, fake_url, wd)
         finally:
             for s in reversed(servers):

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import _machine
+import _records
 import _report
 import _servers
 import _workload
@@ -90,9 +91,11 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
 
     (wd / "spec.json").write_text(json.dumps(_workload.reply_spec(64)))
     fake, fake_url = _servers.start_fake(wd / "spec.json", 0, wd / "fake.log")
-    if args.target == "floor":
-        (wd / "floor").mkdir()
-        ts, url = _servers.start_relay("floor", fake_url, 1, wd / "floor.log", wd / "floor")
+    if args.target.startswith("floor"):
+        (wd / args.target).mkdir()
+        ts, url = _servers.start_relay(
+            args.target, fake_url, 1, wd / f"{args.target}.log", wd / args.target
+        )
     else:
         ts, url = _servers.start_turnstile(fake_url, wd / "data", 1, wd / "ts.log")
     spy = None
@@ -129,9 +132,23 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
             return await _long(args, ts, url, start_spy, wd)
         target = o.Target(args.target, url, ts, _servers.TOKEN)
         await o.warm_up([target], args.conc, _workload.base_messages())
+        await asyncio.to_thread(_records.start, fake_url)
+        for a in target.agents:
+            a.answered.clear()
         spy = start_spy()
         cell = await o.run_cell(target, args.mode, args.conc, max(1, args.calls // args.conc))
         print(f"{cell['calls']} calls, {cell['errors']} errors")
+        if cell["errors"]:
+            raise SystemExit(f"FAILED: {cell['errors']} calls failed")
+        answered = [c for a in target.agents for c in a.answered]
+        where = url if args.target == "turnstile" else str(wd / args.target / "floor.sqlite3")
+        kind = "turnstile" if args.target == "turnstile" else "floor"
+        problems = await asyncio.to_thread(
+            _records.check, fake_url, [(kind, where, answered)], _servers.TOKEN, o.REPLY_TOKENS
+        )
+        if problems:
+            raise SystemExit("FAILED:\n  " + "\n  ".join(problems[:20]))
+        print(f"records checked against the engine's own account: {len(answered)} calls")
         return cell["cpu_ms"]
     finally:
         if spy is not None:
@@ -194,8 +211,8 @@ def main() -> None:
     p.add_argument(
         "--target",
         default="turnstile",
-        choices=["turnstile", "floor"],
-        help="the floor (_floor.py) profiled the same way, to set beside Turnstile's parts",
+        choices=["turnstile", "floor", "floor-aiohttp"],
+        help="a floor (_floor.py) profiled the same way, to set beside Turnstile's parts",
     )
     p.add_argument("--long", type=int, metavar="TURNS", help="profile a long session instead")
     p.add_argument(
