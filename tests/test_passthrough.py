@@ -23,6 +23,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from turnstile import testbed
 from turnstile.testing import toychat
@@ -494,6 +495,15 @@ def test_a_harness_that_goes_away_mid_stream_leaves_an_aborted_call(ts, fake):
     assert out == sent["choices"][0]["token_ids"][: len(out)]
 
 
+def _arrived(ts: Passthrough) -> float:
+    """Calls the HTTP edge is answering (``turnstile_in_flight``): counted from a request's
+    arrival, one held at the door included (``/admin/status``'s count starts past it)."""
+    r = httpx.get(ts.url + "/metrics", headers=AUTH, timeout=10)
+    r.raise_for_status()
+    families = text_string_to_metric_families(r.text)
+    return sum(s.value for f in families if f.name == "turnstile_in_flight" for s in f.samples)
+
+
 def _until_in_flight(ts: Passthrough) -> None:
     deadline = time.monotonic() + 30
     while ts.get("/admin/status")["in_flight"] < 1:
@@ -528,18 +538,34 @@ def test_policy_pause_abort_and_resume(ts, fake):
         fake.token_delay = 0.0
     assert r["paused"] and r["in_flight"] == 0 and results["aborted"] == "policy_update"
     assert ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]["status"] == "aborted"
+    sent = len(fake.chat_log)
     waiting = threading.Thread(target=call, args=("waited",))
     waiting.start()
-    sent = len(fake.chat_log)
-    time.sleep(0.5)
-    # held at the door while paused: unanswered, not past the door (in_flight counts those),
-    # and nothing reached the engine; a call that was merely slow would show in one of them
-    assert "waited" not in results
-    assert ts.get("/admin/status")["in_flight"] == 0 and len(fake.chat_log) == sent
+
+    def passed() -> tuple:
+        """Past the door, at the engine, answered: all (0, 0, False) while it is held."""
+        return ts.get("/admin/status")["in_flight"], len(fake.chat_log) - sent, "waited" in results
+
+    # the call arrived (the edge counts it, or it went further) ...
+    deadline = time.monotonic() + 30
+    while _arrived(ts) < 1 and passed() == (0, 0, False):
+        assert time.monotonic() < deadline, "the call never reached the gateway"
+        time.sleep(0.02)
+
+    # ... and is held at the door while paused: polled for a second, never past it
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert passed() == (0, 0, False), passed()
+        time.sleep(0.02)
     resumed = time.time()
     httpx.post(
         ts.url + "/admin/resume", json={"weight_version": "7"}, headers=AUTH
     ).raise_for_status()
+    # the positive control: the same probe sees it reach the engine and answer once resumed
+    deadline = time.monotonic() + 30
+    while passed()[1:] != (1, True):
+        assert time.monotonic() < deadline, passed()
+        time.sleep(0.02)
     waiting.join(30)
     assert results["waited"] == "stop"
     last = ts.get(f"/v1/sessions/{sid}/calls")["data"][-1]
