@@ -34,10 +34,12 @@ import asyncio
 import json
 import os
 import sqlite3
+import sys
 from collections import deque
 from pathlib import Path
 
 import _machine
+import _records
 import _report
 import _servers
 import _workload
@@ -141,6 +143,7 @@ async def open_sessions(url: str, n: int, field: str) -> deque:
 
 
 async def drive(
+    fake_url: str,
     target: Target,
     conc: int,
     per_agent: int,
@@ -157,12 +160,20 @@ async def drive(
     )
     target.agents = [SessionAgent(base, pool, http) for _ in range(conc)]
     await run_cell(target, "plain", conc, 2)
+    await asyncio.to_thread(_records.start, fake_url)
+    for a in target.agents:
+        a.answered.clear()
     before = cpu.by_role() if cpu else {}
     row = await run_cell(target, "plain", conc, per_agent)
     if cpu:
         after = cpu.by_role()
         row["parts"] = {k: (after[k] - before[k]) / max(1, row["calls"]) * 1000 for k in after}
     await http.aclose()
+    answered = [c for a in target.agents for c in a.answered]
+    row["problems"] = await asyncio.to_thread(
+        _records.check, fake_url, [("turnstile", target.url, answered)], _servers.TOKEN, 64
+    )
+    row["checked"] = len(answered)
     return row
 
 
@@ -211,7 +222,7 @@ def main() -> None:
             s, url = _servers.start_turnstile(fake_url, wd / "single", None, wd / "single.log")
             try:
                 row = asyncio.run(
-                    drive(Target("single", url, s, _servers.TOKEN), conc, per_agent, base)
+                    drive(fake_url, Target("single", url, s, _servers.TOKEN), conc, per_agent, base)
                 )
                 size, calls = store_bytes(wd / "single")
                 row.update(bytes_per_call=size / calls, parts={"gateway": row["cpu_ms"]})
@@ -232,7 +243,9 @@ def main() -> None:
                 ray_target(n, fake_url, data, port)
                 for how, field in (("serve", "fallback_base_url"), ("direct", "base_url")):
                     target = Target(f"ray-{n} {how}", url, cpu, _servers.TOKEN)  # type: ignore[arg-type]
-                    rows.append(asyncio.run(drive(target, conc, per_agent, base, cpu, field)))
+                    rows.append(
+                        asyncio.run(drive(fake_url, target, conc, per_agent, base, cpu, field))
+                    )
                 size, calls = store_bytes(data)
                 w = metrics_by_replica(url)
                 store_ms = {
@@ -287,6 +300,13 @@ def main() -> None:
     )
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+    checked = {r["target"]: r["checked"] for r in rows}
+    print(f"records checked against the engine's own account: {checked}")
+    problems = [f"{r['target']}: {p}" for r in rows for p in r["problems"]]
+    problems += [f"{r['target']}: {r['errors']} calls failed" for r in rows if r["errors"]]
+    if problems:
+        print("FAILED:\n  " + "\n  ".join(problems[:20]))
+        sys.exit(1)
 
 
 if __name__ == "__main__":
