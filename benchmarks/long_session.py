@@ -42,6 +42,7 @@ from pathlib import Path
 
 import _inprocess
 import _machine
+import _records
 import _report
 import _servers
 import _workload
@@ -160,6 +161,7 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                 ),
             )
         histories = {name: _workload.base_messages() for name in clients}
+        await asyncio.to_thread(_records.start, fake_url)
         for turn in range(args.turns):
             row = {"turn": turn + 1}
             for name, (server, client) in clients.items():
@@ -191,6 +193,16 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                     flush=True,
                 )
         await http.aclose()
+        calls = [("long", i) for i in range(args.turns)]
+        answered = [("turnstile", ts_url, calls)]
+        if base_url is not None:
+            answered.append(("turnstile", base_url, calls))
+        problems = await asyncio.to_thread(
+            _records.check, fake_url, answered, _servers.TOKEN, 64, None
+        )
+        if problems:
+            raise SystemExit("FAILED:\n  " + "\n  ".join(problems[:20]))
+        print(f"records checked against the engine's own account: {len(calls)} calls per target")
     finally:
         ts.stop()
         if base is not None:
