@@ -154,3 +154,14 @@ def check(
         else:
             out += floor_problems(engine, Path(where), calls)
     return out
+
+
+def corrupt(data: Path) -> None:
+    """A negative control (``--corrupt-record``): every call's recorded logprobs zeroed in
+    Turnstile's SQLite file (its schema: docs/schema.md), as wrong records would be; the check
+    must then fail."""
+    (db,) = [p for p in data.iterdir() if p.suffix in (".sqlite3", ".db", ".sqlite")]
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("UPDATE calls SET completion_logprobs = zeroblob(length(completion_logprobs))")
+    con.close()

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import _machine
+import _records
 import _report
 import _servers
 import _workload
@@ -931,18 +932,6 @@ def check_store(data: Path, sids: dict[str, str]) -> dict:
     return out
 
 
-def corrupt(data: Path) -> None:
-    """The smoke test's negative control (``--corrupt-record``): every recorded call's
-    logprobs zeroed in Turnstile's SQLite file (docs/schema.md), as wrong records would be."""
-    import sqlite3
-
-    (db,) = [p for p in data.iterdir() if p.suffix in (".sqlite3", ".db", ".sqlite")]
-    con = sqlite3.connect(db)
-    with con:
-        con.execute("UPDATE calls SET completion_logprobs = zeroblob(length(completion_logprobs))")
-    con.close()
-
-
 def start_recording(fake_url: str, every: int) -> None:
     req = urllib.request.Request(
         fake_url + "/record", orjson.dumps({"every": every}), method="POST"
@@ -1725,7 +1714,7 @@ def main() -> None:
             ts.stop()
             stores = [wd / "data"]
             if args.corrupt_record:
-                corrupt(wd / "data")
+                _records.corrupt(wd / "data")
             check = check_store(wd / "data", h.sids)
             if args.workers:
                 w.stop()

@@ -141,6 +141,8 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
         if cell["errors"]:
             raise SystemExit(f"FAILED: {cell['errors']} calls failed")
         answered = [c for a in target.agents for c in a.answered]
+        if args.corrupt_record and args.target == "turnstile":
+            _records.corrupt(wd / "data")
         where = url if args.target == "turnstile" else str(wd / args.target / "floor.sqlite3")
         kind = "turnstile" if args.target == "turnstile" else "floor"
         problems = await asyncio.to_thread(
@@ -222,6 +224,12 @@ def main() -> None:
         "waiting for the GIL as running; C code that drops it is left out)",
     )
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--corrupt-record",
+        action="store_true",
+        help="a negative control: Turnstile's recorded logprobs zeroed before the check, "
+        "which must fail the run",
+    )
     p.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
     args = p.parse_args()
     if args.quick:
