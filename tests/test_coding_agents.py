@@ -90,6 +90,7 @@ class Run:
     work: Path
     word: str
     seen: int  # engine exchanges before the run
+    requests: int  # requests the engine had received before the run
 
 
 def _start(ts: Turnstile, engine: tuple, tmp_path: Path, harness: str, script: Script) -> Run:
@@ -101,7 +102,7 @@ def _start(ts: Turnstile, engine: tuple, tmp_path: Path, harness: str, script: S
     home.mkdir()
     word = "w" + secrets.token_hex(6)
     (work / "note.txt").write_text(word + "\n")
-    return Run(ts, session, home, work, word, len(fake.model.exchanges))
+    return Run(ts, session, home, work, word, len(fake.model.exchanges), len(fake.rec.requests))
 
 
 def _env(run: Run, **extra: str) -> dict[str, str]:
@@ -125,9 +126,20 @@ def _check(run: Run, engine: tuple, harness: str, dialect: str, streamed: bool) 
     # the wire, token for token: each call's prompt and completion as the engine had them
     wire = sorted(p + s for p, s in exchanges)
     assert sorted(t["token_ids"] for t in per_call) == wire
+    # the loss mask: 0 on exactly the prompt the engine received, 1 on exactly what it sampled
+    split = {tuple(p + s): (len(p), len(s)) for p, s in exchanges}
     for t in per_call:
-        n = len(t["loss_mask"]) - sum(t["loss_mask"])
-        assert t["loss_mask"] == [0] * n + [1] * (len(t["loss_mask"]) - n)
+        prompt, sampled = split[tuple(t["token_ids"])]
+        assert prompt and sampled, (prompt, sampled)
+        assert t["loss_mask"] == [0] * prompt + [1] * sampled, (t["id"], prompt, sampled)
+    # streamed or not, as the harness chose it: in the request bodies Turnstile kept, and in
+    # what the engine received (Turnstile streams from it exactly when its harness streams)
+    assert {bool(b.get("stream")) for b in _bodies(run)} == {streamed}
+    engine_calls = [
+        r.body for r in fake.rec.requests[run.requests :] if r.path == "/inference/v1/generate"
+    ]
+    assert len(engine_calls) == len(exchanges)
+    assert {bool(b.get("stream")) for b in engine_calls} == {streamed}
     # the harness ran the tool: its output is in a later prompt, which the script cannot know
     tok = load_tokenizer(str(testbed.smollm2_gguf()))
     assert any(run.word in tok.decode(p) for p, _ in exchanges), "no tool result reached it"
