@@ -34,33 +34,50 @@ import _report
 import _servers
 import _workload
 
-PARTS = [  # (part, frame substrings), first match wins
-    ("record: SQLite write (store thread)", ["Store.add_call"]),
+PARTS = [  # (part, frame substrings), first match wins; the floor's (_floor.py) parts too
     (
-        "record: thread hand-off (executor submit + worker wake-up)",
-        ["ThreadPoolExecutor.submit", "_worker (concurrent"],
-    ),
-    ("record: built on the loop", ["TokenCall._commit", "TokenCall.record"]),
-    ("session row on first use (SQLite on the loop)", ["SessionIndex.ensure"]),
-    ("tokenize the new text", ["LoadedTokenizer.encode", "PromptEncoder.encode"]),
-    ("render the delta / a first prompt (Jinja)", ["Renderer.extension", "Renderer.render_full"]),
-    ("match the history + assemble the context", ["SessionTree", "build_prompt", "root_hash"]),
-    (
-        "engine round trip: request body, response -> token events",
-        ["VLLMEngine.generate", "HTTPEngine", "EnginePool", "connection.py", "_Reader", "aiohttp"],
-    ),
-    ("detokenize + parse the completion", ["Parser.", "LoadedTokenizer.decode", "_text_ids"]),
-    (
-        "request body: read, limits, validation",
-        ["read_json", "limits.py", "parse_chat_request", "server/requests.py", "parse_request"],
+        "store thread: the commit (SQLite, fdatasync)",
+        ["Writer._run", "SqliteDatabase.transaction", "Store.write", "write_batch", "Rows.write"],
     ),
     (
-        "gateway: sampling, notes, response dict",
-        ["Gateway.", "TokenCall.", "sampling_params", "call_info"],
+        "record: built on the loop, handed to the writer",
+        ["TokenCall._commit", "TokenCall.record", "token_record.py", "gateway/record.py"]
+        + ["Writer.submit", "row (_floor", "commit (_floor"],
+    ),
+    ("session row on first use", ["SessionIndex.ensure", "session_index.py"]),
+    (
+        "detokenize + parse the completion",
+        ["parsing/", "LoadedTokenizer.decode", "detokenize", "_text_ids"]
+        + ["<lambda> (turnstile/chat/tiktoken_encode", "reply (_floor", "decode (_floor"],
     ),
     (
-        "HTTP server: uvicorn + Starlette layers, response send",
-        ["httptools_impl", "starlette/", "proxy_headers", "routes_harness", "harness_session"],
+        "tokenize the new text",
+        ["LoadedTokenizer.encode", "PromptEncoder", "_with_added", "encode (_floor"],
+    ),
+    (
+        "render the delta / a first prompt",
+        ["Renderer.", "chat/render.py", "chat/template.py", "jinja2", "render (_floor"],
+    ),
+    (
+        "match the history + assemble the context",
+        ["SessionTree", "chat/history.py", "session_trees", "build_prompt", "root_hash"]
+        + ["prefix_hashes", "lineage"],
+    ),
+    (
+        "engine client: request body, response -> token events",
+        ["engines/", "aiohttp", "post (_floor", "gen_body (_floor"],
+    ),
+    ("streaming: chunks, SSE out", ["streaming.py", "streamed", "chunk (_floor"]),
+    (
+        "request: body, JSON, limits, validation -> ChatRequest",
+        ["read_json", "limits.py", "chat_request", "dialects/", "resent.py", "asgi_body"],
+    ),
+    ("answer: the chat.completion", ["answers.py", "whole (_floor"]),
+    ("gateway: admission, sampling, the call's flow", ["gateway/", "wiring.py"]),
+    ("the floor's request handler (its inline JSON and dicts)", ["app (_floor"]),
+    (
+        "HTTP edge: uvicorn, Starlette, routes, auth, metrics (and the handler's rest)",
+        ["httptools_impl", "starlette/", "turnstile/server/"],
     ),
 ]
 
@@ -249,7 +266,8 @@ def main() -> None:
     with _machine.workdir("profile") as wd:
         spy_out = wd / "spy.txt"
         ms = asyncio.run(drive(args, wd, spy_out))
-        print(f"Turnstile CPU per call: {ms:.2f} ms")
+        who = "Turnstile" if args.target == "turnstile" else f"The {args.target}"
+        print(f"{who} CPU per call: {ms:.2f} ms")
         if not spy_out.exists():
             print("(no profile: --quick, or py-spy missing from the bench venv)")
             return
