@@ -59,15 +59,26 @@ def renderer(tiny_qwen2: Path) -> Renderer:
 
 WORD = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=3, max_size=9)
 TEXT = st.lists(WORD, min_size=1, max_size=6).map(" ".join)
-KINDS = ("tool_call", "other", "whitespace", "stop_token", "stop_string", "reasoning", "none")
+KINDS = (
+    "tool_call",
+    "call_after_text",
+    "other",
+    "whitespace",
+    "stop_token",
+    "stop_string",
+    "reasoning",
+    "none",
+)
 
 
 def _assistant(kind: str, text: str, value: str) -> dict:
-    if kind == "tool_call":
+    if kind in ("tool_call", "call_after_text"):
         args = json.dumps({"city": value})
         return {
             "role": "assistant",
-            "content": "",
+            # a parser that keeps the newline before the call in the content: the template
+            # writes its own newline before <tool_call> too
+            "content": text + ".\n" if kind == "call_after_text" else "",
             "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
             ],
@@ -111,8 +122,8 @@ def test_locate_finds_drift_placed_by_construction(
     r, tok = renderer, renderer.tok
     n = min(len(users) - 1, len(replies), len(values), len(kinds))
     which = which % n
-    if drift == "tool_call":
-        kinds = [*kinds[:which], "tool_call", *kinds[which + 1 :]]
+    if drift in ("tool_call", "call_after_text"):
+        kinds = [*kinds[:which], drift, *kinds[which + 1 :]]
     elif drift != "none":
         kinds = [*kinds[:which], "plain", *kinds[which + 1 :]]
     msgs: list[dict] = []
@@ -141,6 +152,12 @@ def test_locate_finds_drift_placed_by_construction(
         assume(at is not None)
         new = _split(body, at, tok)
         expect = ("tool_call", start + at)
+    elif drift == "call_after_text":  # the model wrote one newline before the call, not two
+        text = tok.decode(body)
+        assert "\n\n<tool_call>" in text
+        new = tok.encode(text.replace("\n\n<tool_call>", "\n<tool_call>", 1))
+        at = next(i for i, (a, b) in enumerate(zip(new, body, strict=False)) if a != b)
+        expect = ("whitespace", start + at)
     elif drift == "other":
         at = _pick(tok, body, 0, len(tok.decode(body)))
         assume(at is not None)

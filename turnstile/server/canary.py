@@ -18,8 +18,10 @@ store's writer thread hands it committed records with their request bodies, at m
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import random
+import re
 import threading
 import time
 import weakref
@@ -42,6 +44,7 @@ log = logging.getLogger("turnstile.canary")
 LOCATIONS = ("stop", "tool_call", "reasoning", "whitespace", "other")
 
 _CPU = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
+_CLOSE = re.compile(r"\s*</[^<>\s]{1,32}>")  # a reasoning block's closing tag
 _SESSIONS_KEPT = 100_000  # per-session tallies kept in memory (oldest forgotten first)
 
 
@@ -84,8 +87,9 @@ def _overlaps(c0: int, c1: int, r0: int, r1: int) -> bool:
 
 
 def _regions(text: str, body_end: int, turn: Turn) -> dict[str, tuple[int, int]]:
-    """Character spans of a completion's text: its reasoning, its tool calls (from the end of
-    its content and reasoning to the stop), and the stop (the stop token or string)."""
+    """Character spans of a completion's text: the stop (its stop token or string), its
+    reasoning (from the start through the closing tag), its tool calls (from the first
+    character after its content and reasoning, whitespace skipped, to the stop)."""
     m = turn.message or {}
     out: dict[str, tuple[int, int]] = {"stop": (body_end, len(text))}
     after = 0
@@ -94,7 +98,8 @@ def _regions(text: str, body_end: int, turn: Turn) -> dict[str, tuple[int, int]]
         at = text.find(reasoning.strip())
         if at >= 0:
             after = at + len(reasoning.strip())
-            # the tags around it belong to it too
+            close = _CLOSE.match(text, after)
+            after = close.end() if close else after
             out["reasoning"] = (0, after)
     if m.get("tool_calls"):
         content = m.get("content")
@@ -102,12 +107,20 @@ def _regions(text: str, body_end: int, turn: Turn) -> dict[str, tuple[int, int]]
             at = text.find(content.strip(), after)
             if at >= 0:
                 after = at + len(content.strip())
+        while after < body_end and text[after].isspace():
+            after += 1
         out["tool_call"] = (after, body_end)
     return out
 
 
-def _blank(piece: str) -> bool:
-    return piece != "" and piece.strip() == ""
+def _blank(got: str, want: str) -> bool:
+    """Either token is only whitespace, or they differ only by whitespace past a shared start
+    (``".\n"`` against ``".\n\n"``)."""
+    if any(p != "" and p.strip() == "" for p in (got, want)):
+        return True
+    k = len(os.path.commonprefix([got, want]))
+    rest = got[k:] + want[k:]
+    return rest != "" and rest.strip() == ""
 
 
 def locate(
@@ -120,7 +133,8 @@ def locate(
     engine was sent), mapped to the part of the conversation it lies in; None when equal.
 
     In a sampled turn: its stop (the stop token, or a stop string the harness never sees), its
-    tool calls, its reasoning, whitespace (either side's token is only whitespace), else other.
+    tool calls, its reasoning, whitespace (either side's token is only whitespace, or the two
+    differ only by whitespace after a shared start), else other.
     In what Turnstile rendered: the first token after a sampled turn is the end-of-turn seam
     (stop) unless it is whitespace; anything else there is whitespace or other."""
     p = first_difference(recorded, text_ids)
@@ -128,7 +142,7 @@ def locate(
         return None
     got = decode([recorded[p]]) if p < len(recorded) else ""
     want = decode([text_ids[p]]) if p < len(text_ids) else ""
-    blank = _blank(got) or _blank(want)
+    blank = _blank(got, want)
     for turn in turns:
         if turn.start <= p < turn.end:
             ids = recorded[turn.start : turn.end]
