@@ -3,12 +3,15 @@ shows what the engine really received and returned, and Turnstile run as a real 
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
+import platform
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,21 +40,28 @@ TIERS = {
     "integration": "real servers (llama-server, Turnstile, fakes) or slow in-process work",
     "heavy": "one heavy server per module (vLLM, coding-agent CLIs, Ray, Postgres, kills)",
 }
-# what a unit test may not use: each of these starts a process or a server
+# what a unit test may not use: each of these starts a process or a server (refused at
+# collection, before anything starts; the guard below catches what they miss)
 SERVER_FIXTURES = frozenset(
     {"llama_tiny", "tiny_end_ids", "no_end_bias", "relay", "turnstile", "turnstile_factory"}
     | {"postgres", "shared_relay", "shared_turnstile"}
 )
+# the only programs a unit test may start (``tests/test_typecheck.py``)
+UNIT_PROGRAMS = frozenset({"ruff", "mypy"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for tier, what in TIERS.items():
         config.addinivalue_line("markers", f"{tier}: {what}")
+    # the stdlib asks ``uname -p`` once per process and caches it (the openai client's
+    # platform headers): asked here, before any test, so the unit guard never sees it
+    platform.processor()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test in exactly one tier; a unit test starts no server (so the fast tier stays
-    fast and needs nothing but the venv)."""
+    """Each test in exactly one tier; a unit test asks for no server fixture (so the fast tier
+    stays fast and needs nothing but the venv). What a unit test starts is guarded at run time
+    (``UnitGuard``), whatever its fixtures are called."""
     bad = []
     for item in items:
         tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
@@ -62,6 +72,108 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             bad.append(f"{item.nodeid}: a unit test uses {used} (servers): mark it integration")
     if bad:
         raise pytest.UsageError("test tiers:\n  " + "\n  ".join(bad[:20]))
+
+
+class UnitTierViolation(BaseException):
+    """Raised where a unit test starts a server or a program; a BaseException so that code
+    under test catching ``Exception``/``OSError`` does not hide it (and the report is failed
+    from the record anyway)."""
+
+
+def _program(args: object) -> str:
+    """The program an argv runs: ``ruff`` for ``ruff …`` and for ``python -m ruff …``."""
+    argv = [os.fsdecode(a) for a in args] if isinstance(args, list | tuple) else [str(args)]
+    if not argv:
+        return ""
+    if len(argv) >= 3 and argv[1] == "-m":
+        return argv[2]
+    return os.path.basename(argv[0].split()[0]) if argv[0] else ""
+
+
+class UnitGuard:
+    """While a unit test runs (setup, call, teardown): a listening socket, or a child
+    process other than ruff/mypy (``subprocess``, asyncio's subprocesses, ``posix_spawn``,
+    multiprocessing's spawn), is recorded in ``seen`` and refused. ``os.fork`` is let through:
+    a forked copy of the test process is no server and no program."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def _refuse(self, what: str) -> None:
+        self.seen.append(what)
+        raise UnitTierViolation(f"a unit test {what}: mark it integration")
+
+    def _patch(self, owner: object, name: str, wrap: Callable) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, wrap(original))
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def __enter__(self) -> UnitGuard:
+        guard = self
+
+        def listen(original: Callable) -> Callable:
+            def guarded(sock: socket.socket, *a: object) -> object:
+                guard._refuse(f"listened on a socket ({sock.getsockname()!r})")
+                return original(sock, *a)
+
+            return guarded
+
+        def execute(original: Callable) -> Callable:
+            def guarded(popen: subprocess.Popen, args: object, *a: object, **kw: object) -> object:
+                if _program(args) not in UNIT_PROGRAMS:
+                    guard._refuse(f"started a process: {args!r}")
+                return original(popen, args, *a, **kw)
+
+            return guarded
+
+        def spawn(original: Callable, argv_at: int) -> Callable:
+            def guarded(*a: object, **kw: object) -> object:
+                if _program(a[argv_at]) not in UNIT_PROGRAMS:
+                    guard._refuse(f"started a process: {a[argv_at]!r}")
+                return original(*a, **kw)
+
+            return guarded
+
+        self._patch(socket.socket, "listen", listen)
+        self._patch(subprocess.Popen, "_execute_child", execute)
+        self._patch(_posixsubprocess, "fork_exec", lambda o: spawn(o, 0))
+        for name in ("posix_spawn", "posix_spawnp"):
+            if hasattr(os, name):
+                self._patch(os, name, lambda o: spawn(o, 1))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+_GUARD = pytest.StashKey[UnitGuard]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """The unit tier's rule, by what a test starts (not by what its fixtures are named)."""
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    with UnitGuard() as guard:
+        item.stash[_GUARD] = guard
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A phase in which the guard refused something fails, even where the code under test
+    caught what the guard raised."""
+    report: pytest.TestReport = yield
+    guard = item.stash.get(_GUARD, None)
+    if guard is not None and guard.seen and report.passed:
+        report.outcome = "failed"
+        report.longrepr = "unit tier: " + "; ".join(guard.seen)
+        guard.seen.clear()
+    elif guard is not None:
+        guard.seen.clear()
+    return report
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
