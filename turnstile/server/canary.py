@@ -373,10 +373,7 @@ _BY_STORE: weakref.WeakKeyDictionary[Store, Canary] = weakref.WeakKeyDictionary(
 
 def canary_of(store: object) -> Canary | None:
     """The canary watching ``store`` (None: ``--canary-fraction`` is 0, or capture mode)."""
-    try:
-        return _BY_STORE.get(store)  # type: ignore[arg-type]
-    except TypeError:
-        return None
+    return _BY_STORE.get(store) if isinstance(store, Store) else None
 
 
 def attach(store: Store, renderer: Renderer, fraction: float, metrics: Metrics) -> Canary | None:
