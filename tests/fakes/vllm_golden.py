@@ -7,7 +7,10 @@ The structure is the answer with its values taken out: status, media type, JSON 
 and value types, the SSE framing (``data:`` lines, ``[DONE]``, comments; a run of chunks of
 one shape counted once); the few values that say which kind of answer it is (``object``,
 ``finish_reason``, ``output_mode``, an error's ``type`` and ``code``) are kept. Sampled values,
-ids and timestamps are not: the fake's toy model samples differently, by design.
+ids and timestamps are not: the fake's toy model samples differently, by design. What is
+compared of the values is their counts (``facts``): token IDs, logprob entries, usage, echoed
+prompt IDs and SSE events, which must agree inside one answer (``inconsistencies``) and with
+the engine's where the request fixes them (``fact_differences``).
 """
 
 from __future__ import annotations
