@@ -4,8 +4,9 @@ workload (or the long session's late turns), samples folded into the parts of a 
 Set-up: the fast fake engine on core 0 with the load generator, Turnstile alone on core 1
 (as in overhead.py); py-spy (from the bench venv, ``setup_bench_venv.sh``) samples the server
 at 500 Hz while the cell runs; the server's own CPU per call (/proc) scales the shares. Each
-sample goes to the first part whose frames it contains (the order below), so a part's figure
-is what that work costs including what it calls. py-spy counts a thread that waits for the
+sample goes to the part named by its innermost frame that names one (the first in the order
+below where a frame names two), so a part's figure is what that work costs including what it
+calls, less the named parts it calls. py-spy counts a thread that waits for the
 GIL as running, which inflates the store thread's parts; ``--gil`` samples only the thread
 holding the GIL (and so leaves out C code that drops it, such as SQLite's own work).
 
@@ -91,10 +92,14 @@ def fold(raw: Path) -> tuple[int, collections.Counter]:
             continue
         total += int(n)
         frames = stack.split(";")
-        for name, keys in PARTS:
-            if any(k in f for f in frames for k in keys):
-                parts[name] += int(n)
-                break
+        # the innermost frame that names a part decides (a send inside the floor's handler
+        # is the HTTP edge's, as it is in Turnstile's)
+        part = next(
+            (name for f in reversed(frames) for name, keys in PARTS if any(k in f for k in keys)),
+            None,
+        )
+        if part is not None:
+            parts[part] += int(n)
         else:
             loop = any(k in frames[-1] for k in ("Runner.run", "asyncio", "base_events"))
             parts["event loop (uvloop's C code: sockets, scheduling)" if loop else "other"] += int(
@@ -154,6 +159,10 @@ async def drive(args: argparse.Namespace, wd: Path, spy_out: Path) -> float:
             a.answered.clear()
         spy = start_spy()
         cell = await o.run_cell(target, args.mode, args.conc, max(1, args.calls // args.conc))
+        if spy is not None:  # the cell only, not the check's reads below
+            spy.send_signal(2)
+            spy.wait(60)
+            spy = None
         print(f"{cell['calls']} calls, {cell['errors']} errors")
         if cell["errors"]:
             raise SystemExit(f"FAILED: {cell['errors']} calls failed")
