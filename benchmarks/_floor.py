@@ -133,6 +133,12 @@ class Rows:
         return [None] * len(writes)
 
 
+def sampled(raw: bytes) -> list[dict]:
+    """The engine's answer (or one of its events): its choices, each with ``token_ids`` and
+    ``logprobs`` (a function of its own so that a profile sees it)."""
+    return orjson.loads(raw)["choices"]
+
+
 def chunk(delta: dict, finish: str | None = None) -> bytes:
     choice = {"index": 0, "delta": delta, "finish_reason": finish}
     body = {"id": "chatcmpl-floor", "object": "chat.completion.chunk", "choices": [choice]}
@@ -259,7 +265,7 @@ def floor_app(upstream: str, model_dir: Path, data: str | None = None, kind: str
             gen_body(prompt, req.get("max_tokens"), req.get("temperature", 1.0), stream), stream
         )
         if not stream:
-            choice = orjson.loads(await read())["choices"][0]
+            choice = sampled(await read())[0]
             ids = choice["token_ids"]
             lps = [e["logprob"] for e in choice["logprobs"]["content"]]
         else:
@@ -271,7 +277,7 @@ def floor_app(upstream: str, model_dir: Path, data: str | None = None, kind: str
                 for line in lines:
                     if not line.startswith(b"data: {"):
                         continue
-                    for choice in orjson.loads(line[6:])["choices"]:
+                    for choice in sampled(line[6:]):
                         ids += choice["token_ids"]
                         lps += [e["logprob"] for e in choice["logprobs"]["content"]]
                         text += decode(choice["token_ids"])

@@ -66,7 +66,7 @@ PARTS = [  # (part, frame substrings), first match wins; the floor's (_floor.py)
     ),
     (
         "engine client: request body, response -> token events",
-        ["engines/", "aiohttp", "post (_floor", "gen_body (_floor"],
+        ["engines/", "aiohttp", "post (_floor", "gen_body (_floor", "sampled (_floor"],
     ),
     ("streaming: chunks, SSE out", ["streaming.py", "streamed", "chunk (_floor"]),
     (
