@@ -279,7 +279,7 @@ def _banned(tok, render: str, value: str) -> dict[str, int]:
     """logit_bias banning every token of at least two characters the canonical encoding of
     ``render`` spells ``value`` with: the value can then only be sampled in other pieces."""
     ids = tok.hf_encode(render)
-    lo = render.index(value)
+    lo = render.rindex(value)  # in the tool call, at the end
     out = {}
     for i in range(len(ids)):
         c0, c1 = len(tok.decode(ids[:i])), len(tok.decode(ids[: i + 1]))
