@@ -47,7 +47,7 @@ import _workload
 import orjson
 
 TURNS = 4  # agent turns per session
-TOKEN_IN = ("turnstile", "turnstile-base", "floor", "floor-aiohttp")  # they record tokens
+TOKEN_IN = ("turnstile", "floor")  # the targets named so record tokens (turnstile-base, ...)
 LOADGEN_CPU, PROXY_CPU = 0, 1
 
 
@@ -293,7 +293,7 @@ async def check_pass(targets: list[Target], modes: list[str], conc: int, fake_ur
             a.answered.clear()
     for mode in modes:
         for t in targets:
-            if t.name in TOKEN_IN:
+            if t.name.startswith(TOKEN_IN):
                 await run_cell(t, mode, conc, 1)
 
 
@@ -315,7 +315,7 @@ def check_records(targets: list[Target], fake_url: str, wd: Path) -> list[str]:
 
 def targets_in(targets: list[Target]) -> list[Target]:
     """The targets that record tokens."""
-    return [t for t in targets if t.name in TOKEN_IN]
+    return [t for t in targets if t.name.startswith(TOKEN_IN)]
 
 
 def corrupt_one(data: Path, session: str, index: int) -> None:

@@ -290,7 +290,12 @@ def end_to_end(pg_url: str, pg_pid: int, quick: bool, wd: Path) -> list[dict]:
         ]
         concs = [2] if quick else [1, 32]
         base = _workload.base_messages(pad_to=3500)
-        return asyncio.run(o.measure(targets, ["plain"], concs, quick, base, fake_url, 0.0))
+        rows = asyncio.run(o.measure(targets, ["plain"], concs, quick, base, fake_url, 0.0))
+        errors = sum(r["errors"] for r in rows)
+        problems = [f"{errors} calls failed"] if errors else o.check_records(targets, fake_url, wd)
+        if problems:
+            raise SystemExit("FAILED:\n  " + "\n  ".join(problems[:20]))
+        return rows
     finally:
         for s in reversed(servers):
             s.stop()

@@ -35,7 +35,14 @@ SCRIPTS = {
     "group_commit.py": "group / per call: CPU",
 }
 # the load benchmarks: their records checked against the fake engine's own recorder
-CHECKED = {"agent_sessions.py", "overhead.py", "long_session.py", "ray_scale.py", "profile_call.py"}
+CHECKED = {
+    "agent_sessions.py",
+    "overhead.py",
+    "long_session.py",
+    "ray_scale.py",
+    "profile_call.py",
+    "store_backends.py",
+}
 CHECK_LINE = "records checked against the engine's own account: "
 # another engineer's scripts, with a smoke test of their own
 NOT_HERE = {"train_proof.py", "policy_gguf.py"}
