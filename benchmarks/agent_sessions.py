@@ -1674,7 +1674,6 @@ def main() -> None:
         h.fake = fake
         servers = [fake]
         try:
-            start_recording(fake_url, 1 if q else 16)
             relay, relay_url = _servers.start_relay(
                 "relay-aiohttp", fake_url, PROXY_CPU, wd / "relay.log"
             )
@@ -1710,6 +1709,7 @@ def main() -> None:
                 )  # fmt: skip
                 servers.append(w)
                 targets.append(Target("workers", w_url, Workers(w), targets[1].headers, bases={}))
+            start_recording(fake_url, 1 if q else 16)  # the servers' start-up probes left out
             res = asyncio.run(sweep(args, h, targets, fake_url))
             ts.stop()
             stores = [wd / "data"]
