@@ -163,7 +163,7 @@ def _chain() -> LineageIndex:
     idx.add(c0)
     idx.add(new_node("c1", c0, array("i", [5]), array("i", [6, 7]), 1))
     idx.replies[b"after-c1"] = "c1"
-    idx.known.update([b"r", b"u", b"x", b"after-c1"])  # c0's [q] and c1's [q a q]
+    idx.known.update({b"r": "c0", b"u": "c0", b"x": "c1", b"after-c1": "c1"})
     idx.n_calls = 2
     return idx
 
@@ -221,7 +221,7 @@ def test_lineage_labels_follow_arrival_not_completion():
     assert asyncio.run(go(running, [b"r", b"a"], [1, 2])).reason == "new_conversation"
     done = LineageIndex(first_request=b"title")
     done.add(new_node("t", None, array("i", [1, 5]), array("i", [6]), 0))
-    done.known.update([b"r", b"title"])
+    done.known.update({b"r": "t", b"title": "t"})
     assert asyncio.run(go(done, [b"r", b"a"], [1, 2])).reason == "new_conversation"
     # the first arrival itself, and a retry of it while nothing is recorded
     assert asyncio.run(go(LineageIndex(first_request=b"a"), [b"r", b"a"], [1])).reason == (

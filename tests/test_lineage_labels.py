@@ -91,10 +91,21 @@ def _labels(ts, fake: VLLMFake, title_running: bool) -> dict[str, str | None]:
     calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
     assert [c["status"] for c in calls] == ["ok"] * 4
     out: dict[str, str | None] = {}
+    ids: dict[str, str] = {}
     for c in calls:
         body = ts.get(f"/v1/sessions/{session['id']}/calls/{c['id']}/body")["request"]
         out[_role(body)] = c["segment_reason"]
+        ids[_role(body)] = c["id"]
     assert len(out) == 4, out
+    # the samples: the agent's conversation and its compaction are one lineage, the main
+    # one; the title request is a side lineage (a trainer keeps or drops it by that)
+    trajs = ts.get(f"/v1/sessions/{session['id']}/trajectories")["data"]
+    got = {t["call_ids"][-1]: (t["lineage"], t["lineage_role"]) for t in trajs}
+    assert got == {
+        ids["title"]: (ids["title"], "side"),
+        ids["agent turn 2"]: (ids["agent"], "main"),
+        ids["compacted"]: (ids["agent"], "main"),
+    }
     return out
 
 

@@ -173,6 +173,9 @@ class SessionTree:
     replies: dict[bytes, list[str]] = field(default_factory=dict)
     requests: dict[bytes, str] = field(default_factory=dict)  # request hash -> latest call
     known: set[bytes] = field(default_factory=set)  # every conversation prefix seen
+    # the call whose request first held each conversation prefix (the lineage a rewrite of
+    # that conversation belongs to: ``chat.lineages``)
+    prefix_owner: dict[bytes, str] = field(default_factory=dict)
     # replies recorded under another template/tokenizer fingerprint: never extended
     stale: dict[bytes, str] = field(default_factory=dict)
     n_calls: int = 0
@@ -353,6 +356,8 @@ class SessionTree:
         self.requests[request_hashes[-1]] = node.id
         new = [h for h in request_hashes if h not in self.known]
         self.known.update(new)
+        for h in new:
+            self.prefix_owner[h] = node.id
         if reply_hash is not None:
             self.replies.setdefault(reply_hash, []).append(node.id)
             if reply_hash not in self.known:

@@ -101,7 +101,8 @@ class CaptureCall:
                         link.prompt,
                     )
                 )
-                idx.known.update(rec.prefix_hashes)
+                for h in rec.prefix_hashes:
+                    idx.known.setdefault(h, rec.id)
                 if rec.history_hash is not None:
                     idx.replies[rec.history_hash] = rec.id
 

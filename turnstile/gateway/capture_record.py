@@ -116,6 +116,7 @@ def build_record(
         "mode": "passthrough",
         "engine_model": gw.primary.model,
         "drift": link.drift if link else None,
+        **({"lineage": link.lineage} if link and link.lineage else {}),
         "added_fields": call.added,
         "choice_index": choice.index if choice else None,
         "capture_notes": notes or None,

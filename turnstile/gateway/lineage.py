@@ -113,7 +113,8 @@ class LineageIndex:
     replies: dict[bytes, str] = field(default_factory=dict)  # request+reply hash -> call id
     n_calls: int = 0
     created: float | None = None  # the session's creation time (a re-created id differs)
-    known: set[bytes] = field(default_factory=set)  # every recorded conversation prefix
+    # every recorded conversation prefix -> the call whose request first held it
+    known: dict[bytes, str] = field(default_factory=dict)
     first_request: bytes | None = None  # the first request to arrive (``chat.lineages``)
 
     @classmethod
@@ -127,7 +128,8 @@ class LineageIndex:
                 continue
             parent = idx.nodes.get(c.parent_id) if c.parent_id else None
             idx.add(new_node(c.id, parent, c.prompt_delta, c.completion_ids, c.seq))
-            idx.known.update(c.prefix_hashes)
+            for h in c.prefix_hashes:
+                idx.known.setdefault(h, c.id)
             if c.history_hash is not None:
                 idx.replies[c.history_hash] = c.id
         return idx
@@ -178,6 +180,7 @@ class Link:
     reason: str | None = None
     detail: str | None = None
     drift: dict | None = None
+    lineage: str | None = None  # a new segment's: the call whose conversation it rewrites
 
     @property
     def delta(self) -> array:
@@ -211,7 +214,7 @@ async def link(
     if continued is not None:
         compared = continued
         common = common_prefix(prompt, continued.full())
-        out.reason = "drift"
+        out.reason, out.lineage = "drift", continued.id
     else:
         matched = max((k for k, h in enumerate(hashes) if h in idx.known), default=0)
         out.reason = root_reason(
@@ -220,6 +223,8 @@ async def link(
             recorded_calls=len(idx.nodes),
             matched=matched,
         )
+        if out.reason == "history_diverged":
+            out.lineage = idx.known[hashes[matched]]
         if out.reason == "first_call":
             return out
         if not idx.nodes:  # the calls that came first are still running

@@ -28,6 +28,9 @@ class Prompt:
     segment_reason: str | None = None  # why the call starts a new segment, if it does
     segment_detail: str | None = None
     seam: str | None = None
+    # a new segment's lineage: the call whose conversation it rewrites or retries (``None``:
+    # it starts a lineage of its own)
+    lineage: str | None = None
 
 
 def with_echoed_ids(reply: dict, echoed: dict) -> dict:
@@ -48,8 +51,9 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
     root = root_hash(req.tools, req.template_kwargs)
     match = tree.match(req.messages, root)
     parent = match.parent
-    reason = detail = None
+    reason = detail = lineage = None
     if parent is not None:
+        lineage = parent.id  # if it cannot extend it, it still rewrites its conversation
         new = match.new_messages
         kind = append_kind(new)
         # reasoning anywhere on the path, recorded or echoed (after a segment break the
@@ -84,15 +88,18 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
                     ids, d, parent, match.hashes, seam=seam.kind, segment_detail=match.note
                 )
     elif match.stale is not None:
-        reason = "template_changed"
+        reason, lineage = "template_changed", match.stale
         detail = (
             f"the messages continue {match.stale}, recorded under another template/"
             f"tokenizer fingerprint; this server renders with "
             f"{renderer.fingerprint}"
         )
     elif match.matched == len(req.messages) and tree.requests.get(match.hashes[-1]):
-        reason = "first_call"  # a new root: the same request as an earlier one (a retry)
-        detail = f"a retry: the same messages as {tree.requests[match.hashes[-1]]}"
+        # a new root: the same request as an earlier root (a retry), in that one's lineage
+        lineage = tree.requests[match.hashes[-1]]
+        first = tree.first_request in (None, match.hashes[-1])
+        reason = "first_call" if first else "new_conversation"
+        detail = f"a retry: the same messages as {lineage}"
     else:
         reason = root_reason(
             request_hash=match.hashes[-1],
@@ -102,6 +109,7 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
         )
         if reason == "history_diverged":
             detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
+            lineage = tree.prefix_owner.get(match.hashes[match.matched])
         elif reason == "new_conversation":
             detail = (
                 "a new lineage: its first message (under its tools) is that of no recorded "
@@ -112,4 +120,4 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
         ids = array("i", renderer.render_full(req.messages, req.tools, **req.template_kwargs))
     except TemplateError as exc:
         raise APIError(400, str(exc), "messages") from exc
-    return Prompt(ids, ids, None, match.hashes, reason, detail)
+    return Prompt(ids, ids, None, match.hashes, reason, detail, lineage=lineage)

@@ -121,6 +121,8 @@ class SessionTrees:
             tree.n_calls += 1
             tree.next_seq = max(tree.next_seq, c.seq + 1)
             tree.known.update(c.prefix_hashes)
+            for h in c.prefix_hashes:
+                tree.prefix_owner.setdefault(h, c.id)
             if c.status == "ok" and c.history_hash is not None:
                 if c.info.get("fingerprint") == self.renderer.fingerprint:
                     tree.replies.setdefault(c.history_hash, []).append(c.id)

@@ -164,6 +164,7 @@ def build_record(
         "engine_url": gen.engine_url,
         "engine_finish_reason": finish.engine_reason if finish else None,
         "stop_echo_hash": echo_hash.hex() if echo_hash else None,
+        **({"lineage": prompt.lineage} if prompt.lineage else {}),
         **request_notes(gw, req, params),
         **(extra or {}),
     }

@@ -58,6 +58,8 @@ def trajectory_row(t: Trajectory, batch: str) -> dict:
         ],
         "segment_reason": t.segment_reason,
         "segment_detail": t.segment_detail,
+        "lineage": t.lineage,
+        "lineage_role": t.lineage_role,
         "fingerprint": t.fingerprint,
         "reward": t.reward,
         "rewards": _named(t.rewards),

@@ -75,6 +75,8 @@ def arrow_schemas() -> dict[str, Any]:
             ("turns", pa.list_(turn)),
             ("segment_reason", pa.string()),
             ("segment_detail", pa.string()),
+            ("lineage", pa.string()),
+            ("lineage_role", pa.string()),
             ("fingerprint", pa.string()),
             ("reward", pa.float64()),
             ("rewards", named),

@@ -26,6 +26,7 @@ import numpy as np
 from .records import CallRecord
 
 MODES = ("merged", "per_call")
+LINEAGES = ("all", "main", "side")  # which lineages' samples a caller asks for
 NO_VERSION = -1
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -48,6 +49,12 @@ class Trajectory:
     segment_detail: str | None = None
     fingerprint: str | None = None
     mode: str = "merged"
+    # the conversation this sample belongs to (the id of the call that began it: a rewrite
+    # of a conversation stays in its lineage) and whether that is the session's ``main``
+    # lineage (the one with the most calls: the agent's own) or a ``side`` one (a title or
+    # summary request, a sub-agent): ``chat.lineages``
+    lineage: str | None = None
+    lineage_role: str | None = None
     # session-level fields, filled in by ``with_session``
     group_id: str | None = None
     sample_index: int | None = None
@@ -106,6 +113,8 @@ class Trajectory:
             "turns": self.turns,
             "segment_reason": self.segment_reason,
             "segment_detail": self.segment_detail,
+            "lineage": self.lineage,
+            "lineage_role": self.lineage_role,
             "fingerprint": self.fingerprint,
             "reward": self.reward,
             "rewards": self.rewards,
@@ -136,6 +145,8 @@ class Trajectory:
             turns=list(d["turns"]),
             segment_reason=d.get("segment_reason"),
             segment_detail=d.get("segment_detail"),
+            lineage=d.get("lineage"),
+            lineage_role=d.get("lineage_role"),
             fingerprint=d.get("fingerprint"),
             mode=d.get("mode", "merged"),
             group_id=d.get("group_id"),
@@ -184,12 +195,46 @@ def _raw_version(c: CallRecord) -> str | None:
     return str(wv)
 
 
-def stitch(calls: list[CallRecord], mode: str = "merged") -> list[Trajectory]:
-    """Training samples of one session's calls (ordered by ``seq``)."""
+def lineages(calls: list[CallRecord]) -> tuple[dict[str, str], str | None]:
+    """Each ``ok`` call's lineage (the id of the call that began its conversation) and the
+    session's main lineage: the one with the most calls (the earliest begun on a tie). A
+    segment root names the call whose conversation it rewrites (``info.lineage``); a root
+    that names none begins a lineage of its own."""
+    ok = {c.id: c for c in calls if c.status == "ok"}
+    memo: dict[str, str] = {}
+
+    def of(cid: str) -> str:
+        path = []
+        while cid not in memo:
+            path.append(cid)
+            c = ok[cid]
+            nxt = c.parent_id or c.info.get("lineage")
+            if nxt is None or nxt not in ok or nxt in path:
+                memo[cid] = cid  # begins a lineage
+                break
+            cid = nxt
+        for p in path:
+            memo[p] = memo[cid]
+        return memo[cid]
+
+    out = {cid: of(cid) for cid in ok}
+    sizes: dict[str, int] = {}
+    for lin in out.values():
+        sizes[lin] = sizes.get(lin, 0) + 1
+    main = min(sizes, key=lambda lin: (-sizes[lin], ok[lin].seq)) if sizes else None
+    return out, main
+
+
+def stitch(calls: list[CallRecord], mode: str = "merged", which: str = "all") -> list[Trajectory]:
+    """Training samples of one session's calls (ordered by ``seq``); ``which``: all of them,
+    or only the ``main`` lineage's, or only the ``side`` ones' (:func:`lineages`)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if which not in LINEAGES:
+        raise ValueError(f"lineages must be one of {LINEAGES}, not {which!r}")
     ok = [c for c in calls if c.status == "ok"]
     by_id = {c.id: c for c in ok}
+    lineage, main = lineages(ok)
     out = []
     if mode == "merged":
         has_child = {c.parent_id for c in ok if c.parent_id}
@@ -201,7 +246,11 @@ def stitch(calls: list[CallRecord], mode: str = "merged") -> list[Trajectory]:
         while path[-1].parent_id is not None and path[-1].parent_id in by_id:
             path.append(by_id[path[-1].parent_id])
         path.reverse()
-        out.append(_flatten(path, mode))
+        t = _flatten(path, mode)
+        t.lineage = lineage[last.id]
+        t.lineage_role = "main" if t.lineage == main else "side"
+        if which == "all" or which == t.lineage_role:
+            out.append(t)
     return out
 
 
