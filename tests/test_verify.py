@@ -89,7 +89,9 @@ def test_the_cli_reports_each_trajectory_and_a_summary(
     table = subprocess.run([*cmd, "--session", sid], capture_output=True, text=True)
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[1].split()[0] == lines[0]["trajectory_id"]
-    assert "0 parted; naive: 1 re-tokenize differently" in table.stderr
+    assert (
+        "0 parted, 0 tokens undecided, 0 refused; naive: 1 re-tokenize differently" in table.stderr
+    )
     # an engine that cannot be reached: a clear exit, not a traceback
     bad = subprocess.run(
         [

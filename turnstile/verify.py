@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
@@ -35,7 +36,9 @@ TOLERANCE = 1e-3  # |Δ logprob| past which a token parts, for an f32 engine (ll
 # The same for a bf16 engine (vLLM, SGLang): its sampling (decode) and its recompute (prefill)
 # round differently; measured on the test bed's vLLM (docs/verification.md)
 BF16_TOLERANCE = 0.5
-TOP_N = 20  # alternatives asked per position where the sampler's cut must be recomputed
+# alternatives asked per position where the sampler's cut must be recomputed: vLLM refuses
+# more than its --max-logprobs (20 unless raised); the scorer then asks for that many
+TOP_N = 128
 # A recomputed processed logprob is known to within ± its half-width (the tail past the top N
 # bounds it); past this the token is left out as undecided (counted, never silently).
 BOUND = 0.02
@@ -269,12 +272,20 @@ def _from_top(
     return out
 
 
+def _max_logprobs(said: str) -> int | None:
+    """vLLM's ``--max-logprobs`` from its refusal of more ("... greater than max allowed:
+    20"), or None when the refusal is about something else."""
+    m = re.search(r"max allowed: ?(-?[0-9]+)", said)
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else None
+
+
 class VLLMScorer:
     """vLLM's ``/v1/completions`` with ``prompt_logprobs``: one call per trajectory. Prompt
     logprobs are the model's raw ones (vLLM computes them before any sampler step, whatever
     ``--logprobs-mode``); where the recorded mode includes the sampler's work, the top N of
     each position are asked for too (vLLM refuses N above its ``--max-logprobs``, 20 by
-    default) and the processed value is computed from them (:func:`recompute`)."""
+    default: the scorer falls back to it, leaving more tokens undecided) and the processed
+    value is computed from them (:func:`recompute`)."""
 
     name = "vllm"
     tolerance = BF16_TOLERANCE
@@ -301,6 +312,9 @@ class VLLMScorer:
             "prompt_logprobs": n,
         }
         r = await self.client.post(self.url + "/v1/completions", json=body)
+        if r.status_code == 400 and n and (most := _max_logprobs(r.text)) is not None:
+            self.top_n = n = body["prompt_logprobs"] = most  # its --max-logprobs, from now on
+            r = await self.client.post(self.url + "/v1/completions", json=body)
         if r.status_code != 200:
             raise NotSupported(f"vLLM answered {r.status_code}: {r.text[:300]}")
         per_position = r.json()["choices"][0]["prompt_logprobs"]
@@ -431,15 +445,18 @@ class Agreement:
         positions: Sequence[int],
         recorded: Sequence[float],
         recomputed: Sequence[float],
-        refused: int = 0,
+        refused: Sequence[bool] = (),
         tolerance: float = TOLERANCE,
     ) -> Agreement:
+        """``refused``: per position, whether its call was refused (its recompute is NaN)."""
         rec, new = np.asarray(recorded, float), np.asarray(recomputed, float)
-        undecided = int(np.sum(np.isnan(new) & ~np.isnan(rec)))
+        gone = np.asarray(refused, bool) if len(refused) else np.zeros(len(rec), bool)
+        undecided = int(np.sum(np.isnan(new) & ~np.isnan(rec) & ~gone))
+        refused_n = int(gone.sum())
         known = ~np.isnan(rec) & ~np.isnan(new)
         d = rec[known] - new[known]
         if not len(d):
-            return cls(0, math.nan, math.nan, math.nan, None, undecided, refused)
+            return cls(0, math.nan, math.nan, math.nan, None, undecided, refused_n)
         parted = np.flatnonzero(np.abs(d) > tolerance)
         where = np.asarray(positions)[known]
         log_ratio = -d  # log(recompute / behaviour) at the behaviour's samples
@@ -451,7 +468,7 @@ class Agreement:
             kl,
             int(where[parted[0]]) if len(parted) else None,
             undecided,
-            refused,
+            refused_n,
         )
 
 
@@ -526,14 +543,15 @@ async def _score(
     per_turn: Sequence[Sampling],
     notes: list[str],
     call_ids: Sequence[str],
-) -> tuple[list[float], int]:
-    """The engine's recompute at ``positions`` (NaN where a call is refused), and how many
+) -> tuple[list[float], list[bool]]:
+    """The engine's recompute at ``positions`` (NaN where a call is refused), and which
     positions were refused; each refusal's reason goes into ``notes`` once per call."""
     reasons = [engine.refusal(s) for s in per_turn]
     for k, why in enumerate(reasons):
         if why and any(turn_of[i] == k for i in range(len(positions))):
             notes.append(f"call {call_ids[min(k, len(call_ids) - 1)]} not scored: {why}")
-    keep = [i for i in range(len(positions)) if not reasons[turn_of[i]]]
+    refused = [bool(reasons[turn_of[i]]) for i in range(len(positions))]
+    keep = [i for i in range(len(positions)) if not refused[i]]
     out = [math.nan] * len(positions)
     if keep:
         got = await engine.score(
@@ -541,7 +559,7 @@ async def _score(
         )
         for i, v in zip(keep, got, strict=True):
             out[i] = v
-    return out, len(positions) - len(keep)
+    return out, refused
 
 
 async def verify(

@@ -1,5 +1,7 @@
 """``turnstile verify``: re-feed a store's trajectories to an engine and print how the recorded
-logprobs agree with its recompute (``turnstile.verify``), beside their naive versions."""
+logprobs agree with its recompute (``turnstile.verify``), beside their naive versions. Each
+call is scored under its own recorded sampling and logprob mode; a call that cannot be (a
+grammar, logits) is named with the reason, and its tokens counted as refused."""
 
 from __future__ import annotations
 
@@ -77,12 +79,16 @@ def cli(args: argparse.Namespace) -> None:
             f"{_f(n.max_abs) if n else '-':>9} {_f(n.kl) if n else '-':>9} "
             f"{(n.parted_at if n and n.parted_at is not None else '-'):>8}"
         )
+    for r in results:
+        for note in r.notes:
+            print(f"{r.trajectory_id}: {note}", file=sys.stderr)
     for row in rows:
         ex, nv = row["exact"], row["naive"]
         print(
             f"{row['engine']} weights {row['weight_version']}: {row['trajectories']} trajectories, "
             f"exact: {ex['tokens']} tokens, max |Δ| {_f(ex['max_abs'])}, "
-            f"mean {_f(ex['mean_abs'])}, KL {_f(ex['kl'])}, {ex['parted']} parted; "
+            f"mean {_f(ex['mean_abs'])}, KL {_f(ex['kl'])}, {ex['parted']} parted, "
+            f"{ex['undecided']} tokens undecided, {ex['refused']} refused; "
             f"naive: {row['naive_tokens_differ']} re-tokenize differently, "
             f"max |Δ| {_f(nv['max_abs'])}, KL {_f(nv['kl'])}, {nv['parted']} parted",
             file=sys.stderr,
