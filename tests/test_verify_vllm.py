@@ -269,6 +269,7 @@ def test_exact_records_agree_within_the_bound(servers, sessions, mode, sampling)
                 return await verify(traj, VLLMScorer(client, _url(servers, mode)), None)
 
         naive = asyncio.run(as_raw()).exact  # no call records: every logprob taken as raw
+        print(f"VERIFY {mode} {sampling} read as raw: {json.dumps(dataclasses.asdict(naive))}")
         assert naive.parted_at is not None and naive.mean_abs > 5 * ex.mean_abs, naive
 
 
