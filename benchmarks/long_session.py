@@ -194,6 +194,8 @@ async def drive(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                 )
         await http.aclose()
         calls = [("long", i) for i in range(args.turns)]
+        if args.corrupt_record:
+            _records.corrupt(wd / "data")
         answered = [("turnstile", ts_url, calls)]
         if base_url is not None:
             answered.append(("turnstile", base_url, calls))
@@ -317,6 +319,12 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--corrupt-record",
+        action="store_true",
+        help="a negative control: Turnstile's recorded logprobs zeroed before the check, "
+        "which must fail the run",
+    )
     p.add_argument("--turns", type=int)
     p.add_argument("--tool-tokens", type=int, default=436)
     p.add_argument("--json")

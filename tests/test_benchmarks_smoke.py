@@ -175,6 +175,15 @@ def test_profile_call_fails_on_a_wrong_record() -> None:
 
 
 @pytest.mark.timeout(240)
+def test_long_session_fails_on_a_wrong_record() -> None:
+    """The control for long_session.py: the session's recorded logprobs zeroed before the
+    check; the script must exit non-zero."""
+    r = readme_run("long_session.py", "--quick", "--corrupt-record")
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert "the engine returned" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.timeout(240)
 def test_agent_sessions_workers_quick() -> None:
     """agent_sessions.py with ``turnstile serve --workers 2`` as a third target: its sessions
     at their base URLs, every later call extending its recorded tokens."""
