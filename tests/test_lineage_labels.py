@@ -106,6 +106,12 @@ def _labels(ts, fake: VLLMFake, title_running: bool) -> dict[str, str | None]:
         ids["agent turn 2"]: (ids["agent"], "main"),
         ids["compacted"]: (ids["agent"], "main"),
     }
+    main = ts.client().trajectories(session["id"], lineages="main")
+    assert sorted(t.id for t in main) == sorted([ids["agent turn 2"], ids["compacted"]])
+    side = ts.get(f"/v1/sessions/{session['id']}/trajectories?lineages=side")["data"]
+    assert [t["id"] for t in side] == [ids["title"]]
+    bad = ts.http.get(ts.url + f"/v1/sessions/{session['id']}/trajectories?lineages=agent")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "lineages"
     return out
 
 

@@ -177,8 +177,8 @@ class Session(SessionInfo):
     def close(self, termination_reason: str | None = None) -> Session:
         return self._client.close(self.id, termination_reason)
 
-    def trajectories(self, mode: str = "merged") -> list[Trajectory]:
-        return self._client.trajectories(self.id, mode)
+    def trajectories(self, mode: str = "merged", lineages: str = "all") -> list[Trajectory]:
+        return self._client.trajectories(self.id, mode, lineages)
 
     def calls(self) -> list[dict]:
         return self._client.calls(self.id)
@@ -207,8 +207,8 @@ class AsyncSession(SessionInfo):
     async def close(self, termination_reason: str | None = None) -> AsyncSession:
         return await self._client.close(self.id, termination_reason)
 
-    async def trajectories(self, mode: str = "merged") -> list[Trajectory]:
-        return await self._client.trajectories(self.id, mode)
+    async def trajectories(self, mode: str = "merged", lineages: str = "all") -> list[Trajectory]:
+        return await self._client.trajectories(self.id, mode, lineages)
 
     async def calls(self) -> list[dict]:
         return await self._client.calls(self.id)
@@ -302,12 +302,15 @@ class Client:
     def calls(self, session_id: str) -> list[dict]:
         return self._req("GET", f"/v1/sessions/{session_id}/calls")["data"]
 
-    def trajectories(self, session_id: str, mode: str = "merged") -> list[Trajectory]:
-        """Samples as numpy arrays; ``mode`` is ``merged`` or ``per_call``."""
-        data = self._req("GET", f"/v1/sessions/{session_id}/trajectories", params={"mode": mode})[
-            "data"
-        ]
-        return [Trajectory.from_json(d) for d in data]
+    def trajectories(
+        self, session_id: str, mode: str = "merged", lineages: str = "all"
+    ) -> list[Trajectory]:
+        """Samples as numpy arrays; ``mode`` is ``merged`` or ``per_call``; ``lineages``:
+        ``all``, ``main`` (the agent's own conversation) or ``side`` (its titles, summaries,
+        sub-agents)."""
+        params = {"mode": mode, "lineages": lineages}
+        data = self._req("GET", f"/v1/sessions/{session_id}/trajectories", params=params)
+        return [Trajectory.from_json(d) for d in data["data"]]
 
     def group_trajectories(
         self, group_id: str, mode: str = "merged", status: str | None = None
@@ -410,11 +413,12 @@ class AsyncClient:
     async def calls(self, session_id: str) -> list[dict]:
         return (await self._req("GET", f"/v1/sessions/{session_id}/calls"))["data"]
 
-    async def trajectories(self, session_id: str, mode: str = "merged") -> list[Trajectory]:
-        data = (
-            await self._req("GET", f"/v1/sessions/{session_id}/trajectories", params={"mode": mode})
-        )["data"]
-        return [Trajectory.from_json(d) for d in data]
+    async def trajectories(
+        self, session_id: str, mode: str = "merged", lineages: str = "all"
+    ) -> list[Trajectory]:
+        params = {"mode": mode, "lineages": lineages}
+        data = await self._req("GET", f"/v1/sessions/{session_id}/trajectories", params=params)
+        return [Trajectory.from_json(d) for d in data["data"]]
 
     async def group_trajectories(
         self, group_id: str, mode: str = "merged", status: str | None = None

@@ -67,3 +67,21 @@ class APIError(Exception):
 
     def response(self) -> Response:
         return Response(orjson.dumps(self.body()), self.status, media_type="application/json")
+
+
+class ContextOverflow(APIError):
+    """The prompt does not fit the model's context. Harnesses key their recovery (compacting
+    the history) on their provider's words and codes, so each dialect words this as its
+    provider does (``Dialect.error``); the default is OpenAI Chat Completions'."""
+
+    def __init__(self, prompt_tokens: int, context_length: int, param: str = "messages"):
+        super().__init__(
+            400,
+            f"This model's maximum context length is {context_length} tokens. However, your "
+            f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the "
+            "messages.",
+            param,
+            code="context_length_exceeded",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..errors import APIError
+from ..errors import APIError, ContextOverflow
 from ..request import Answer, ChatRequest, Streamed
 from ..store.records import CallRecord, new_id
 from .base import Routes, Served
@@ -143,7 +143,11 @@ def error_body(exc: APIError) -> dict:
     kind = _ERROR_TYPES.get(
         exc.status, "api_error" if exc.status >= 500 else "invalid_request_error"
     )
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    message = exc.message
+    if isinstance(exc, ContextOverflow):
+        # Anthropic's words, which Claude Code reads the two counts out of to compact
+        message = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.context_length} maximum"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def _sse(kind: str, data: dict) -> bytes:

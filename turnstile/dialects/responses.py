@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..errors import APIError
+from ..errors import APIError, ContextOverflow
 from ..request import Answer, ChatRequest, Streamed
 from ..store.contracts import CallReader
 from ..store.records import CallRecord, new_id
@@ -199,4 +199,12 @@ class ResponsesDialect:
             yield b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n"
 
     def error(self, exc: APIError) -> dict:
+        if isinstance(exc, ContextOverflow):  # the Responses API's own words and field
+            return APIError(
+                400,
+                "Your input exceeds the context window of this model. Please adjust your "
+                "input and try again.",
+                "input",
+                code=exc.code,
+            ).body()
         return exc.body()

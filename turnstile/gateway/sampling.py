@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..engines.base import SamplingParams
-from ..errors import APIError
+from ..errors import APIError, ContextOverflow
 from ..parsing import grammar
 from ..parsing.detect import FormatChoice
 from ..request import ChatRequest
@@ -22,13 +22,7 @@ def sampling_params(
 ) -> SamplingParams:
     room = context_length - prompt_len
     if room <= 0:
-        raise APIError(
-            400,
-            f"The prompt is {prompt_len} tokens; the model's context is "
-            f"{context_length}. Shorten the messages.",
-            "messages",
-            code="context_length_exceeded",
-        )
+        raise ContextOverflow(prompt_len, context_length)
     return SamplingParams(
         max_tokens=min(req.max_tokens or room, room),
         temperature=req.temperature,

@@ -32,7 +32,7 @@ from .metrics import Metrics, MetricsMiddleware, metrics_route
 from .monitor import Monitor, VerifyOptions
 from .peers import PEER_PATH, Peers
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi, peer
-from .routes_harness import dialect_routes, models, no_websocket
+from .routes_harness import dialect_routes, hello, models, no_websocket
 from .routes_sessions import (
     call_body,
     calls,
@@ -54,6 +54,8 @@ ROUTES = [
     *dialect_routes(DIALECTS),
     Route("/v1/models", models, methods=["GET"]),
     Route("/s/{sid}/v1/models", models, methods=["GET"]),
+    Route("/api/hello", hello, methods=["GET"]),  # Claude Code's connectivity probe
+    Route("/s/{sid}/api/hello", hello, methods=["GET"]),
     Route("/v1/sessions", trainer(create_session), methods=["POST"]),
     Route("/v1/sessions", trainer(list_sessions), methods=["GET"]),
     Route("/v1/sessions/{sid}", trainer(session), methods=["GET", "DELETE"]),

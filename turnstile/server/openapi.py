@@ -153,7 +153,10 @@ ROUTES: list[Op] = [
         "/v1/sessions/{sid}/trajectories",
         TRAINER,
         "Stitched trajectories",
-        query={"mode": {"enum": ["merged", "per_call"]}},
+        query={
+            "mode": {"enum": ["merged", "per_call"]},
+            "lineages": {"enum": ["all", "main", "side"]},
+        },
     ),
     Op(
         "POST",
@@ -163,6 +166,13 @@ ROUTES: list[Op] = [
         "logprobs against its recompute, beside the naive (re-tokenized) version",
     ),
     Op("GET", "/health", OPEN, "Engine reachable (200) or not (503)"),
+    Op("GET", "/api/hello", OPEN, "The connectivity probe Claude Code sends (200)"),
+    Op(
+        "GET",
+        "/s/{capability}/api/hello",
+        OPEN,
+        "The connectivity probe Claude Code sends to its base URL (200)",
+    ),
     Op(
         "POST",
         "/admin/pause",

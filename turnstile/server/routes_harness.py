@@ -117,6 +117,13 @@ async def models(request: Request) -> Response:
     )
 
 
+async def hello(request: Request) -> Response:
+    """``GET``/``HEAD`` ``{base}/api/hello``: the connectivity probe Claude Code sends to its
+    API base before a run (it wants a 200, as Anthropic's API answers it without a key). It
+    says nothing about the session, so it asks for no credential."""
+    return json_response({"ok": True})
+
+
 async def no_websocket(websocket: WebSocket) -> None:
     """A WebSocket upgrade, on any path: refused with 426, which sends Codex (it tries the
     Responses API over a WebSocket first) to plain HTTP at once; a close, a 403 or a 404 cost

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ..errors import APIError
 from ..gateway import record
-from ..store.trajectories import MODES, stitch
+from ..store.trajectories import LINEAGES, MODES, stitch
 from ..verify import NotSupported, summary, verify_sessions
 from .canary import canary_of
 from .context import AppContext, context, json_response, read_json
@@ -267,12 +267,22 @@ async def trajectories(request: Request) -> Response:
             "root-to-leaf path) or 'per_call' (one sample per call).",
             "mode",
         )
+    which = request.query_params.get("lineages", "all")
+    if which not in LINEAGES:
+        raise APIError(
+            400,
+            f"Invalid 'lineages' {which!r}: expected 'all', 'main' (the session's lineage "
+            "with the most calls: the agent's own) or 'side' (titles, summaries, sub-agents).",
+            "lineages",
+        )
     s = ctx.store.get_session(sid)
+    samples = stitch(ctx.store.calls(sid), mode, which)
     return json_response(
         {
             "object": "list",
             "mode": mode,
-            "data": [t.with_session(s).to_json() for t in stitch(ctx.store.calls(sid), mode)],
+            "lineages": which,
+            "data": [t.with_session(s).to_json() for t in samples],
         }
     )
 

@@ -1,0 +1,93 @@
+"""Errors a harness can act on (issue 45): a prompt past the model's context answered in each
+dialect as its provider words it, since harnesses key their recovery on those words and codes;
+and the probe Claude Code sends before a run answered as Anthropic's API answers it.
+
+What each harness looks for was read from its own release (the test bed's pinned CLIs):
+
+- Claude Code 2.1.197 compacts when an API error's text matches
+  ``/prompt is too long[^0-9]*(\\d+)\\s*tokens?\\s*>\\s*(\\d+)/i`` and reads both counts from it
+  (Anthropic's wording); before a run it sends ``GET {ANTHROPIC_BASE_URL}/api/hello`` and
+  wants a 200;
+- OpenAI clients (Codex, the SDKs' users) key on the error ``code``
+  ``context_length_exceeded`` (Chat Completions: ``param`` ``messages``; Responses:
+  ``input``).
+
+The official SDKs raise their own error types from Turnstile's answers; the engine's context
+length (the fake's ``max_model_len``) is the limit each message must state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from turnstile.testing.fake_vllm import VLLMFake
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+CONTEXT = 96
+CLAUDE_CODE_OVERFLOW = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.I)
+LONG = "word " * 400  # far past CONTEXT tokens
+
+
+@pytest.fixture(scope="module")
+def small_engine() -> Iterator[VLLMFake]:
+    with VLLMFake("0.32.0", max_model_len=CONTEXT) as f:
+        yield f
+
+
+@pytest.fixture
+def ts(small_engine, tiny_qwen2, turnstile_factory):
+    return turnstile_factory(small_engine.url, tiny_qwen2, extra=("--engine", "vllm"))
+
+
+def _capability(session: dict) -> str:
+    return session["base_url"].split("/s/")[1].split("/")[0]
+
+
+def test_anthropic_overflow_is_what_claude_code_compacts_on(ts):
+    session = ts.session()
+    client = anthropic.Anthropic(base_url=ts.url, api_key=_capability(session), max_retries=0)
+    msgs = [{"role": "user", "content": LONG}]
+    counted = client.messages.count_tokens(model="m", messages=msgs).input_tokens
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="m", max_tokens=16, messages=msgs)
+    body = err.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    m = CLAUDE_CODE_OVERFLOW.search(str(err.value))
+    assert m is not None, err.value
+    assert (int(m.group(1)), int(m.group(2))) == (counted, CONTEXT)
+    assert counted > CONTEXT
+
+
+def test_openai_overflow_carries_the_code_clients_key_on(ts):
+    session = ts.session()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": LONG}], max_tokens=16
+        )
+    assert chat.value.code == "context_length_exceeded" and chat.value.param == "messages"
+    assert f"maximum context length is {CONTEXT} tokens" in chat.value.message
+    with pytest.raises(openai.BadRequestError) as responses:
+        client.responses.create(model="m", input=LONG, max_output_tokens=16)
+    assert responses.value.code == "context_length_exceeded"
+    assert responses.value.param == "input"
+    assert "exceeds the context window" in responses.value.message
+    # nothing reached the engine: a refused call is not sampled (and not recorded as one)
+    calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert calls == []
+
+
+def test_claude_codes_probe_gets_a_200_at_its_base_url(ts):
+    session = ts.session()
+    for url in (f"{ts.url}/s/{_capability(session)}/api/hello", f"{ts.url}/api/hello"):
+        assert httpx.head(url).status_code == 200
+        assert httpx.get(url).status_code == 200
+    # a path beside it is still unknown: the probe route is not a catch-all
+    assert httpx.get(f"{ts.url}/s/{_capability(session)}/api/other").status_code == 404
