@@ -91,3 +91,34 @@ def test_claude_codes_probe_gets_a_200_at_its_base_url(ts):
         assert httpx.get(url).status_code == 200
     # a path beside it is still unknown: the probe route is not a catch-all
     assert httpx.get(f"{ts.url}/s/{_capability(session)}/api/other").status_code == 404
+
+
+def _sent_max_tokens(engine: VLLMFake) -> int:
+    """The budget the engine was sent for the last generation (its own recorder)."""
+    body = engine.rec.bodies("/inference/v1/generate")[-1]
+    return int(body["sampling_params"]["max_tokens"])
+
+
+@pytest.mark.parametrize("default", [5, 0])
+def test_a_request_without_max_tokens_gets_the_default_budget(
+    default, small_engine, tiny_qwen2, turnstile_factory
+):
+    """aider and Codex send no max_tokens: the engine gets ``serve --default-max-tokens``
+    (0: the room left in the context), the record says so; a request's own budget wins."""
+    ts = turnstile_factory(
+        small_engine.url,
+        tiny_qwen2,
+        extra=("--engine", "vllm", "--default-max-tokens", str(default)),
+    )
+    session = ts.session()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="m", messages=msgs)
+    [call] = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    prompt_len = len(call["prompt_delta_ids"])
+    assert _sent_max_tokens(small_engine) == (default or CONTEXT - prompt_len)
+    assert call.get("max_tokens_default") == (default or None)
+    client.chat.completions.create(model="m", messages=msgs, max_tokens=3)
+    assert _sent_max_tokens(small_engine) == 3
+    calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert "max_tokens_default" not in calls[-1]

@@ -13,6 +13,10 @@ from .engines.prompt_json import MAX_BYTES as PROMPT_CACHE_BYTES
 from .parsing import tool_formats
 from .server.limits import Limits
 
+# A request without max_tokens gets this budget (OpenAI's models answer up to their own
+# output limit, which is of this order): a turn ends, even when the policy never does.
+DEFAULT_MAX_TOKENS = 16384
+
 
 # How uvicorn serves Turnstile's app (``serve``, each of ``--workers``): uvloop, httptools, no
 # access log (error answers are logged by ``server.error_log``), and no proxy headers: nothing
@@ -222,6 +226,16 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         help="SQLite durability: full (default) syncs every commit, so an "
         "acknowledged call survives an OS crash or power loss; normal survives "
         "a killed process only (faster)",
+    )
+    s.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help="the completion budget of a request that names none (aider and Codex send no "
+        "max_tokens; without a budget a policy that never ends its turn samples the whole "
+        "context); recorded as max_tokens_default (default: %(default)s; 0: the room left "
+        "in the context)",
     )
     s.add_argument(
         "--max-trees",

@@ -94,6 +94,7 @@ def build_gateway(
     max_trees: int = 1024,
     record_fields: dict | None = None,
     shared: bool = False,
+    default_max_tokens: int | None = None,
 ) -> Gateway:
     """A token-in gateway: Turnstile renders every prompt and sends token IDs;
     ``record_fields`` go into every call's record (turnstile.ray: which replica wrote it);
@@ -121,6 +122,7 @@ def build_gateway(
         policy,
         max_trees=max_trees,
         shared=shared,
+        default_max_tokens=default_max_tokens,
     )
 
 
@@ -247,6 +249,7 @@ def server_from_args(
             max_trees=args.max_trees,
             record_fields=record_fields,
             shared=shared,
+            default_max_tokens=args.default_max_tokens or None,
         )
         p = gateway.parser
         banner = [

@@ -19,12 +19,17 @@ def sampling_params(
     eog_token_ids: Iterable[int],
     parser: FormatChoice,
     prompt_tail: str = "",
+    default_max_tokens: int | None = None,
 ) -> SamplingParams:
+    """``default_max_tokens``: the budget of a request that names none (``serve
+    --default-max-tokens``; the record's ``max_tokens_default`` says it was applied): without
+    one a policy that never ends its turn samples the whole context."""
     room = context_length - prompt_len
     if room <= 0:
         raise ContextOverflow(prompt_len, context_length)
+    asked = req.max_tokens or default_max_tokens or room
     return SamplingParams(
-        max_tokens=min(req.max_tokens or room, room),
+        max_tokens=min(asked, room),
         temperature=req.temperature,
         top_p=req.top_p,
         seed=req.seed,

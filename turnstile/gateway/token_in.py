@@ -45,8 +45,11 @@ class Gateway:
         policy: Policy | None = None,
         max_trees: int = 1024,
         shared: bool = False,
+        default_max_tokens: int | None = None,
     ):
-        """``shared``: other gateways record into this store too (``SessionTrees``)."""
+        """``shared``: other gateways record into this store too (``SessionTrees``);
+        ``default_max_tokens``: the completion budget of a request that names none."""
+        self.default_max_tokens = default_max_tokens
         self.renderer = renderer
         self.policy = policy or Policy.permissive()
         self.control = PolicyControl()
@@ -106,6 +109,7 @@ class Gateway:
             self.tok.eog_token_ids,
             self.parser,
             prompt_tail,
+            self.default_max_tokens,
         )
 
     @property

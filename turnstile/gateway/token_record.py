@@ -35,6 +35,9 @@ class Recording(Protocol):
     @property
     def model_name(self) -> str: ...
 
+    @property
+    def default_max_tokens(self) -> int | None: ...
+
 
 @dataclass
 class Generation:
@@ -102,6 +105,8 @@ def request_notes(gw: Recording, req: ChatRequest | None, params: SamplingParams
         out["request_options"] = req.inert
     if req is not None and req.tool_choice == "required":
         out["parallel_tool_calls"] = req.parallel_tool_calls
+    if req is not None and req.max_tokens is None and gw.default_max_tokens:
+        out["max_tokens_default"] = gw.default_max_tokens  # the request named none
     return out
 
 
