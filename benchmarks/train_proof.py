@@ -1,26 +1,32 @@
-"""Does training on exact records matter? A small GRPO loop on the CPU, two arms from the same
-seeds: the trainer consumes Turnstile's exact records, or what a chat-level pipeline has (the
-messages the harness holds, rendered through the template and encoded again, the engine's
-logprobs laid on by position).
+"""Does training on exact records matter? A small GRPO loop on the CPU, three arms from the
+same seeds: the trainer consumes Turnstile's exact records (``exact``), or what a chat-level
+pipeline has, the messages the harness holds rendered through the template and encoded again
+(``verify.rerendered``), with either the engine's logprobs laid on by position (``naive``) or the
+old policy's logprobs recomputed by the trainer on the re-tokenized text (``recompute``).
 
-Each step: the policy's weights (PyTorch, ``tests/trainers/policy.py`` in the trainers venv)
-are written as a GGUF and llama-server is restarted on them (a real weight sync); a group of
+Each step: the policy's weights (PyTorch, ``trainer_policy.py`` in the trainers venv) are
+written as a GGUF and llama-server is restarted on them (a real weight sync); a group of
 two-turn tool rollouts per task runs through Turnstile (the official ``openai`` client: a
 forced ``lookup`` call, the tool's answer, then a free reply); the reward is verifiable (does
 the reply hold the code the tool returned?); GRPO advantages per group; one PPO-clip update
-with the engine's logprobs as the old policy's (as decoupled trainers do), so the ratio at
+with the behaviour logprobs as the old policy's (as decoupled trainers do), so the ratio at
 the update is exactly the train-behaviour mismatch.
 
-Per step and arm it records the share of samples whose re-tokenized IDs differ from the
-sampled ones, the mismatch between the trainer's logprobs and the behaviour logprobs it was
-given (mean |Δ|, k3 KL, max |Δ|), the importance ratio's spread and clip fraction, and the
-mean reward; prints a table, writes JSON and a plot (``docs/train_proof.png``).
+Per step and arm it records, per sample, where the re-tokenized IDs first differ from the
+sampled ones (which call, prompt or completion, token index), the share of loss-bearing
+tokens that were never sampled as such, the mismatch between the trainer's logprobs and the
+behaviour logprobs it was given (mean |Δ|, k3 KL, max |Δ|), the ratio's spread and clip
+fraction, how far the update moved the weights, and the mean reward. It checks itself and
+exits 1 when a check fails: the exact arm within the agreement bound, unclipped, on sampled
+tokens only; the weights moved; and a negative control, one more rollout after the exact
+arm's last update with that update's weight sync skipped, which must trip the bound.
 
-    ~/.cache/turnstile/venv/bin/python -m benchmarks.train_proof [--quick]  # from the root
-
-(``-m`` from the root makes ``benchmarks`` and ``tests`` importable, for ``policy_gguf`` and the
-trainers venv.)
+    ~/.cache/turnstile/venv/bin/python benchmarks/train_proof.py --quick   # from the root
         [--model tiny|smollm2] [--seeds 3] [--steps 6] [--tasks 2] [--group-size 4]
+        [--json rows.json] [--plot docs/train_proof.png]
+
+(``--quick``: the random-weight tiny model, 1 seed, 2 steps; its reward adds a dense term, so
+its groups' advantages are not all zero and the update moves the weights.)
 """
 
 from __future__ import annotations
@@ -47,11 +53,18 @@ from turnstile.auth import load_or_create_token
 from turnstile.demo import serve_in_thread
 from turnstile.server.app import create_app
 from turnstile.testbed_trainers import trainers_python
+from turnstile.testbed_vllm import vllm_model
 from turnstile.verify import rerendered
 from turnstile.wiring import build_gateway
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"  # the template (hermes tool calls) for both policies
 CLIP = 0.2
+# The exact arm's bound on max |Δ| between the trainer's and the engine's logprobs (F32 GGUF,
+# float32 trainer): tests/test_trainer_agreement.py's for the tiny model (measured 2e-4 there);
+# for SmolLM2's 30 layers twice the worst token of the last full run (0.0245).
+BOUND = {"tiny": 2e-3, "smollm2": 0.05}
+ARMS = ("exact", "naive", "recompute")
+QUICK_LR = 1e-3  # the random tiny model's: one update moves its logprobs past the bound
 CALL_TOKENS = 96  # the forced call's budget: its text is fixed but for the key, ~25-70 tokens
 PLOT_VENV = "plot-venv"  # in the cache (see plot())
 MATPLOTLIB = "3.11.2"
@@ -88,8 +101,22 @@ def code_of(key: str, seed: int) -> str:
     return str(random.Random(f"{key}|{seed}").randrange(100, 1000))
 
 
+def reward_of(reply: str, code: str, dense: bool) -> float:
+    """1 when the reply holds the code. ``dense`` (--quick: a random-weight model never writes
+    it) adds the share of the reply's characters that are letters, a verifiable score that
+    differs between a group's samples, so GRPO's advantages, and the update, are not zero."""
+    hit = float(code in re.findall(r"\d+", reply))
+    if not dense:
+        return hit
+    return hit + sum(c.isalpha() for c in reply) / max(len(reply), 1)
+
+
 async def rollout(
-    session: turnstile.client.AsyncSession, key: str, code: str, seed: int, max_tokens: int
+    session: turnstile.client.AsyncSession,
+    key: str,
+    code: str,
+    seed: int,
+    args: argparse.Namespace,
 ) -> dict:
     """The harness: the model must call ``lookup`` (forced), then reply with the code."""
     llm = openai.AsyncOpenAI(base_url=session.base_url, api_key="unused", max_retries=0)
@@ -119,13 +146,12 @@ async def rollout(
         model="policy",
         messages=msgs,  # type: ignore[arg-type]
         tools=tools(),  # type: ignore[arg-type]
-        max_tokens=max_tokens,
+        max_tokens=args.max_tokens,
         temperature=1.0,
         seed=seed + 1,
     )
     msgs.append(r.choices[0].message.model_dump(exclude_none=True))
-    final = msgs[-1].get("content") or ""
-    reward = float(code in re.findall(r"\d+", final))
+    reward = reward_of(msgs[-1].get("content") or "", code, args.reward == "dense")
     await session.set_reward(reward)
     await session.close("done")
     await llm.close()
@@ -148,7 +174,7 @@ async def collect(base: str, data: Path, name: str, args: argparse.Namespace) ->
                 gid = f"{name}-g{g}"
                 s = await ts.session({"key": key}, group_id=gid, sample_index=i)
                 sample_seed = 10_000 * seed + 100 * step + 10 * g + 2 * i
-                jobs.append(rollout(s, key, code, sample_seed, args.max_tokens))
+                jobs.append(rollout(s, key, code, sample_seed, args))
                 meta.append(gid)
         results = await asyncio.gather(*jobs)
         trajs = {}
@@ -173,51 +199,114 @@ def advantages(rewards: list[float], groups: list[str]) -> list[float]:
     return out
 
 
+def where(traj: turnstile.Trajectory, f: int) -> str:
+    """Token ``f`` of the stitched sequence, named by the call it belongs to: its prompt
+    (what Turnstile sent) or its completion (what the engine sampled), and the index there."""
+    for k, turn in enumerate(traj.turns):
+        if turn["prompt_start"] <= f < turn["completion_start"]:
+            return f"call {k} prompt token {f - turn['prompt_start']}"
+        if turn["completion_start"] <= f < turn["completion_end"]:
+            return f"call {k} completion token {f - turn['completion_start']}"
+    return f"past the sampled end (token {f})"
+
+
+def retokenized(row: dict, render, encode, decode) -> dict:
+    """One rollout as a chat-level pipeline has it (``verify.rerendered``), held against the
+    exact record: where the IDs first differ, which laid-on logprobs belong to another token
+    than the one sampled for them, and which loss-bearing tokens were never sampled there."""
+    t = row["traj"]
+    ids = t.token_ids.tolist()
+    turns = [t.logprobs[x["completion_start"] : x["completion_end"]] for x in t.turns]
+    nids, npos, nlps = rerendered(render, encode, row["messages"], tools(), turns)
+    n = min(len(ids), len(nids))
+    f = next((i for i in range(n) if ids[i] != nids[i]), None)
+    if f is None and len(nids) < len(ids):
+        f = len(nids)  # (longer is the template's own "\n" after the last end-of-turn)
+    # the laid-on logprobs: the i-th of a turn's run of positions is the engine's logprob of
+    # the i-th token it sampled in that turn (rerendered's per-turn realignment)
+    runs: list[list[int]] = []
+    for q in npos:
+        if runs and q == runs[-1][-1] + 1:
+            runs[-1].append(q)
+        else:
+            runs.append([q])
+    other = laid = 0
+    for run, turn in zip(runs, t.turns, strict=False):
+        sampled = ids[turn["completion_start"] : turn["completion_end"]]
+        for i, q in enumerate(run[: len(sampled)]):
+            laid += 1
+            other += nids[q] != sampled[i]
+    out = {
+        "ids": nids,
+        "positions": npos,
+        "laid_on": nlps,
+        "first_diff": None if f is None else where(t, f),
+        "laid": laid,
+        "laid_other": other,
+        "example": "",
+    }
+    if f is not None:
+        out["example"] = (
+            f"sampled {[decode([i]) for i in ids[f : f + 3]]} / "
+            f"re-tokenized {[decode([i]) for i in nids[f : f + 3]]}"
+        )
+    return out
+
+
+def unsampled(ids: list[int], positions: list[int], sampled: set[tuple[int, int]]) -> int:
+    """Loss-bearing tokens never sampled as such: (position, token) not among the record's
+    sampled ones (the record's loss mask and IDs: what the engine actually sampled)."""
+    return sum((p, ids[p]) not in sampled for p in positions)
+
+
 def samples(
-    rows: list[dict], arm: str, render, encode, decode, show: bool = False
-) -> tuple[list[dict], dict]:
-    """The trainer's batch for ``arm``, and how many samples re-tokenize differently: in all,
-    first in the tool call's turn, first in the reply's."""
+    rows: list[dict], arm: str, render, encode, decode, trainer: policy_gguf.Trainer
+) -> tuple[list[dict], list[dict]]:
+    """The trainer's batch for ``arm`` and, per sample, how its re-tokenized version differs
+    from the record (measured on every arm's rollouts; only naive and recompute train on it)."""
     adv = advantages([r["reward"] for r in rows], [r["group"] for r in rows])
-    batch, differ = [], {"all": 0, "call": 0, "reply": 0}
+    batch, detail = [], []
     for r, a in zip(rows, adv, strict=True):
         t = r["traj"]
         pos = np.flatnonzero(t.loss_mask).tolist()
-        exact = {"ids": t.token_ids.tolist(), "positions": pos, "behaviour": t.logprobs[pos]}
-        turns = [t.logprobs[x["completion_start"] : x["completion_end"]] for x in t.turns]
-        nids, npos, nlps = rerendered(render, encode, r["messages"], tools(), turns)
-        # what the trainer trains on is not what was sampled (the template's own "\n" after
-        # the last end-of-turn is not a difference)
-        ids = exact["ids"]
-        if nids[: len(ids)] != ids or npos[: len(pos)] != pos:
-            differ["all"] += 1
-            f = next((i for i, (a, b) in enumerate(zip(ids, nids, strict=False)) if a != b), 0)
-            differ[
-                "call" if len(t.turns) > 1 and f < t.turns[1]["completion_start"] else "reply"
-            ] += 1
-            if show:
-                show = False
-                print(
-                    f"  e.g. sampled {decode(ids[f : f + 6])!r} {ids[f : f + 6]} / "
-                    f"re-tokenized {decode(nids[f : f + 6])!r} {nids[f : f + 6]}",
-                    flush=True,
-                )
-        if arm == "exact":
-            s = exact
-        else:
-            keep = [i for i, lp in enumerate(nlps) if not math.isnan(lp)]
+        ids = t.token_ids.tolist()
+        sampled = {(p, ids[p]) for p in pos}
+        re = retokenized(r, render, encode, decode)
+        if arm in ("exact", "control"):
+            # a token llama-server gave no logprob for (its text ends inside a UTF-8
+            # character) is recorded as NaN, "logprob unknown": not trained on
+            known = [p for p in pos if math.isfinite(t.logprobs[p])]
+            s = {"ids": ids, "positions": known, "behaviour": t.logprobs[known].tolist()}
+        elif arm == "naive":
+            keep = [i for i, lp in enumerate(re["laid_on"]) if not math.isnan(lp)]
             s = {
-                "ids": nids,
-                "positions": [npos[i] for i in keep],
-                "behaviour": [nlps[i] for i in keep],
+                "ids": re["ids"],
+                "positions": [re["positions"][i] for i in keep],
+                "behaviour": [re["laid_on"][i] for i in keep],
             }
+        else:  # recompute: the old policy's logprobs of the re-tokenized text, by the trainer
+            s = {"ids": re["ids"], "positions": re["positions"]}
+            [s["behaviour"]] = trainer.logprobs([s])
         s["behaviour"] = [float(x) for x in s["behaviour"]]
         batch.append({**s, "advantage": a})
-    return batch, differ
+        detail.append(
+            {
+                "group": r["group"],
+                "reward": r["reward"],
+                "advantage": a,
+                "first_diff": re["first_diff"],
+                "example": re["example"],
+                "laid": re["laid"],
+                "laid_other": re["laid_other"],
+                "loss_tokens": len(s["positions"]),
+                "unsampled": unsampled(s["ids"], s["positions"], sampled),
+            }
+        )
+    return batch, detail
 
 
 def mismatch(batch: list[dict], trainer: list[list[float]]) -> dict:
-    """Train-behaviour mismatch over all sampled tokens of the batch."""
+    """Train-behaviour mismatch over all loss-bearing tokens of the batch."""
     b = np.concatenate([np.asarray(s["behaviour"], float) for s in batch])
     n = np.concatenate([np.asarray(x, float) for x in trainer])
     log_ratio = n - b
@@ -232,12 +321,23 @@ def mismatch(batch: list[dict], trainer: list[list[float]]) -> dict:
     }
 
 
-def sync(trainer: policy_gguf.Trainer, config: dict, setup: dict, out: Path) -> Path:
-    """The weight sync: the trainer's tensors to a GGUF file for llama-server."""
-    npz = out.with_suffix(".npz")
-    trainer.call("save", path=str(npz))
+def write_policy(npz: Path, config: dict, setup: dict, out: Path) -> Path:
+    """The weight sync: the trainer's saved tensors as a GGUF file for llama-server."""
     weights = dict(np.load(npz))
     return policy_gguf.write_gguf(weights, config, setup["vocab"], out, "f32", setup["template"])
+
+
+def weight_change(before: Path, after: Path) -> dict:
+    """How far an update moved the weights, from the trainer's own saved tensors: the largest
+    element change and the change's norm relative to the weights'."""
+    worst, d2, w2 = 0.0, 0.0, 0.0
+    with np.load(before) as a, np.load(after) as b:
+        for k in a.files:
+            d = b[k].astype(np.float64) - a[k]
+            worst = max(worst, float(np.max(np.abs(d))))
+            d2 += float(np.sum(d * d))
+            w2 += float(np.sum(np.square(a[k], dtype=np.float64)))
+    return {"moved_max": worst, "moved_rel": math.sqrt(d2 / max(w2, 1e-30))}
 
 
 def run_arm(
@@ -247,74 +347,235 @@ def run_arm(
     setup: dict,
     trainer: policy_gguf.Trainer,
     gw: dict,
+    control: bool,
 ) -> list[dict]:
     """One training run: ``steps`` GRPO steps, the trainer started from the initial weights
     again, its weights synced to the engine (restarted on them, under the same gateway) every
-    step."""
+    step. ``control``: then one more rollout with the last update's sync skipped (the engine
+    still on the weights before it), scored by the updated trainer, without an update."""
     work = Path(tempfile.mkdtemp(prefix=f"train-proof-{arm}-{seed}-"))
     config = trainer.call("init", lr=args.lr, seed=seed, **setup["init"])["config"]
+    npz = work / "weights-0.npz"
+    trainer.call("save", path=str(npz))
+    gguf = work / "policy.gguf"
+    render, encode, decode = gw["render"], gw["encode"], gw["decode"]
     rows = []
-    for step in range(args.steps):
+    for step in range(args.steps + int(control)):
+        stale = step == args.steps
+        name = "control" if stale else arm
         t0 = time.monotonic()
-        gguf = sync(trainer, config, setup, work / f"policy-{step % 2}.gguf")
+        if not stale:
+            write_policy(npz, config, setup, gguf)
         sync_s = time.monotonic() - t0
         with testbed.llama_server(gguf, ctx=4096, parallel=args.group_size, port=gw["port"]):
             t1 = time.monotonic()
-            got = asyncio.run(collect(gw["base"], gw["data"], f"{arm}-s{seed}-t{step}", args))
+            got = asyncio.run(collect(gw["base"], gw["data"], f"{name}-s{seed}-t{step}", args))
             rollout_s = time.monotonic() - t1
-        render, encode, decode = gw["render"], gw["encode"], gw["decode"]
-        batch, differ = samples(got, arm, render, encode, decode, show=step == 0)
         t2 = time.monotonic()
-        out = trainer.call("step", samples=batch, clip=CLIP)
+        batch, detail = samples(got, name, render, encode, decode, trainer)
+        moved: dict = {"moved_max": None, "moved_rel": None}
+        if stale:
+            lps = trainer.logprobs([{k: s[k] for k in ("ids", "positions")} for s in batch])
+        else:
+            lps = trainer.call("step", samples=batch, clip=CLIP)["trainer_logprobs"]
+            after = work / f"weights-{step + 1}.npz"
+            trainer.call("save", path=str(after))
+            moved = weight_change(npz, after)
+            npz.unlink()
+            npz = after
         train_s = time.monotonic() - t2
+        n = len(got)
+        loss_tokens = sum(d["loss_tokens"] for d in detail)
+        laid = sum(d["laid"] for d in detail)
         row = {
-            "arm": arm,
+            "arm": name,
             "seed": seed,
             "step": step,
             "reward": float(np.mean([g["reward"] for g in got])),
-            "samples": len(got),
-            "tokens_differ": differ["all"] / len(got),
-            "differ_in_call": differ["call"] / len(got),
-            "differ_in_reply": differ["reply"] / len(got),
-            **mismatch(batch, out["trainer_logprobs"]),
+            "samples": n,
+            "signal": any(d["advantage"] != 0 for d in detail),
+            "tokens_differ": sum(d["first_diff"] is not None for d in detail) / n,
+            "unsampled": sum(d["unsampled"] for d in detail) / max(loss_tokens, 1),
+            "laid_other": sum(d["laid_other"] for d in detail) / max(laid, 1),
+            **mismatch(batch, lps),
+            **moved,
             "sync_s": round(sync_s, 1),
             "rollout_s": round(rollout_s, 1),
             "train_s": round(train_s, 1),
+            "per_sample": detail,
         }
         rows.append(row)
+        moved_s = "" if stale else f" moved {row['moved_max']:.2g}"
         print(
-            f"[{arm} seed {seed} step {step}] reward {row['reward']:.2f} "
-            f"differ {row['tokens_differ']:.2f} mean|Δ| {row['mean_abs']:.4f} "
-            f"max|Δ| {row['max_abs']:.3f} clip {row['clip_frac']:.3f} "
+            f"[{name} seed {seed} step {step}] reward {row['reward']:.2f} "
+            f"differ {row['tokens_differ']:.2f} unsampled {row['unsampled']:.3f} "
+            f"mean|Δ| {row['mean_abs']:.4f} max|Δ| {row['max_abs']:.3g} "
+            f"clip {row['clip_frac']:.3f}{moved_s} "
             f"({row['sync_s']}+{row['rollout_s']}+{row['train_s']} s)",
             flush=True,
         )
+        for i, d in enumerate(detail):
+            print(
+                f"    sample {i} ({d['group']}) reward {d['reward']:.2f}: first differs at "
+                f"{d['first_diff'] or 'nowhere'} {d['example']}; laid-on logprobs of another "
+                f"token {d['laid_other']}/{d['laid']}; loss tokens never sampled as such "
+                f"{d['unsampled']}/{d['loss_tokens']}",
+                flush=True,
+            )
+    gguf.unlink(missing_ok=True)
+    npz.unlink(missing_ok=True)
     return rows
+
+
+def checks(rows: list[dict], args: argparse.Namespace) -> list[tuple[str, bool, str]]:
+    """What the run must show, each able to fail: (what, held, the figure)."""
+    bound = BOUND[args.model]
+    out = []
+    by = {a: [r for r in rows if r["arm"] == a] for a in (*ARMS, "control")}
+    if by["exact"]:
+        worst = max(r["max_abs"] for r in by["exact"])
+        out.append(
+            (
+                f"exact: trainer vs engine logprobs, max |Δ| <= {bound}",
+                worst <= bound,
+                f"{worst:.3g}",
+            )
+        )
+        clip = max(r["clip_frac"] for r in by["exact"])
+        out.append(("exact: no token clipped", clip == 0, f"{clip:.2%}"))
+        un = max(r["unsampled"] for r in by["exact"])
+        out.append(("exact: every loss token was sampled there", un == 0, f"{un:.2%}"))
+    if by["recompute"]:
+        worst = max(r["max_abs"] for r in by["recompute"])
+        out.append(
+            (
+                "recompute: old logprobs are the trainer's own (ratio 1)",
+                worst <= 1e-5,
+                f"{worst:.2g}",
+            )
+        )
+    updates = [r for r in rows if r["arm"] != "control"]
+    with_signal = [r for r in updates if r["signal"]]
+    out.append(
+        (
+            "some update had a non-zero advantage",
+            bool(with_signal),
+            f"{len(with_signal)}/{len(updates)} updates",
+        )
+    )
+    still = [f"{r['arm']} s{r['seed']} t{r['step']}" for r in with_signal if not r["moved_max"]]
+    out.append(
+        (
+            "the weights moved at every update with a non-zero advantage",
+            bool(with_signal) and not still,
+            f"smallest max |Δw| {min((r['moved_max'] for r in with_signal), default=0):.3g}"
+            + (f"; unmoved: {', '.join(still)}" if still else ""),
+        )
+    )
+    if args.control:
+        ctl = by["control"]
+        least = min((r["max_abs"] for r in ctl), default=0.0)
+        out.append(
+            (
+                f"negative control (last sync skipped) trips the bound: max |Δ| > {bound}",
+                bool(ctl) and least > bound,
+                f"{least:.3g} over {len(ctl)} run(s)",
+            )
+        )
+    return out
 
 
 def table(rows: list[dict]) -> str:
     """Per arm, means over seeds and steps (max: the worst of all). "re-tokenized differs":
-    the share of the arm's samples whose re-rendered IDs are not the sampled ones (what the
-    naive arm trains on; the exact arm never uses them)."""
+    the share of samples whose re-tokenized IDs are not the sampled ones; "never sampled":
+    the share of the arm's loss-bearing tokens not sampled at that place (what naive and
+    recompute train on); "laid-on, other token": the share of the engine's logprobs that
+    rerendered lays on another token than the one they were sampled for (naive trains on
+    them); "control" is the exact arm's extra rollout after its last update, sync skipped."""
     out = [
-        "| arm | samples | re-tokenized differs | mean abs Δ logprob | KL (k3) | max abs Δ "
-        "| ratio std | clip frac | reward (first step) | reward (last step) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | samples | re-tokenized differs | never sampled | laid-on, other token "
+        "| mean abs Δ logprob | KL (k3) | max abs Δ | ratio std | clip frac "
+        "| reward (first step) | reward (last step) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for arm in ("exact", "naive"):
+    for arm in (*ARMS, "control"):
         rs = [r for r in rows if r["arm"] == arm]
         if not rs:
             continue
         last = max(r["step"] for r in rs)
-        first = [r["reward"] for r in rs if r["step"] == 0]
+        first = [r["reward"] for r in rs if r["step"] == min(r["step"] for r in rs)]
         final = [r["reward"] for r in rs if r["step"] == last]
         m = {k: float(np.mean([r[k] for r in rs])) for k in rs[0] if isinstance(rs[0][k], float)}
+        laid = f"{m['laid_other']:.1%}" if arm == "naive" else "(not used)"
         out.append(
             f"| {arm} | {sum(r['samples'] for r in rs)} | {m['tokens_differ']:.0%} "
+            f"| {m['unsampled']:.1%} | {laid} "
             f"| {m['mean_abs']:.2e} | {m['kl']:.2e} | {max(r['max_abs'] for r in rs):.3g} "
             f"| {m['ratio_std']:.3g} | {m['clip_frac']:.2%} | {np.mean(first):.2f} "
             f"| {np.mean(final):.2f} |"
         )
+    return "\n".join(out)
+
+
+def per_step(rows: list[dict]) -> str:
+    """Per arm and step, means over seeds."""
+    out = [
+        "| arm | step | reward | mean abs Δ | max abs Δ | clip frac | never sampled "
+        "| weights moved (max abs Δw, rel) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in (*ARMS, "control"):
+        for step in sorted({r["step"] for r in rows if r["arm"] == arm}):
+            rs = [r for r in rows if r["arm"] == arm and r["step"] == step]
+            moved = [r for r in rs if r["moved_max"] is not None]
+            mv = (
+                f"{max(r['moved_max'] for r in moved):.2g}, "
+                f"{np.mean([r['moved_rel'] for r in moved]):.2g}"
+                if moved
+                else "(no update)"
+            )
+            out.append(
+                f"| {arm} | {step} | {np.mean([r['reward'] for r in rs]):.2f} "
+                f"| {np.mean([r['mean_abs'] for r in rs]):.2e} "
+                f"| {max(r['max_abs'] for r in rs):.3g} "
+                f"| {np.mean([r['clip_frac'] for r in rs]):.1%} "
+                f"| {np.mean([r['unsampled'] for r in rs]):.1%} | {mv} |"
+            )
+    return "\n".join(out)
+
+
+def where_table(rows: list[dict]) -> str:
+    """Where the re-tokenized version first differs, over every sample of the run: counted
+    by call and part, with the token indexes seen."""
+    seen: dict[str, list[int]] = {}
+    total = 0
+    for r in rows:
+        for d in r["per_sample"]:
+            total += 1
+            loc = d["first_diff"] or "nowhere (identical IDs)"
+            part, _, idx = loc.partition(" token ")
+            seen.setdefault(part, []).append(int(idx) if idx.isdigit() else -1)
+    out = ["| first differs in | samples | token indexes there |", "|---|---|---|"]
+    for part, idx in sorted(seen.items(), key=lambda kv: -len(kv[1])):
+        shown = sorted(set(i for i in idx if i >= 0))
+        rng = f"{shown[0]}-{shown[-1]}" if len(shown) > 1 else (str(shown[0]) if shown else "-")
+        out.append(f"| {part} | {len(idx)}/{total} | {rng} |")
+    return "\n".join(out)
+
+
+def per_sample(rows: list[dict]) -> str:
+    """Every sample: where its re-tokenized version first differs, and the tokens there."""
+    out = [
+        "| arm | seed | step | sample | first differs at | tokens there |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for i, d in enumerate(r["per_sample"]):
+            ex = d["example"].replace("|", "\\|")
+            out.append(
+                f"| {r['arm']} | {r['seed']} | {r['step']} | {i} "
+                f"| {d['first_diff'] or 'nowhere'} | {ex} |"
+            )
     return "\n".join(out)
 
 
@@ -324,15 +585,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-ROOT = Path(__file__).resolve().parent.parent
 rows = json.load(open(sys.argv[1]))["rows"]
 fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
 panels = [("mean_abs", "mean |Δ logprob| (train vs behaviour)", True),
           ("clip_frac", "clip fraction (|ratio-1| > 0.2)", False),
           ("max_abs", "max |Δ logprob|", True), ("reward", "mean reward", False)]
-colors = {"exact": "tab:blue", "naive": "tab:red"}
+colors = {"exact": "tab:blue", "naive": "tab:red", "recompute": "tab:green"}
 for ax, (key, title, log) in zip(axes, panels):
-    for arm in ("exact", "naive"):
+    for arm in colors:
         seeds = sorted({r["seed"] for r in rows if r["arm"] == arm})
         for i, s in enumerate(seeds):
             rs = sorted((r for r in rows if r["arm"] == arm and r["seed"] == s),
@@ -368,7 +628,7 @@ def plot(result: Path, png: Path, title: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny model, 1 seed, 2 steps")
-    ap.add_argument("--arms", default="exact,naive")
+    ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
@@ -376,29 +636,34 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--reward", choices=["code", "dense"], default="code")
+    ap.add_argument(
+        "--control-seeds",
+        type=int,
+        default=1,
+        help="the exact arm of this many seeds adds the negative control (0: none)",
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--plot", type=Path, help="write the PNG here (docs/train_proof.png)")
     args = ap.parse_args()
     if args.quick:
         args.model, args.seeds, args.steps, args.tasks, args.group_size = "tiny", 1, 2, 1, 3
-        args.max_tokens = 16
+        args.max_tokens, args.reward, args.lr = 16, "dense", QUICK_LR
+    args.control = args.control_seeds > 0 and "exact" in args.arms.split(",")
     template = (testbed.templates_dir() / f"{QWEN25}.jinja").read_text()
+    vocab = testbed.smollm2_gguf()
     if args.model == "tiny":  # random weights on SmolLM2's vocabulary (49152: a fast step)
         global KEY_ENUM
         KEY_ENUM = True
-        vocab = testbed.smollm2_gguf()
-        n_vocab = len(
-            next(
-                v for k, _, v in policy_gguf.tokenizer_fields(vocab) if k == "tokenizer.ggml.tokens"
-            )
-        )  # type: ignore[arg-type]
-        config = policy_gguf.tiny_config(n_vocab)
+        tokens = next(
+            v for k, _, v in policy_gguf.tokenizer_fields(vocab) if k == "tokenizer.ggml.tokens"
+        )
+        config = policy_gguf.tiny_config(len(tokens))  # type: ignore[arg-type]
         npz = Path(tempfile.mkdtemp(prefix="train-proof-init-")) / "init.npz"
         np.savez(npz, **policy_gguf.random_weights(config, seed=0))
         init: dict = {"config": config, "weights": str(npz)}
     else:
-        vocab = testbed.smollm2_gguf()
-        init = {"hf": str(testbed.vllm_model())}
+        init = {"hf": str(vllm_model())}
     testbed.llama_server_binary()
     setup = {"init": init, "vocab": vocab, "template": template}
     t0 = time.monotonic()
@@ -409,7 +674,8 @@ def main() -> None:
         # one gateway for the whole run, built on the initial weights; each step's engine
         # restarts on its port under it
         work = Path(tempfile.mkdtemp(prefix="train-proof-"))
-        gguf = sync(trainer, trainer.config, setup, work / "initial.gguf")
+        trainer.call("save", path=str(work / "initial.npz"))
+        gguf = write_policy(work / "initial.npz", trainer.config, setup, work / "initial.gguf")
         gw: dict = {"port": testbed.free_port(), "data": work / "data"}
         with testbed.llama_server(gguf, ctx=4096, port=gw["port"]) as url:
             gateway = build_gateway(url, str(gguf), gw["data"], model_name="policy")
@@ -421,7 +687,8 @@ def main() -> None:
         gw["decode"] = gateway.tok.decode
         for seed in range(args.seeds):
             for arm in args.arms.split(","):
-                rows += run_arm(arm, seed, args, setup, trainer, gw)
+                control = arm == "exact" and seed < args.control_seeds
+                rows += run_arm(arm, seed, args, setup, trainer, gw, control)
     finally:
         if server is not None:
             server.should_exit = True
@@ -429,10 +696,26 @@ def main() -> None:
     wall = time.monotonic() - t0
     print(
         f"\ntrain_proof: {args.model}, {args.seeds} seeds x {args.steps} steps x "
-        f"{args.tasks} groups of {args.group_size}, {wall:.0f} s\n"
+        f"{args.tasks} groups of {args.group_size}, lr {args.lr:g}, reward {args.reward}, "
+        f"{wall:.0f} s\n"
     )
     print(table(rows))
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "wall_s": wall, "rows": rows}
+    print("\nPer step (means over seeds; max: the worst):\n")
+    print(per_step(rows))
+    print("\nWhere the re-tokenized version first differs (all arms' samples):\n")
+    print(where_table(rows))
+    print("\nPer sample:\n")
+    print(per_sample(rows))
+    verdict = checks(rows, args)
+    print("\nChecks:")
+    for what, ok, figure in verdict:
+        print(f"  {'PASS' if ok else 'FAIL'}  {what} ({figure})")
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "wall_s": wall,
+        "rows": rows,
+        "checks": [{"check": w, "ok": ok, "figure": f} for w, ok, f in verdict],
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     if args.plot:
@@ -443,7 +726,10 @@ def main() -> None:
             f"re-tokenized ({args.seeds} seeds)"
         )
         plot(tmp, args.plot, title)
-    print("\nRESULT " + json.dumps({"wall_s": round(wall), "rows": len(rows)}))
+    failed = [w for w, ok, _ in verdict if not ok]
+    print("\nRESULT " + json.dumps({"wall_s": round(wall), "rows": len(rows), "failed": failed}))
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
