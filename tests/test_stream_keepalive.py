@@ -43,21 +43,33 @@ def _raw(url: str, body: dict) -> list[str]:
         return [line for line in r.iter_lines() if line]
 
 
-def test_chat_and_responses_streams_send_comments_while_waiting(ts):
+def test_chat_keepalives_are_chunks_the_sdk_yields(ts):
+    """A harness's idle timer counts the chunks its SDK yields (Qwen Code: 240 s without
+    one ends the stream), and SSE comments never reach it: while the engine is silent the
+    stream sends chunks of the same completion with empty content, which change nothing in
+    the answer the SDK assembles."""
+    session = ts.session()
+    client = openai.OpenAI(base_url=session["base_url"], api_key="unused", max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="t", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True
+        )
+    )
+    first_token = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content)
+    waiting = chunks[1:first_token]  # after the role chunk, before the first token
+    assert len(waiting) >= 2, chunks
+    assert all(
+        c.id == chunks[0].id and c.choices[0].delta.content == "" and not c.choices[0].finish_reason
+        for c in waiting
+    )
+    # the answer is the recorded one: the keep-alives added nothing to it
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    [call] = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert text == call["message"]["content"] and chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_responses_streams_send_comments_while_waiting(ts):
     base = ts.session()["base_url"]
-    chat = _raw(
-        base + "/chat/completions",
-        {
-            "model": "t",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2,
-            "stream": True,
-        },
-    )
-    first_token = next(
-        i for i, line in enumerate(chat) if '"content":"' in line and '"content":""' not in line
-    )
-    assert sum(line == ": keep-alive" for line in chat[:first_token]) >= 2, chat
     resp = _raw(
         base + "/responses", {"model": "t", "input": "hi", "max_output_tokens": 2, "stream": True}
     )

@@ -41,8 +41,12 @@ class Dialect(Protocol):
     # its routes under a session's base URL (and the bare ``/v1``): (method, path, kind); the
     # class declares them, the app's route table is built from the classes
     routes: ClassVar[Routes]
-    # what a stream sends while it has nothing to say (an SSE comment, Anthropic's ping)
-    keepalive: bytes
+
+    # what a stream sends while it has nothing to say, given the last part it sent: what the
+    # harness's idle timer counts (a data chunk its SDK yields, Anthropic's ping), not only
+    # bytes on the wire (``server.streaming.EventStream``)
+    def keepalive(self, last: bytes) -> bytes: ...
+
     # the top-level list a harness resends whole on every call (its history): the server
     # parses only what is new in it (``server.resent``)
     history_field: ClassVar[str]

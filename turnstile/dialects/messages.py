@@ -156,7 +156,6 @@ def _sse(kind: str, data: dict) -> bytes:
 
 class MessagesDialect:
     name = NAME
-    keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # as Anthropic's API sends it
     history_field: ClassVar[str] = "messages"
     routes: ClassVar[Routes] = (
         ("POST", "/messages", "call"),
@@ -175,6 +174,10 @@ class MessagesDialect:
 
     def reply(self, req: ChatRequest, answer: Answer) -> dict:
         return message(req, answer.record, req.model or self.gateway.model_name)
+
+    def keepalive(self, last: bytes) -> bytes:
+        """Anthropic's own ``ping`` event, as its API sends it."""
+        return b'event: ping\ndata: {"type": "ping"}\n\n'
 
     def error(self, exc: APIError) -> dict:
         return error_body(exc)

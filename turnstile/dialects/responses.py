@@ -161,7 +161,6 @@ def stored(rec: CallRecord, model: str) -> dict:
 
 class ResponsesDialect:
     name = NAME
-    keepalive = b": keep-alive\n\n"
     history_field: ClassVar[str] = "input"
     routes: ClassVar[Routes] = (
         ("POST", "/responses", "call"),
@@ -197,6 +196,11 @@ class ResponsesDialect:
 
         async for kind, ev in ResponseEvents(req, req.model or self.gateway.model_name).run(chunks):
             yield b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n"
+
+    def keepalive(self, last: bytes) -> bytes:
+        """An SSE comment: every Responses event carries a ``sequence_number``, which an
+        event sent beside the stream's own could put out of order."""
+        return b": keep-alive\n\n"
 
     def error(self, exc: APIError) -> dict:
         if isinstance(exc, ContextOverflow):  # the Responses API's own words and field

@@ -59,7 +59,7 @@ class EventStream(StreamingResponse):
         self,
         body: AsyncIterator[bytes],
         source: Noted,
-        keepalive: bytes = b": keep-alive\n\n",
+        keepalive: Callable[[bytes], bytes] = lambda last: b": keep-alive\n\n",
         interval: float | None = None,
     ):
         super().__init__(
@@ -75,22 +75,28 @@ class EventStream(StreamingResponse):
         loop = asyncio.get_running_loop()
         left = False
         last = 0.0  # when the last body part was sent (0: headers not sent yet)
+        sent = b""  # the last body part the stream itself sent
         lock = asyncio.Lock()
 
         async def send_part(message: Any) -> None:
-            nonlocal last
+            nonlocal last, sent
             async with lock:
                 await send(message)
                 last = loop.time() if message.get("more_body") else 0.0
+                if message.get("body"):
+                    sent = message["body"]
 
         async def keep_alive(interval: float) -> None:
-            part = {"type": "http.response.body", "body": self._keepalive, "more_body": True}
+            nonlocal last
             while True:
                 wait = interval if not last else last + interval - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
                 elif last:
-                    await send_part(part)
+                    async with lock:
+                        body = self._keepalive(sent)
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
+                        last = loop.time()
                 else:
                     await asyncio.sleep(interval)
 
