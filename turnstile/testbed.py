@@ -160,17 +160,21 @@ def llama_server_binary(kind: str | None = None) -> Path:
         return binary
     source = llama_cpp_dir()
     log = build.parent / f"{build.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    _log(f"building llama-server ({kind}) in {build}: several minutes, once; log in {log}")
-    jobs = str(os.cpu_count() or 2)
-    with log.open("wb") as out:
-        for cmd in (
-            ["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS, *BUILDS[kind]],
-            ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs],
-        ):
-            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                tail = log.read_text(errors="replace").splitlines()[-30:]
-                raise RuntimeError("building llama-server failed:\n" + "\n".join(tail))
+    # one build at a time: two processes building into one tree (a test and `turnstile
+    # testbed`, seen here) race on its shared libraries' symlinks and both fail
+    with locked(build.parent / f"{build.name}.lock"):
+        if binary.exists():  # another process built it while this one waited
+            return binary
+        _log(f"building llama-server ({kind}) in {build}: several minutes, once; log in {log}")
+        jobs = str(os.cpu_count() or 2)
+        with log.open("wb") as out:
+            for cmd in (
+                ["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS, *BUILDS[kind]],
+                ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs],
+            ):
+                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                    tail = log.read_text(errors="replace").splitlines()[-30:]
+                    raise RuntimeError("building llama-server failed:\n" + "\n".join(tail))
     return binary
 
 
