@@ -25,6 +25,7 @@ import openai
 import psutil
 import pytest
 from conftest import Turnstile
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
@@ -64,6 +65,38 @@ def _owned(ts: Turnstile, n: int = 3) -> dict[str, dict]:
 def _chat(base: str, msgs: list[dict], bias: dict, **kw: object):
     oa = openai.OpenAI(base_url=base, api_key="unused", max_retries=kw.pop("retries", 0))
     return oa.chat.completions.create(model="m", messages=msgs, max_tokens=3, logit_bias=bias, **kw)
+
+
+def _in_flight(ts: Turnstile, origin: str) -> float:
+    """The calls a worker's HTTP edge is answering (its ``turnstile_in_flight`` gauge):
+    counted from the request's arrival, a call held at the worker's door included."""
+    r = ts.http.get(origin + "/metrics", timeout=10)
+    r.raise_for_status()
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(r.text)
+        if f.name == "turnstile_in_flight"
+        for s in f.samples
+    )
+
+
+def _until(what: str, probe, want, timeout: float = 30.0):  # noqa: ANN001, ANN202
+    """Poll ``probe()`` until it returns ``want``; fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    while (got := probe()) != want:
+        assert time.monotonic() < deadline, f"{what}: {got!r} after {timeout}s, want {want!r}"
+        time.sleep(0.05)
+    return got
+
+
+def _stays(what: str, probe, want, seconds: float) -> None:  # noqa: ANN001
+    """``probe()`` keeps returning ``want`` for ``seconds`` (polled, not slept through): the
+    negative side of ``_until``, which the tests run on the same probe once it must change."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = probe()
+        assert got == want, f"{what}: {got!r}, want {want!r}"
+        time.sleep(0.05)
 
 
 def _calls(ts: Turnstile, sid: str) -> list[dict]:
@@ -111,8 +144,9 @@ def test_sessions_go_to_every_worker_and_each_records_exactly(ts, shared_relay, 
     assert sorted(recorded_by.values()) == list(range(WORKERS))
 
 
-def test_pause_and_resume_reach_every_worker(ts, no_end_bias):
+def test_pause_and_resume_reach_every_worker(ts, shared_relay, no_end_bias):
     owned = _owned(ts)
+    sent_before = len(shared_relay.completions())
     r = ts.http.post(ts.url + "/admin/pause", json={"mode": "drain", "timeout": 10})
     assert r.status_code == 200, r.text
     try:
@@ -130,12 +164,19 @@ def test_pause_and_resume_reach_every_worker(ts, no_end_bias):
         threads = [threading.Thread(target=call, args=kv) for kv in owned.items()]
         for t in threads:
             t.start()
-        time.sleep(2.0)
-        assert results == {}  # every worker holds its calls at the door
+        # each call reached its worker (its edge counts it) ...
+        flights = lambda: [_in_flight(ts, o) for o in owned]  # noqa: E731
+        _until("calls at each worker", flights, [1] * WORKERS)
+        # ... and is held at the door: nothing reaches the engine or answers the harness
+        sent = lambda: (len(shared_relay.completions()) - sent_before, len(results))  # noqa: E731
+        _stays("engine calls and answers while paused", sent, (0, 0), 2.0)
     finally:
         r = ts.http.post(ts.url + "/admin/resume", json={"weight_version": "7"})
     assert r.status_code == 200 and r.json()["weight_version"] == "7"
     assert [w["weight_version"] for w in r.json()["workers"]] == ["7"] * (WORKERS - 1)
+    # the positive control: the same probes see the calls go through once resumed
+    _until("engine calls and answers after resume", sent, (WORKERS, WORKERS), 60)
+    _until("calls at each worker after resume", flights, [0] * WORKERS)
     for t in threads:
         t.join(60)
     for origin, s in owned.items():
@@ -159,9 +200,11 @@ def test_a_close_on_the_front_refuses_the_owners_waiting_call(ts, no_end_bias):
             out.append(exc)
 
     t = threading.Thread(target=call)
+    origin = s["base_url"].split("/s/")[0]
     try:
         t.start()
-        time.sleep(1.0)
+        _until("the call at its owner's door", lambda: _in_flight(ts, origin), 1)
+        assert out == []  # held, not answered
         assert ts.http.post(f"{ts.url}/v1/sessions/{s['id']}/close", json={}).status_code == 200
     finally:
         ts.http.post(ts.url + "/admin/resume", json={})
@@ -251,7 +294,9 @@ def test_workers_outlive_no_front(turnstile_factory, shared_relay, tiny_qwen2, n
         ended.set()
 
     threading.Thread(target=call, daemon=True).start()
-    assert not ended.wait(1.5)  # held at the worker's door
+    origin = s["base_url"].split("/s/")[0]
+    _until("the call at the worker's door", lambda: _in_flight(t, origin), 1)
+    assert not ended.is_set()  # held there, not answered
     assert t.proc is not None
     kids = psutil.Process(t.proc.pid).children(recursive=True)
     assert kids
@@ -271,7 +316,8 @@ def test_sigterm_on_the_front_stops_every_worker(ts, no_end_bias):
             _chat(s["base_url"], [{"role": "user", "content": "x"}], no_end_bias, timeout=60)
 
     threading.Thread(target=call, daemon=True).start()
-    time.sleep(1.0)
+    origin = s["base_url"].split("/s/")[0]
+    _until("the call at the worker's door", lambda: _in_flight(ts, origin), 1)
     assert ts.proc is not None
     kids = psutil.Process(ts.proc.pid).children(recursive=True)
     assert len([k for k in kids if "turnstile.workers" in " ".join(k.cmdline())]) == WORKERS - 1
