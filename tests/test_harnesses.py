@@ -818,9 +818,14 @@ def test_dspy_react(gateway, monkeypatch):
         version=version("dspy"),
         stream=False,
     )
-    # each step is a new [system, user] pair (the trajectory in the user message), and each
-    # ChatAdapter reply is asked again by the JSONAdapter (another system prompt)
-    assert (t["chained"], t["new_segments"]) == (0, {"first_call": 1, "history_diverged": 5})
+    # each step is a new [system, user] pair (the trajectory in the user message): under a
+    # system prompt already recorded, a rewrite of that conversation (history_diverged); and
+    # each ChatAdapter reply is asked again by the JSONAdapter under a system prompt of its
+    # own (with the step's fields): a new lineage
+    assert (t["chained"], t["new_segments"]) == (
+        0,
+        {"first_call": 1, "new_conversation": 3, "history_diverged": 2},
+    )
 
 
 # ---- SmolLM2's own template --------------------------------------------------------------
