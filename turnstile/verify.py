@@ -420,11 +420,16 @@ SCORERS: dict[str, Callable[[httpx.AsyncClient, str], Scorer]] = {
 }
 
 
-def scorer(kind: str, client: httpx.AsyncClient, url: str) -> Scorer:
+def scorer(kind: str, client: httpx.AsyncClient, url: str, top_n: int | None = None) -> Scorer:
+    """The scorer of engine ``kind``; ``top_n``: the alternatives a vLLM/SGLang scorer asks
+    for per position (default :data:`TOP_N`)."""
     try:
-        return SCORERS[kind](client, url)
+        made = SCORERS[kind](client, url)
     except KeyError:
         raise NotSupported(f"no scorer for engine {kind!r}; one of {sorted(SCORERS)}") from None
+    if top_n is not None and isinstance(made, VLLMScorer | SGLangScorer):
+        made.top_n = top_n
+    return made
 
 
 @dataclass
@@ -612,11 +617,12 @@ async def verify_sessions(
     session_ids: Sequence[str],
     tok: LoadedTokenizer | None = None,
     timeout: float = 600.0,
+    top_n: int | None = None,
 ) -> list[Verified]:
     """Every root-to-leaf trajectory of these sessions, scored by the engine at ``url``."""
     out = []
     async with httpx.AsyncClient(timeout=timeout) as client:
-        engine = scorer(kind, client, url)
+        engine = scorer(kind, client, url, top_n)
         for sid in session_ids:
             calls = store.calls(sid)
             by_id = {c.id: c for c in calls}

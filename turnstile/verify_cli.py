@@ -32,6 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "of each trajectory (default: no naive comparison)",
     )
     p.add_argument(
+        "--top-n",
+        type=int,
+        help="vLLM/SGLang: the alternatives asked per position to recompute a processed "
+        "logprob (default 128, or the server's --max-logprobs when lower; more decide more "
+        "tokens: docs/verification.md)",
+    )
+    p.add_argument(
         "--json", action="store_true", help="one JSON object per trajectory, then the summary"
     )
 
@@ -53,7 +60,9 @@ def cli(args: argparse.Namespace) -> None:
         sids = [s["id"] for s in sessions]
     tok = load_tokenizer(args.model) if args.model else None
     try:
-        results = asyncio.run(verify_sessions(store, kind, args.engine_url, sids, tok))
+        results = asyncio.run(
+            verify_sessions(store, kind, args.engine_url, sids, tok, top_n=args.top_n)
+        )
     except NotSupported as exc:
         raise SystemExit(f"turnstile verify: {exc}") from None
     except httpx.HTTPError as exc:
