@@ -228,6 +228,26 @@ def test_session_tokens_hover_and_segment_break(turnstile, relay, browser, no_en
         assert shown == t["logprobs"][pos]
 
 
+@pytest.mark.parametrize("served", ["policy-v7", None])
+def test_the_page_names_the_model_as_its_user_did(
+    served, relay, turnstile_factory, tiny_qwen2: Path, browser, no_end_bias
+):
+    """``--served-model-name`` when given, else the model file's name: never the path the
+    tokenizer was loaded from (the name is the test's own argument, or the file's)."""
+    extra = ("--served-model-name", served) if served else ()
+    t = turnstile_factory(relay.url, tiny_qwen2, extra=extra)
+    want = served or tiny_qwen2.name
+    s = t.session()
+    ask(s, [{"role": "user", "content": "Hi."}], no_end_bias)
+    assert [c["model"] for c in t.get(f"/v1/sessions/{s['id']}/calls")["data"]] == [want]
+    assert t.get(f"/v1/viewer/sessions/{s['id']}/trajectories")["tokenizer"] == want
+
+    open_page(browser, t.url, f"/session/{s['id']}", t.token)
+    legend = until(browser, lambda b: b.find_element(By.CSS_SELECTOR, "#trajectory .legend"))
+    assert legend.text.endswith(f"text by {want}")
+    assert str(tiny_qwen2.parent) not in browser.find_element(By.TAG_NAME, "body").text
+
+
 def test_view_serves_a_store_read_only_and_renders_lazily(browser, tmp_path: Path, tiny_qwen2):
     from benchmarks.synthetic import fill
     from turnstile.store.store import Store
@@ -283,6 +303,9 @@ def test_view_serves_a_store_read_only_and_renders_lazily(browser, tmp_path: Pat
             timeout=60,
         )
         assert browser.find_element(By.ID, "call-tree").get_attribute("open") is None
+        # the tokens' text by --model's file, named as the file is, not by its path
+        legend = browser.find_element(By.CSS_SELECTOR, "#trajectory .legend").text
+        assert legend.endswith(f"text by {tiny_qwen2.name}")
         assert not browser.find_element(By.ID, "login").is_displayed()
         rendered = len(browser.find_elements(By.CSS_SELECTOR, "#tokens .tok"))
         assert 0 < rendered <= n // 10  # only the chunks near the screen
