@@ -8,7 +8,7 @@ from typing import Any
 # that PyTorch is missing is noise on every command (set the variable to "" to see it again).
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["AsyncClient", "Client", "Trajectory", "TurnstileError"]
 
