@@ -202,6 +202,9 @@ def test_link_names_why_a_call_starts_a_new_segment():
     # another first message (a title request, a sub-agent): a new lineage
     other = asyncio.run(go(_chain(), [user], [b"r", b"v"], [1, 9]))
     assert other.reason == "new_conversation" and "new lineage" in other.detail
+    # the first message edited, the assistant turns kept: a rewrite, not a new conversation
+    edited = asyncio.run(go(_chain(), [user, reply, user], [b"r", b"v", b"w", b"y"], [1, 9]))
+    assert (edited.reason, edited.lineage) == ("history_diverged", "c0")
     # a recorded conversation's first message, then other turns: its history rewritten
     assert (
         asyncio.run(go(_chain(), [user, reply, user], [b"r", b"u", b"z", b"y"], [1, 9])).reason

@@ -222,9 +222,10 @@ async def link(
             first_request=idx.first_request,
             recorded_calls=len(idx.nodes),
             matched=matched,
+            has_assistant=any(m.get("role") == "assistant" for m in messages),
         )
         if out.reason == "history_diverged":
-            out.lineage = idx.known[hashes[matched]]
+            out.lineage = idx.known.get(hashes[matched]) if hashes else None
         if out.reason == "first_call":
             return out
         if not idx.nodes:  # the calls that came first are still running

@@ -97,8 +97,8 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
     elif match.matched == len(req.messages) and tree.requests.get(match.hashes[-1]):
         # a new root: the same request as an earlier root (a retry), in that one's lineage
         lineage = tree.requests[match.hashes[-1]]
-        first = tree.first_request in (None, match.hashes[-1])
-        reason = "first_call" if first else "new_conversation"
+        retried_first = tree.first_request in (None, match.hashes[-1])
+        reason = "first_call" if retried_first else "new_conversation"
         detail = f"a retry: the same messages as {lineage}"
     else:
         reason = root_reason(
@@ -106,6 +106,7 @@ def build_prompt(renderer: Renderer, policy: Policy, tree: SessionTree, req: Cha
             first_request=tree.first_request,
             recorded_calls=tree.n_calls,
             matched=match.matched,
+            has_assistant=any(m.get("role") == "assistant" for m in req.messages),
         )
         if reason == "history_diverged":
             detail = describe_divergence(tree, req.messages, match.hashes, match.matched)
