@@ -29,7 +29,7 @@ from conftest import Turnstile
 
 from turnstile import testbed
 from turnstile.chat.tokenizer import load_tokenizer
-from turnstile.testing.scripted import Script, scripted_vllm
+from turnstile.testing.scripted import Script, first_token_delay, scripted_vllm
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
@@ -226,6 +226,72 @@ def test_codex_exec_runs_a_command_through_turnstile(gateway, engine, node, tmp_
     tok = load_tokenizer(str(testbed.smollm2_gguf()))
     first = tok.decode(fake.model.exchanges[run.seen][0])
     assert "<|im_start|>system\nYou are a coding agent running in the Codex CLI" in first
+
+
+# ---- Qwen Code ---------------------------------------------------------------------------
+
+
+def _qwen(run: Run, node: Path, **extra: str) -> str:
+    """``qwen -p TASK`` given what its docs (``configuration/auth.md``) tell a user to export
+    for an OpenAI-compatible endpoint: a base URL, a key and a model name."""
+    env = _env(
+        run,
+        OPENAI_BASE_URL=run.session["base_url"],
+        OPENAI_API_KEY="sk-unused",
+        OPENAI_MODEL="smollm2",
+        **extra,
+    )
+    return _run([str(node / "node_modules" / ".bin" / "qwen"), "-p", TASK], run, env)
+
+
+def _read_note(tmp_path: Path) -> Script:
+    """Its read-only ``read_file`` (allowed without asking in ``-p`` mode), which takes an
+    absolute path only: the note in the run's scratch directory (``_start`` makes it)."""
+    path = str(tmp_path / "work" / "note.txt")
+    return Script("read_file", {"file_path": path}, "Done reading.")
+
+
+def test_qwen_code_reads_a_file_through_turnstile(gateway, engine, node, tmp_path):
+    run = _start(gateway, engine, tmp_path, "qwen-code", _read_note(tmp_path))
+    out = _qwen(run, node)
+    assert "Done reading." in out
+    t = _check(run, engine, "Qwen Code", "chat", True)
+    assert t["chained"] >= 1
+
+
+@pytest.fixture
+def keepalive_gateway(engine: tuple, smollm2: Path, tmp_path: Path, request) -> Iterator:
+    """``turnstile serve --keepalive N`` in front of the same scripted engine."""
+    fake, _ = engine
+    extra = ("--engine", "vllm", "--chat-template", str(testbed.templates_dir() / QWEN25))
+    keepalive = ("--keepalive", str(request.param))
+    ts = Turnstile(
+        fake.url,
+        smollm2,
+        tmp_path / "data",
+        tmp_path / "turnstile.log",
+        (*extra, *keepalive, "--keep-bodies"),
+    )
+    ts.start()
+    yield ts
+    ts.stop()
+
+
+@pytest.mark.parametrize("keepalive_gateway", [1], indirect=True)
+def test_qwen_code_waits_out_a_long_prefill_on_keepalive_chunks(
+    keepalive_gateway, engine, node, tmp_path
+):
+    """Qwen Code ends a stream silent for ``QWEN_STREAM_IDLE_TIMEOUT_MS`` (240 s by default,
+    3 s here) and sends the call again; a prefill longer than that (5 s of silence before each
+    first token) is waited out on Turnstile's keep-alive chunks: one engine exchange per call,
+    none aborted."""
+    run = _start(keepalive_gateway, engine, tmp_path, "qwen-code", _read_note(tmp_path))
+    fake, _ = engine
+    with first_token_delay(fake, 5.0):
+        out = _qwen(run, node, QWEN_STREAM_IDLE_TIMEOUT_MS="3000")
+    assert "Done reading." in out
+    t = _check(run, engine, "Qwen Code (5 s prefill)", "chat", True)
+    assert t["chained"] >= 1
 
 
 # ---- the AI SDK --------------------------------------------------------------------------

@@ -400,6 +400,7 @@ NODE_HARNESSES = {
     "@ai-sdk/openai": "3.0.141",
     "@ai-sdk/anthropic": "3.0.140",
     "zod": "4.1.12",
+    "@qwen-code/qwen-code": "0.24.4",
 }
 
 

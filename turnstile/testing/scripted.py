@@ -12,8 +12,10 @@ compares the records with.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from turnstile.chat.loaded_tokenizer import LoadedTokenizer
@@ -98,3 +100,23 @@ class FixedReply:
             Step(t, lp, 1, [(t, lp)]) for t, lp in zip(self.ids[:n], self.lps[:n], strict=True)
         ]
         return Generation(steps, "stop" if n == len(self.ids) else "length")
+
+
+@contextmanager
+def first_token_delay(fake: VLLMFake, seconds: float) -> Iterator[None]:
+    """Silence before each request's first token, as a long prefill keeps an engine silent
+    (``token_delay`` would slow every token): to see a harness's idle timer wait it out."""
+    paced: set[str] = set()
+    plain = fake.pace
+
+    async def pace(rid: str) -> bool:
+        if rid not in paced:
+            paced.add(rid)
+            await asyncio.sleep(seconds)
+        return await plain(rid)
+
+    fake.pace = pace  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del fake.pace
