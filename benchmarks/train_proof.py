@@ -670,10 +670,10 @@ def main() -> None:
     rows = []
     trainer = policy_gguf.Trainer(trainers_python(), lr=args.lr, **init)
     server = None
+    work = Path(tempfile.mkdtemp(prefix="train-proof-"))
     try:
         # one gateway for the whole run, built on the initial weights; each step's engine
         # restarts on its port under it
-        work = Path(tempfile.mkdtemp(prefix="train-proof-"))
         trainer.call("save", path=str(work / "initial.npz"))
         gguf = write_policy(work / "initial.npz", trainer.config, setup, work / "initial.gguf")
         gw: dict = {"port": testbed.free_port(), "data": work / "data"}
@@ -693,6 +693,8 @@ def main() -> None:
         if server is not None:
             server.should_exit = True
         trainer.close()
+        for name in ("initial.npz", "initial.gguf"):  # 1.2 GB for SmolLM2; the store stays
+            (work / name).unlink(missing_ok=True)
     wall = time.monotonic() - t0
     print(
         f"\ntrain_proof: {args.model}, {args.seeds} seeds x {args.steps} steps x "
