@@ -64,6 +64,11 @@ def test_the_demo_shows_a_tool_round(tmp_path: Path) -> None:
         "1",
     ), out
     assert "The tool round" in out and "forced get_weather" in out
+    # it ends on what was recorded: one trajectory's runs of tokens with their mask, and the
+    # viewer on the demo's own data
+    picture = out[out.index("One trajectory as the trainer gets it") :]
+    assert picture.count(" sampled, mean logprob ") == 2  # the forced call and the answer
+    assert f"turnstile view --data {data}" in out
 
     # The record behind the row: the call forced under a grammar, the answer extending it.
     store = Store(data)

@@ -289,6 +289,33 @@ def _report(gateway: Gateway, sessions: list[Session], data: Path) -> None:
         "'naive = exact': whether re-rendering and re-tokenizing the final conversation gives\n"
         "the tokens the model actually saw and sampled."
     )
+    _picture(gateway, sessions[-1])
+    print(
+        f"\nSee every session token by token in the viewer:\n"
+        f"  turnstile view --data {data}\n"
+        f"  then open http://127.0.0.1:8401/ui"
+    )
+
+
+def _picture(gateway: Gateway, session: Session) -> None:
+    """The tool round's trajectory as the trainer gets it: each run of tokens with its loss
+    mask (``[...]``: sampled, trained on; the rest: the prompt, mask 0), its token count and
+    the mean logprob of the sampled runs."""
+    (traj,) = trajectories(gateway.store.calls(session.id))
+    ids, mask, lps = traj["token_ids"], traj["loss_mask"], traj["logprobs"]
+    print(f"\nOne trajectory as the trainer gets it ({session.id}; [ ] = loss mask 1):")
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i < len(ids) and mask[i] == mask[start]:
+            continue
+        text = gateway.tok.decode(ids[start:i]).replace("\n", "\\n")
+        shown = text if len(text) <= 70 else text[:40] + " ... " + text[-25:]
+        if mask[start]:
+            mean = sum(lps[start:i]) / (i - start)
+            print(f"  [{shown}]  {i - start} sampled, mean logprob {mean:.2f}")
+        else:
+            print(f"   {shown}   {i - start} prompt tokens")
+        start = i
 
 
 def _report_tool_round(gateway: Gateway, session: Session) -> None:
