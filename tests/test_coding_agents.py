@@ -231,17 +231,16 @@ def test_codex_exec_runs_a_command_through_turnstile(gateway, engine, node, tmp_
 # ---- Qwen Code ---------------------------------------------------------------------------
 
 
-def _qwen(run: Run, node: Path, **extra: str) -> str:
-    """``qwen -p TASK`` given what its docs (``configuration/auth.md``) tell a user to export
-    for an OpenAI-compatible endpoint: a base URL, a key and a model name."""
-    env = _env(
+def _qwen_env(run: Run, **extra: str) -> dict[str, str]:
+    """What Qwen Code's docs (``configuration/auth.md``) tell a user to export for an
+    OpenAI-compatible endpoint: a base URL, a key and a model name."""
+    return _env(
         run,
         OPENAI_BASE_URL=run.session["base_url"],
         OPENAI_API_KEY="sk-unused",
         OPENAI_MODEL="smollm2",
         **extra,
     )
-    return _run([str(node / "node_modules" / ".bin" / "qwen"), "-p", TASK], run, env)
 
 
 def _read_note(tmp_path: Path) -> Script:
@@ -253,7 +252,7 @@ def _read_note(tmp_path: Path) -> Script:
 
 def test_qwen_code_reads_a_file_through_turnstile(gateway, engine, node, tmp_path):
     run = _start(gateway, engine, tmp_path, "qwen-code", _read_note(tmp_path))
-    out = _qwen(run, node)
+    out = _run([str(node / "node_modules" / ".bin" / "qwen"), "-p", TASK], run, _qwen_env(run))
     assert "Done reading." in out
     t = _check(run, engine, "Qwen Code", "chat", True)
     assert t["chained"] >= 1
@@ -277,21 +276,35 @@ def keepalive_gateway(engine: tuple, smollm2: Path, tmp_path: Path, request) -> 
     ts.stop()
 
 
-@pytest.mark.parametrize("keepalive_gateway", [1], indirect=True)
+@pytest.mark.parametrize("keepalive_gateway", [1, 0], indirect=True)
 def test_qwen_code_waits_out_a_long_prefill_on_keepalive_chunks(
-    keepalive_gateway, engine, node, tmp_path
+    keepalive_gateway, engine, node, tmp_path, request
 ):
     """Qwen Code ends a stream silent for ``QWEN_STREAM_IDLE_TIMEOUT_MS`` (240 s by default,
     3 s here) and sends the call again; a prefill longer than that (5 s of silence before each
-    first token) is waited out on Turnstile's keep-alive chunks: one engine exchange per call,
-    none aborted."""
+    first token) is waited out on Turnstile's keep-alive chunks (``--keepalive 1``): one engine
+    exchange per call, none aborted. The control, ``--keepalive 0``: it leaves, resends the
+    same prompt, and gives up."""
     run = _start(keepalive_gateway, engine, tmp_path, "qwen-code", _read_note(tmp_path))
     fake, _ = engine
+    qwen = str(node / "node_modules" / ".bin" / "qwen")
+    env = _qwen_env(run, QWEN_STREAM_IDLE_TIMEOUT_MS="3000")
     with first_token_delay(fake, 5.0):
-        out = _qwen(run, node, QWEN_STREAM_IDLE_TIMEOUT_MS="3000")
-    assert "Done reading." in out
-    t = _check(run, engine, "Qwen Code (5 s prefill)", "chat", True)
-    assert t["chained"] >= 1
+        p = subprocess.run(
+            [qwen, "-p", TASK], cwd=run.work, env=env, capture_output=True, text=True, timeout=300
+        )
+    if request.node.callspec.params["keepalive_gateway"]:
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        assert "Done reading." in p.stdout
+        t = _check(run, engine, "Qwen Code (5 s prefill)", "chat", True)
+        assert t["chained"] >= 1
+        return
+    assert p.returncode != 0 and "No stream activity for 3000ms" in p.stdout + p.stderr
+    # each try reached the engine with the same prompt, and each was abandoned mid-prefill
+    prompts = [prompt for prompt, _ in fake.model.exchanges[run.seen :]]
+    assert len(prompts) >= 2 and len(set(map(tuple, prompts))) == 1, len(prompts)
+    calls = run.ts.get(f"/v1/sessions/{run.session['id']}/calls")["data"]
+    assert [c["status"] for c in calls] == ["aborted"] * len(prompts)
 
 
 # ---- the AI SDK --------------------------------------------------------------------------
