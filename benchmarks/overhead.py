@@ -11,9 +11,13 @@ Set-up (printed with the results):
   ``relay-aiohttp`` and ``relay-httpx`` (a bare ASGI app on uvicorn+uvloop+httptools that reads
   and parses the body once and forwards it), ``turnstile`` (the real gateway: Qwen2 tokenizer,
   Qwen2.5 template, parsing, SQLite records, vLLM adapter; served like ``turnstile serve``)
-  ``litellm`` (the LiteLLM 1.110.2 proxy, one worker, from the bench venv) and ``floor``
-  (``_floor.py``: the least a token-recording proxy must do, written as leanly as possible:
-  the yardstick for what part of Turnstile's cost is the job itself);
+  ``litellm`` (the LiteLLM 1.110.2 proxy, one worker, from the bench venv), ``floor``
+  (``_floor.py``: the least a token-recording proxy must do, built from the cheapest parts
+  there are: the yardstick for what part of Turnstile's cost is the job itself) and
+  ``floor-aiohttp`` (the first floor: aiohttp's client, ``tokenizers``, a commit per call);
+- after the measured cells, a check pass: one call per agent per mode through each target that
+  records tokens, their records (as a trainer reads them) checked against what the fake engine
+  received and sampled (``_records.py``); a failed call or a wrong record exits non-zero;
 - the load generator is the official ``openai`` client (AsyncOpenAI) driving agent sessions of
   4 turns (each turn resends the history plus the assistant's tool call and the tool's
   output; mean request ~4.9 KB), at concurrency 1, 32 and 256;
