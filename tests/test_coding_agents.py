@@ -1,5 +1,6 @@
 """Coding agents and agent SDKs on their defaults through Turnstile: Claude Code (``claude -p``,
-Anthropic Messages, streamed), Codex CLI (``codex exec``, Responses, streamed) and the AI SDK
+Anthropic Messages, streamed), Codex CLI (``codex exec``, Responses, streamed), Qwen Code
+(``qwen -p``, Chat Completions, streamed; its idle timer through a long prefill) and the AI SDK
 (``openai.chat``, ``openai.responses`` with its default ``store``, ``@ai-sdk/anthropic``), each
 pinned (``turnstile.testbed.NODE_HARNESSES``), given only a base URL, a key and a model name.
 
