@@ -45,11 +45,13 @@ def test_the_document_describes_every_route():
     from turnstile.gateway.control import PolicyControl
     from turnstile.server.app import create_app
     from turnstile.server.openapi import ROUTES
+    from turnstile.viewer.routes import viewer_routes
 
     gateway = SimpleNamespace(store=None, control=PolicyControl())
-    app = create_app(gateway, "http://x", token="t" * 16)
+    # as ``turnstile serve`` composes it: the viewer mounted beside the app's own routes
+    app = create_app(gateway, "http://x", token="t" * 16, mounted=viewer_routes(None))
     served = {
-        (m, r.path.replace("{sid}/v1", "{capability}/v1"))
+        (m, r.path.replace("/s/{sid}/", "/s/{capability}/"))
         for r in app.routes
         if isinstance(r, Route)  # not the WebSocket refusal
         for m in r.methods or ()
