@@ -357,6 +357,33 @@ class Turnstile:
         r.raise_for_status()
         return r.json()
 
+    def series(self, prefix: str) -> dict[tuple[str, tuple], float]:
+        """The ``/metrics`` samples whose name starts with ``prefix``, read with Prometheus'
+        own parser: ``(name, sorted labels without replica) -> value``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        r = self.http.get(self.url + "/metrics")
+        r.raise_for_status()
+        out = {}
+        for fam in text_string_to_metric_families(r.text):
+            for s in fam.samples:
+                if s.name.startswith(prefix):
+                    labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))
+                    out[(s.name, labels)] = s.value
+        return out
+
+    def wait_series(
+        self, prefix: str, name: str, labels: tuple, value: float, timeout: float = 60
+    ) -> dict[tuple[str, tuple], float]:
+        """Poll :meth:`series` until ``name{labels}`` reaches ``value``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.series(prefix)
+            if got.get((name, labels), 0) >= value:
+                return got
+            time.sleep(0.2)
+        raise AssertionError(f"{name}{labels} never reached {value}: {self.series(prefix)}")
+
 
 @pytest.fixture
 def turnstile_factory(tmp_path: Path) -> Iterator:

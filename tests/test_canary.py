@@ -25,7 +25,6 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from turnstile.chat.render import Renderer
 from turnstile.server.canary import Canary, Turn, locate
@@ -249,15 +248,7 @@ def test_sampling_and_the_bounded_queue(renderer, tmp_path):
 
 
 def _series(ts) -> dict[tuple[str, tuple], float]:
-    r = ts.http.get(ts.url + "/metrics")
-    r.raise_for_status()
-    out = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            if s.name.startswith("turnstile_canary"):
-                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))
-                out[(s.name, labels)] = s.value
-    return out
+    return ts.series("turnstile_canary")
 
 
 def _wait_checked(ts, n: int) -> dict:

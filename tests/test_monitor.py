@@ -6,12 +6,10 @@ Truth: the engine's own recompute, read through Prometheus' parser from ``/metri
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from turnstile import testbed
 
@@ -19,15 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _series(ts) -> dict[tuple[str, tuple], float]:
-    r = ts.http.get(ts.url + "/metrics")
-    r.raise_for_status()
-    out = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            if s.name.startswith("turnstile_verify"):
-                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))
-                out[(s.name, labels)] = s.value
-    return out
+    return ts.series("turnstile_verify")
 
 
 def _calls(ts, n: int, no_end_bias: dict) -> None:
@@ -45,13 +35,7 @@ def _calls(ts, n: int, no_end_bias: dict) -> None:
 
 
 def _wait(ts, name: str, labels: tuple, value: float) -> dict:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        got = _series(ts)
-        if got.get((name, labels), 0) >= value:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{name}{labels} never reached {value}: {_series(ts)}")
+    return ts.wait_series("turnstile_verify", name, labels, value)
 
 
 NONE = (("weight_version", "none"),)

@@ -29,7 +29,6 @@ import numpy as np
 import openai
 import pytest
 from conftest import Turnstile
-from prometheus_client.parser import text_string_to_metric_families
 
 from turnstile import testbed, testbed_vllm
 from turnstile.server.monitor import DEFAULT_THRESHOLD
@@ -335,25 +334,11 @@ def test_the_cli_and_the_route_verify_a_processed_session(servers, sessions):
 
 
 def _series(ts: Turnstile) -> dict[tuple[str, tuple], float]:
-    r = ts.http.get(ts.url + "/metrics")
-    r.raise_for_status()
-    out = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            if s.name.startswith("turnstile_verify"):
-                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica"))
-                out[(s.name, labels)] = s.value
-    return out
+    return ts.series("turnstile_verify")
 
 
 def _wait(ts: Turnstile, name: str, labels: tuple, value: float) -> dict:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        got = _series(ts)
-        if got.get((name, labels), 0) >= value:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"{name}{labels} never reached {value}: {_series(ts)}")
+    return ts.wait_series("turnstile_verify", name, labels, value, timeout=300)
 
 
 NONE = (("weight_version", "none"),)
