@@ -23,17 +23,12 @@ from pathlib import Path
 
 TOKEN_ENV = "TURNSTILE_TOKEN"
 TOKEN_FILE = "turnstile.token"
-CAPABILITY_PREFIX = "cap_"
 MIN_TOKEN_CHARS = 16
 _DB_SUFFIXES = (".sqlite3", ".sqlite", ".db")
 
 
 class AuthSetupError(RuntimeError):
     """The server cannot start with these credentials (message says why and what to do)."""
-
-
-def new_capability() -> str:
-    return CAPABILITY_PREFIX + secrets.token_urlsafe(32)
 
 
 def token_path(data: str | Path) -> Path:

@@ -62,7 +62,7 @@ class SessionInfo:
     id: str
     base_url: str
     status: str = "open"
-    # on turnstile.ray with direct replicas: Serve's proxy, for when base_url's replica is gone
+    # on turnstile.app.ray with direct replicas: Serve's proxy, for when base_url's replica is gone
     fallback_base_url: str | None = None
     group_id: str | None = None
     sample_index: int | None = None
@@ -143,6 +143,18 @@ def _reward_body(
     return body
 
 
+def _traj_params(
+    mode: str, lineages: str, mask_stale_versions: bool, max_preemptions: int | None
+) -> dict:
+    """The trajectories route's query; the hold masks only when asked (older servers)."""
+    params = {"mode": mode, "lineages": lineages}
+    if mask_stale_versions:
+        params["mask_stale_versions"] = "true"
+    if max_preemptions is not None:
+        params["max_preemptions"] = str(max_preemptions)
+    return params
+
+
 def _list_params(group_id: str | None, status: str | None, after: str | None) -> dict:
     params = {"limit": "1000"}
     if group_id is not None:
@@ -177,11 +189,28 @@ class Session(SessionInfo):
     def close(self, termination_reason: str | None = None) -> Session:
         return self._client.close(self.id, termination_reason)
 
-    def trajectories(self, mode: str = "merged", lineages: str = "all") -> list[Trajectory]:
-        return self._client.trajectories(self.id, mode, lineages)
+    def trajectories(
+        self,
+        mode: str = "merged",
+        lineages: str = "all",
+        *,
+        mask_stale_versions: bool = False,
+        max_preemptions: int | None = None,
+    ) -> list[Trajectory]:
+        return self._client.trajectories(
+            self.id,
+            mode,
+            lineages,
+            mask_stale_versions=mask_stale_versions,
+            max_preemptions=max_preemptions,
+        )
 
     def calls(self) -> list[dict]:
         return self._client.calls(self.id)
+
+    def image(self, sha256: str) -> bytes:
+        """The bytes of an image of this session's trajectories (``images[i]["sha256"]``)."""
+        return self._client.image(self.id, sha256)
 
     def refresh(self) -> Session:
         return self._client.get_session(self.id)
@@ -207,8 +236,21 @@ class AsyncSession(SessionInfo):
     async def close(self, termination_reason: str | None = None) -> AsyncSession:
         return await self._client.close(self.id, termination_reason)
 
-    async def trajectories(self, mode: str = "merged", lineages: str = "all") -> list[Trajectory]:
-        return await self._client.trajectories(self.id, mode, lineages)
+    async def trajectories(
+        self,
+        mode: str = "merged",
+        lineages: str = "all",
+        *,
+        mask_stale_versions: bool = False,
+        max_preemptions: int | None = None,
+    ) -> list[Trajectory]:
+        return await self._client.trajectories(
+            self.id,
+            mode,
+            lineages,
+            mask_stale_versions=mask_stale_versions,
+            max_preemptions=max_preemptions,
+        )
 
     async def calls(self) -> list[dict]:
         return await self._client.calls(self.id)
@@ -302,13 +344,27 @@ class Client:
     def calls(self, session_id: str) -> list[dict]:
         return self._req("GET", f"/v1/sessions/{session_id}/calls")["data"]
 
+    def image(self, session_id: str, sha256: str) -> bytes:
+        """An image's bytes by its sha256, if the session's calls hold it (else a 404)."""
+        path = f"/v1/sessions/{session_id}/images/{sha256}"
+        r = self._http.request("GET", self.base_url + path, headers=self._headers)
+        _raise_for(r)
+        return r.content
+
     def trajectories(
-        self, session_id: str, mode: str = "merged", lineages: str = "all"
+        self,
+        session_id: str,
+        mode: str = "merged",
+        lineages: str = "all",
+        *,
+        mask_stale_versions: bool = False,
+        max_preemptions: int | None = None,
     ) -> list[Trajectory]:
         """Samples as numpy arrays; ``mode`` is ``merged`` or ``per_call``; ``lineages``:
         ``all``, ``main`` (the agent's own conversation) or ``side`` (its titles, summaries,
-        sub-agents)."""
-        params = {"mode": mode, "lineages": lineages}
+        sub-agents); ``mask_stale_versions`` / ``max_preemptions``: the route's loss masks of
+        calls weight updates reached (docs/weight_sync.md)."""
+        params = _traj_params(mode, lineages, mask_stale_versions, max_preemptions)
         data = self._req("GET", f"/v1/sessions/{session_id}/trajectories", params=params)
         return [Trajectory.from_json(d) for d in data["data"]]
 
@@ -414,9 +470,15 @@ class AsyncClient:
         return (await self._req("GET", f"/v1/sessions/{session_id}/calls"))["data"]
 
     async def trajectories(
-        self, session_id: str, mode: str = "merged", lineages: str = "all"
+        self,
+        session_id: str,
+        mode: str = "merged",
+        lineages: str = "all",
+        *,
+        mask_stale_versions: bool = False,
+        max_preemptions: int | None = None,
     ) -> list[Trajectory]:
-        params = {"mode": mode, "lineages": lineages}
+        params = _traj_params(mode, lineages, mask_stale_versions, max_preemptions)
         data = await self._req("GET", f"/v1/sessions/{session_id}/trajectories", params=params)
         return [Trajectory.from_json(d) for d in data["data"]]
 

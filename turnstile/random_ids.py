@@ -8,6 +8,7 @@ so it never repeats its parent's ids."""
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 
 BLOCK = 4096  # bytes read at once: ~150 ids of 96 bits
@@ -38,3 +39,18 @@ os.register_at_fork(after_in_child=_POOL.reset)
 def random_hex(n_bytes: int) -> str:
     """``n_bytes`` of the OS's randomness, in hex."""
     return _POOL.take(n_bytes).hex()
+
+
+def new_id(prefix: str) -> str:
+    """``prefix`` and 96 random bits in hex (a call's ``call_…``, a chunk's ``chatcmpl-…``)."""
+    return prefix + random_hex(12)
+
+
+# A session's capability: the bearer secret its URLs carry (the store mints it with the session,
+# the server's auth reads it back). Here, at the bottom, so the store needs nothing of auth.
+CAPABILITY_PREFIX = "cap_"
+
+
+def new_capability() -> str:
+    """A fresh capability: ``cap_`` and 32 random bytes, URL-safe base64."""
+    return CAPABILITY_PREFIX + secrets.token_urlsafe(32)

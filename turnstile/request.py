@@ -1,14 +1,11 @@
 """The one internal request every wire dialect is turned into, below the dialects that build it
 and the gateways that serve it: what to render (messages, tools), how to sample, and what the
-call's record keeps of the request as it came."""
+call's record keeps of the request as it came. (The answer's types are ``turnstile.answer``.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from .store.records import CallRecord
+from typing import Any
 
 
 @dataclass
@@ -55,23 +52,6 @@ class ChatRequest:
     # The call's ID when a dialect names it before the call runs (a streamed response's ID is
     # sent first); None: the gateway draws one.
     call_id: str | None = None
-
-
-@dataclass
-class Answer:
-    """A whole call's answer, returned by the gateway: the internal ``chat.completion`` and the
-    record it was committed as (what a dialect needs beyond that shape: the stop string that
-    ended it, the call's ID). None in capture mode, which records one call per choice."""
-
-    body: dict
-    record: CallRecord | None = None
-
-
-class Streamed(Protocol):
-    """A streamed call's chunks (the internal ``chat.completion.chunk`` shape) and, once they
-    are over, the record the call was committed as (None until then, or if it was not)."""
-
-    @property
-    def record(self) -> CallRecord | None: ...
-
-    def __aiter__(self) -> AsyncIterator[dict]: ...
+    # The request's images by sha256 (their parts in ``messages`` are ``{"type": "image",
+    # "sha256": ...}``: dialects/images.py); {} for text.
+    images: dict[str, Any] = field(default_factory=dict, repr=False)

@@ -140,7 +140,7 @@ def normalise(
         elif content_format == "string":
             content = "\n".join(text_parts(raw))
         else:
-            content = [{"type": "text", "text": t} for t in text_parts(raw)]
+            content = [_part(p) for p in raw if _kept(p)]
         msg: dict = {"role": m.get("role"), "content": content}
         role = m.get("role")
         if role == "assistant":
@@ -157,6 +157,16 @@ def normalise(
             msg["name"] = m["name"]
         out.append(msg)
     return out
+
+
+def _kept(p: object) -> bool:
+    return isinstance(p, dict) and (p.get("text") is not None or p.get("type") == "image")
+
+
+def _part(p: dict) -> dict:
+    """A text part, or an image as templates take it (``{"type": "image"}``: the template
+    prints the family's placeholder; dialects/images.py made the part)."""
+    return {"type": "image"} if p.get("type") == "image" else {"type": "text", "text": p["text"]}
 
 
 def _call(call: dict) -> dict:

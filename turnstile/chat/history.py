@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from ..media import Image, MediaItem
 from .history_hash import chain, message_key
 
 _EMPTY = array("i")
@@ -39,6 +40,9 @@ class Node:
         "mid",
         "end",
         "base",
+        "media",
+        "images",
+        "media_placeholder",
     )
 
     def __init__(
@@ -62,6 +66,11 @@ class Node:
         self._log: array | None = None
         self.start = self.mid = self.end = 0
         self.base: int | None = None
+        # the images of this call's whole prompt (spans in the expanded context) and their
+        # bytes by hash, shared with the calls that extend it (turnstile.media); () for text
+        self.media: tuple[MediaItem, ...] = ()
+        self.images: dict[str, Image] = {}
+        self.media_placeholder = -1
 
     def __repr__(self) -> str:
         return f"Node({self.id!r}, parent={self.parent.id if self.parent else None!r})"

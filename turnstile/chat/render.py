@@ -23,6 +23,7 @@ from typing import Any
 from .encoding import PromptEncoder
 from .template import ChatTemplate, TemplateError
 from .tokenizer import LoadedTokenizer
+from .vision import ImageExpander
 
 STAND_IN_USER = {"role": "user", "content": "dummy"}
 HEADS_KEPT = 16  # distinct stand-in heads kept (system prompt x tools x kwargs)
@@ -42,6 +43,8 @@ class Renderer:
     def __init__(self, tokenizer: LoadedTokenizer, template: ChatTemplate):
         self.tok = tokenizer
         self.template = template
+        # the model's image processor (chat/vision.py) where the model takes images
+        self.images: ImageExpander | None = None
         self.eog_text = {
             i: t for i in tokenizer.eog_token_ids if (t := tokenizer.token_text(i)) is not None
         }

@@ -30,6 +30,14 @@ masked loss (NaN * 0 is NaN), so converters fill those positions with ``fill_log
 (default 0.0) and report which ones they filled in the stack's metadata channel (or see
 ``_common.filled_positions``); ``fill_logprob=None`` keeps NaN.
 
+The logprobs go to each trainer's rollout (behaviour) logprob field. Where a trained call's
+record says they are not the sampler's (``behaviour_exact`` False: raw or scaled logprobs under
+truncation, a bias or a grammar), every converter warns once per conversion
+(``_common.InexactLogprobsWarning``, ``inexact="warn"``, the default) or refuses
+(``inexact="refuse"``: ValueError naming the sample and call); the free-form metadata channels
+(slime ``metadata``, prime-rl ``extras``, verl ``extra_fields``) carry ``behaviour_exact`` per
+sample (None: a record too old to say).
+
 Each module's docstring names the framework version it targets and who computes what from the
 rewards (raw rewards where the framework normalises them itself); a sample without a reward
 raises ValueError wherever a reward is needed, instead of training as 0.0.

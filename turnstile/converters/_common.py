@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -150,8 +151,10 @@ def finish_reason(t: Trajectory) -> str | None:
 
 
 def ids_meta(t: Trajectory) -> dict:
-    """The rollout's identity, for a stack's free-form metadata channel."""
+    """The rollout's identity, for a stack's free-form metadata channel, and whether its
+    rollout logprobs are the sampler's (:func:`behaviour_exact`)."""
     return {
+        "behaviour_exact": behaviour_exact(t),
         "trajectory_id": t.id,
         "session_id": t.session_id,
         "group_id": t.group_id,
@@ -160,3 +163,118 @@ def ids_meta(t: Trajectory) -> dict:
         "call_ids": t.call_ids,
         "segment_reason": t.segment_reason,
     }
+
+
+ROUTED = "routed_experts"  # token_arrays.ROUTED_EXPERTS
+
+
+def routed_experts(t: Trajectory, who: str) -> np.ndarray | None:
+    """The sample's routed experts ``[T, layers, k]`` for router replay (aligned with its
+    ``token_ids``), or None when no call of it recorded routing. Every row a trainer replays
+    (all but the last token's, which no engine forwards and no loss reads) must have been
+    recorded: a missing row replayed as expert 0 would be silently wrong, so ValueError."""
+    values = t.arrays.get(ROUTED)
+    if values is None:
+        return None
+    missing = np.flatnonzero(t.present[ROUTED][:-1] == 0)
+    if len(missing):
+        raise ValueError(
+            f"{who}: sample {t.id} has no recorded routing for {len(missing)} token(s) "
+            f"(positions {missing[:5].tolist()}...): a call of it ran with routing off, on an "
+            "engine that returns none, or its rows could not be read (the call's "
+            "info.arrays_asked says which); leave the sample out of router replay"
+        )
+    return values
+
+
+def batch_routing(trajs: Sequence[Trajectory], who: str) -> list[np.ndarray] | None:
+    """Each sample's routed experts, or None when none has any (a batch that mixes samples
+    with and without routing raises: router replay needs it for all or none)."""
+    got = [routed_experts(t, who) for t in trajs]
+    if all(g is None for g in got):
+        return None
+    if any(g is None for g in got):
+        raise ValueError(f"{who}: some samples have routed experts and others none")
+    return [g for g in got if g is not None]
+
+
+#: ``image_bytes(session_id, sha256)``: an image's stored bytes (``Client.image``).
+ImageBytes = Callable[[str, str], bytes]
+
+
+def pil_images(t: Trajectory, image_bytes: ImageBytes | None, who: str) -> list:
+    """The sample's images as RGB PIL images, in the order of their blocks in the tokens (the
+    order a processor pairs images with placeholders); [] for a text sample. The bytes are
+    checked against the sha256 the record names (a wrong reader would train on other
+    pixels)."""
+    if not t.images:
+        return []
+    if image_bytes is None:
+        raise ValueError(f"{who}: sample {t.id} holds images: pass image_bytes (Client.image)")
+    import hashlib
+    import io
+
+    from PIL import Image
+
+    out = []
+    for im in sorted(t.images, key=lambda i: i["offset"]):
+        data = image_bytes(t.session_id, im["sha256"])
+        if hashlib.sha256(data).hexdigest() != im["sha256"]:
+            raise ValueError(f"{who}: image_bytes gave other bytes for image {im['sha256']}")
+        out.append(Image.open(io.BytesIO(data)).convert("RGB"))
+    return out
+
+
+# --- the behaviour logprob: whether the recorded logprobs are the sampler's -----------------
+
+#: What a converter does with a sample whose trained tokens' logprobs are not those of the
+#: distribution they were sampled from (a call's ``behaviour_exact`` False): ``"warn"`` (the
+#: default: converted, one :class:`InexactLogprobsWarning` per conversion naming the samples)
+#: or ``"refuse"`` (ValueError). Every converter that hands logprobs to a trainer's rollout
+#: field takes ``inexact=`` and does the same.
+INEXACT = ("warn", "refuse")
+
+
+class InexactLogprobsWarning(UserWarning):
+    """Rollout logprobs handed to a trainer are not the sampler's: an importance weight
+    (TIS/MIS) divided by them is wrong (see the calls' ``info.behaviour_logprobs.why``)."""
+
+
+def _trained_turns(t: Trajectory) -> list[dict]:
+    """The turns whose sampled tokens the loss reads."""
+    mask = t.loss_mask
+    return [x for x in t.turns if mask[x["completion_start"] : x["completion_end"]].any()]
+
+
+def behaviour_exact(t: Trajectory) -> bool | None:
+    """True when the logprob of every trained token is the log-probability under the
+    distribution it was sampled from, False when a call's is not, None when a record is too
+    old to say."""
+    flags = [x.get("behaviour_exact") for x in _trained_turns(t)]
+    if any(f is False for f in flags):
+        return False
+    return None if any(f is None for f in flags) else True
+
+
+def check_behaviour(trajs: Sequence[Trajectory], who: str, inexact: str) -> None:
+    """Warn or refuse (``inexact``, :data:`INEXACT`) when some samples' rollout logprobs are
+    not the sampler's."""
+    if inexact not in INEXACT:
+        raise ValueError(f"inexact must be one of {INEXACT}, not {inexact!r}")
+    bad = [(t, x) for t in trajs for x in _trained_turns(t) if x.get("behaviour_exact") is False]
+    if not bad:
+        return
+    samples = list(dict.fromkeys(t.id for t, _ in bad))
+    kinds = sorted({x.get("logprob_kind") or "unknown" for _, x in bad})
+    t, x = bad[0]
+    msg = (
+        f"{who}: {len(samples)} of {len(trajs)} sample(s) hold rollout logprobs that are not "
+        f"the sampler's ({', '.join(kinds)}; first: sample {t.id}, call {x['call_id']}): "
+        "importance weights (TIS/MIS) divided by them are wrong. The calls' "
+        "info.behaviour_logprobs.why says what moved the distribution; record with the "
+        "sampler's logprobs (vLLM --logprobs-mode processed_logprobs; SGLang under a top-k) "
+        "or have the trainer recompute the old logprobs"
+    )
+    if inexact == "refuse":
+        raise ValueError(msg + " (inexact='warn' converts them anyway)")
+    warnings.warn(msg, InexactLogprobsWarning, stacklevel=3)

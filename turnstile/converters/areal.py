@@ -23,12 +23,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..store.trajectories import Trajectory
-from ._common import DEFAULT_FILL, logprobs, require_rewards
+from ._common import DEFAULT_FILL, check_behaviour, logprobs, require_rewards
 
 
 def to_areal_tensor_dicts(
-    trajs: Sequence[Trajectory], fill_logprob: float | None = DEFAULT_FILL
+    trajs: Sequence[Trajectory],
+    fill_logprob: float | None = DEFAULT_FILL,
+    inexact: str = "warn",
 ) -> list[dict[str, np.ndarray]]:
+    check_behaviour(trajs, "AReaL", inexact)
     rewards = require_rewards(trajs, "AReaL")
     out = []
     for t, r in zip(trajs, rewards, strict=True):
@@ -68,6 +71,8 @@ def concat_padded(
 
 
 def to_areal_batch(
-    trajs: Sequence[Trajectory], fill_logprob: float | None = DEFAULT_FILL
+    trajs: Sequence[Trajectory],
+    fill_logprob: float | None = DEFAULT_FILL,
+    inexact: str = "warn",
 ) -> dict[str, np.ndarray]:
-    return concat_padded(to_areal_tensor_dicts(trajs, fill_logprob))
+    return concat_padded(to_areal_tensor_dicts(trajs, fill_logprob, inexact))

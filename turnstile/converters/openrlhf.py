@@ -28,6 +28,7 @@ from ..store.trajectories import Trajectory
 from ._common import (
     DEFAULT_FILL,
     action_ranges,
+    check_behaviour,
     filled_positions,
     finish_reason,
     logprobs,
@@ -53,7 +54,9 @@ def to_openrlhf_samples(
     trajs: Sequence[Trajectory],
     decode: Callable[[list[int]], str] | None = None,
     fill_logprob: float | None = DEFAULT_FILL,
+    inexact: str = "warn",
 ) -> list[dict]:
+    check_behaviour(trajs, "OpenRLHF", inexact)
     rewards = require_rewards(trajs, "OpenRLHF")
     out = []
     for t, reward in zip(trajs, rewards, strict=True):
@@ -83,11 +86,15 @@ def to_openrlhf_samples(
 
 
 def to_openrlhf_experience(
-    trajs: Sequence[Trajectory], pad_token_id: int, fill_logprob: float | None = DEFAULT_FILL
+    trajs: Sequence[Trajectory],
+    pad_token_id: int,
+    fill_logprob: float | None = DEFAULT_FILL,
+    inexact: str = "warn",
 ) -> dict[str, np.ndarray]:
     """``sequences [B, T]`` (right-padded), ``attention_mask [B, T]``, ``action_mask [B, T-1]``
     and ``rollout_log_probs [B, T-1]`` (both ``[:, 1:]``: shifted to the predicting position),
     ``rewards [B]``."""
+    check_behaviour(trajs, "OpenRLHF", inexact)
     rewards = require_rewards(trajs, "OpenRLHF")
     T = max((len(t.token_ids) for t in trajs), default=1)
     seqs = pad([t.token_ids for t in trajs], T, pad_token_id, False, np.int64)

@@ -25,7 +25,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..store.trajectories import Trajectory
-from ._common import DEFAULT_FILL, finish_reason, grpo_advantages, ids_meta, logprobs, split
+from ._common import (
+    DEFAULT_FILL,
+    check_behaviour,
+    finish_reason,
+    grpo_advantages,
+    ids_meta,
+    logprobs,
+    split,
+)
 
 
 def temperatures(t: Trajectory, default: float = 1.0) -> np.ndarray:
@@ -44,8 +52,10 @@ def to_prime_rl_samples(
     env_name: str | None = None,
     advantages: Sequence[float] | None = None,
     fill_logprob: float | None = DEFAULT_FILL,
+    inexact: str = "warn",
 ) -> list[dict]:
     """``advantages``: one per sample; default: reward minus the group mean."""
+    check_behaviour(trajs, "prime-rl", inexact)
     adv = np.asarray(
         advantages if advantages is not None else grpo_advantages(trajs, scale=False),
         dtype=np.float32,
@@ -68,9 +78,12 @@ def to_prime_rl_samples(
 
 
 def to_verifiers_steps(
-    trajs: Sequence[Trajectory], fill_logprob: float | None = DEFAULT_FILL
+    trajs: Sequence[Trajectory],
+    fill_logprob: float | None = DEFAULT_FILL,
+    inexact: str = "warn",
 ) -> list[dict]:
     """``TrajectoryStep``-shaped dicts (``tokens`` = ``TrajectoryStepTokens``)."""
+    check_behaviour(trajs, "prime-rl", inexact)
     out = []
     for t in trajs:
         p, r, m, lp, _ = split(t, fill_logprob)

@@ -36,7 +36,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..store.trajectories import Trajectory
-from ._common import DEFAULT_FILL, filled_positions, finish_reason, require_rewards, split
+from ._common import (
+    DEFAULT_FILL,
+    batch_routing,
+    check_behaviour,
+    filled_positions,
+    finish_reason,
+    require_rewards,
+    split,
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,9 @@ def to_skyrl_generator_output(
     step_wise: bool = False,
     per_token_rewards: bool = False,
     fill_logprob: float | None = DEFAULT_FILL,
+    inexact: str = "warn",
 ) -> dict:
+    check_behaviour(trajs, "SkyRL", inexact)
     rows = list(trajs)
     last = [True] * len(rows)
     if step_wise:
@@ -142,7 +152,9 @@ def to_skyrl_generator_output(
     out: dict[str, object] = dict(cols)
     out["is_last_step"] = [bool(x) for x in last] if step_wise else None
     out["rollout_metrics"] = {"logprob_filled_tokens": filled}
-    out["rollout_expert_indices"] = None
+    routing = batch_routing(rows, "SkyRL")
+    # [batch, seq_len (prompt + response), layers, k], as SkyRL's router replay reads it
+    out["rollout_expert_indices"] = None if routing is None else [r.tolist() for r in routing]
     return out
 
 

@@ -32,11 +32,15 @@ import numpy as np
 from ..store.trajectories import Trajectory
 from ._common import (
     DEFAULT_FILL,
+    ImageBytes,
+    batch_routing,
+    check_behaviour,
     filled_positions,
     finish_reason,
     group_indices,
     ids_meta,
     order_by_group,
+    pil_images,
     require_rewards,
     split,
 )
@@ -50,15 +54,24 @@ def to_slime_samples(
     decode: Callable[[list[int]], str] | None = None,
     reward_key: bool = False,
     fill_logprob: float | None = DEFAULT_FILL,
+    image_bytes: ImageBytes | None = None,
+    inexact: str = "warn",
 ) -> list[dict]:
-    """``decode`` (e.g. ``tokenizer.decode``) fills ``prompt``/``response`` text."""
+    """``decode`` (e.g. ``tokenizer.decode``) fills ``prompt``/``response`` text. A sample
+    with images gets ``multimodal_inputs`` ``{"images": [PIL images]}`` in the order of
+    their blocks in ``tokens`` (what slime's rollout keeps and hands its processor), read by
+    ``image_bytes(session_id, sha256)`` (``Client.image``), and their spans in
+    ``metadata["images"]``."""
+    check_behaviour(trajs, "slime", inexact)
     ordered = order_by_group(trajs)
     require_rewards(ordered, "slime")
     gidx, _ = group_indices(ordered)
+    routing = batch_routing(ordered, "slime")
     sessions: dict[str, int] = {}
     out = []
     for i, t in enumerate(ordered):
         p, r, m, lp, v = split(t, fill_logprob)
+        images = pil_images(t, image_bytes, "slime")
         out.append(
             {
                 "group_index": gidx[i],
@@ -75,12 +88,20 @@ def to_slime_samples(
                 "weight_versions": [w for w in t.weight_versions if w is not None],
                 "rollout_log_probs": lp.astype(np.float64).tolist(),
                 "status": "truncated" if finish_reason(t) == "length" else "completed",
+                # [len(tokens) - 1, layers, k] int32, as slime decodes SGLang's rows
+                **(
+                    {"rollout_routed_experts": routing[i][:-1].astype(np.int32)}
+                    if routing is not None
+                    else {}
+                ),
+                **({"multimodal_inputs": {"images": images}} if images else {}),
                 "metadata": {
                     **ids_meta(t),
                     "versions": v.tolist(),
                     "logprob_filled": filled_positions(t, t.prompt_len)
                     if fill_logprob is not None
                     else [],
+                    **({"images": list(t.images)} if t.images else {}),
                 },
             }
         )

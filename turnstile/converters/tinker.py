@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..store.trajectories import Trajectory
-from ._common import DEFAULT_FILL, grpo_advantages, logprobs
+from ._common import DEFAULT_FILL, check_behaviour, grpo_advantages, logprobs
 
 
 def to_tinker_datums(
@@ -33,8 +33,10 @@ def to_tinker_datums(
     advantages: Sequence[float] | None = None,
     fill_logprob: float | None = DEFAULT_FILL,
     sdk: bool | None = None,
+    inexact: str = "warn",
 ) -> list[Any]:
     """``advantages``: one per sample; default: reward minus the group mean."""
+    check_behaviour(trajs, "Tinker", inexact)
     if sdk is None:
         sdk = importlib.util.find_spec("tinker") is not None
     adv = np.asarray(

@@ -20,6 +20,15 @@ reward functions: ``reward`` (raw, or None when not posted: TRL's reward functio
 rewards, then TRL normalises per group), ``rewards`` (named), ``group_id``, ``sample_index``,
 ``session_id``, ``task_id``, ``versions``, ``logprob_filled`` (completion positions whose
 logprob the engine did not report and that hold ``fill_logprob``).
+
+Images: on the ``rollout_func`` path TRL 1.16 takes the pixels for its forward pass from the
+dataset rows' ``images`` (or ``image``) column, re-processed with the prompt
+(``GRPOTrainer._generate_and_score_completions``: ``processing_class(images=..., text=...)``);
+nothing ``rollout_func`` returns reaches the model as pixels. So a sample's images must all
+sit in its prompt and be its dataset row's images, in order: ``image_sha256`` (per sample,
+the hashes in block order) lets the caller check that, and a sample with an image after its
+prompt (a tool result's screenshot) raises ValueError (TRL's own tool loop is the only path
+that feeds such images; verl's and slime's converters carry them).
 """
 
 from __future__ import annotations
@@ -29,7 +38,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..store.trajectories import Trajectory
-from ._common import DEFAULT_FILL, filled_positions, group_indices, order_by_group, split
+from ._common import (
+    DEFAULT_FILL,
+    check_behaviour,
+    filled_positions,
+    group_indices,
+    order_by_group,
+    split,
+)
 
 KEYS = ("task_id", "group_id")
 
@@ -80,8 +96,10 @@ def to_trl_rollout(
     fill_logprob: float | None = DEFAULT_FILL,
     prompt_keys: Sequence[str] | None = None,
     key: str = "task_id",
+    inexact: str = "warn",
 ) -> dict:
     """``rollout_func`` output (see the module docstring for the order)."""
+    check_behaviour(trajs, "TRL", inexact)
     if prompt_keys is not None:
         ordered = order_for_prompts(trajs, prompt_keys, key)
     else:
@@ -109,10 +127,22 @@ def to_trl_rollout(
             "task_id",
             "versions",
             "logprob_filled",
+            "image_sha256",
         )
     }
     for t in ordered:
         p, r, m, lp, v = split(t, fill_logprob)
+        late = [im for im in t.images if im["offset"] + im["length"] > t.prompt_len]
+        if late:
+            raise ValueError(
+                f"TRL: sample {t.id} has an image at token {late[0]['offset']}, after its "
+                f"prompt ({t.prompt_len} tokens): TRL 1.16's rollout_func path feeds its "
+                "model only the dataset row's images with the prompt; train it with the "
+                "verl or slime converter"
+            )
+        out["image_sha256"].append(
+            [im["sha256"] for im in sorted(t.images, key=lambda i: i["offset"])]
+        )
         out["prompt_ids"].append(p.tolist())
         out["completion_ids"].append(r.tolist())
         out["logprobs"].append(lp.astype(np.float64).tolist())

@@ -11,7 +11,9 @@ torch.from_numpy(v)}, non_tensors=...)`` wraps them):
 - ``position_ids = clip(cumsum(attention_mask) - 1, 0)`` (verl's ``compute_position_id_with_mask``);
 - ``response_mask [B, R]``: 1 on sampled tokens, 0 on observations (tool/user deltas) and pad;
 - ``rollout_log_probs [B, R]`` float32, aligned to ``responses`` (no shift), 0 off-mask;
-- ``rm_scores [B, R]``: the rollout's raw reward on the last real response token.
+- ``rm_scores [B, R]``: the rollout's raw reward on the last real response token;
+- ``routed_experts [B, P+R, layers, k]`` int16 where the samples recorded routing (router
+  replay, R3; the layout Megatron's ``RouterReplay`` is given), on ``input_ids``' positions.
 
 Rewards: verl takes raw scalar rewards and computes advantages itself (GRPO groups by the
 ``uid`` non-tensor field). As in verl's own agent loop, ``rm_scores`` is only written when
@@ -39,10 +41,15 @@ import numpy as np
 from ..store.trajectories import Trajectory
 from ._common import (
     DEFAULT_FILL,
+    ImageBytes,
+    batch_routing,
+    behaviour_exact,
+    check_behaviour,
     filled_positions,
     group_key,
     missing_rewards,
     pad,
+    pil_images,
     split,
     version_span,
 )
@@ -67,9 +74,11 @@ def to_verl_batch(
     response_length: int | None = None,
     fill_logprob: float | None = DEFAULT_FILL,
     with_uid: bool = False,
+    inexact: str = "warn",
 ) -> dict:
     """``{"batch": {...}, "non_tensor_batch": {...}, "meta_info": {}}``; lengths default to
     the longest prompt/response in the batch (a longer row raises: no silent truncation)."""
+    check_behaviour(trajs, "verl", inexact)
     has_rewards = _check_rewards(trajs)
     parts = [split(t, fill_logprob) for t in trajs]
     P = prompt_length if prompt_length is not None else max((len(p[0]) for p in parts), default=0)
@@ -117,11 +126,26 @@ def to_verl_batch(
     }
     if with_uid:
         non_tensor["uid"] = _obj([group_key(t) for t in trajs])
+    routing = batch_routing(trajs, "verl")
+    if routing is not None:
+        # [B, P+R, layers, k] int16 on input_ids' positions (left-padded prompt), as verl's
+        # agent loop aligns them and Megatron's RouterReplay (set_router_replay_data) reads
+        shape = {r.shape[1:] for r in routing}
+        if len(shape) != 1:
+            raise ValueError(f"verl: samples' routing shapes differ ({sorted(shape)})")
+        aligned = np.zeros((len(trajs), P + R, *shape.pop()), dtype=np.int16)
+        for i, (r, p) in enumerate(zip(routing, parts, strict=True)):
+            start = P - len(p[0])
+            aligned[i, start : start + len(r)] = r
+        batch["routed_experts"] = aligned
     return {"batch": batch, "non_tensor_batch": non_tensor, "meta_info": {}}
 
 
 def to_verl_agent_loop_outputs(
-    trajs: Sequence[Trajectory], fill_logprob: float | None = DEFAULT_FILL
+    trajs: Sequence[Trajectory],
+    fill_logprob: float | None = DEFAULT_FILL,
+    image_bytes: ImageBytes | None = None,
+    inexact: str = "warn",
 ) -> list[dict]:
     """One ``AgentLoopOutput`` field dict per sample (``AgentLoopOutput(**d)``), as an agent
     loop returns them: ``prompt_ids``, ``response_ids`` (sampled + observation tokens),
@@ -129,11 +153,16 @@ def to_verl_agent_loop_outputs(
     verl then computes it; verl writes ``rm_scores`` only when all are set), ``num_turns``,
     ``metrics``, ``extra_fields`` (``min_global_steps``/``max_global_steps``, the Turnstile
     ids, the TransferQueue-style key ``{group}_{sample_index}_{n}``, ``logprob_filled``;
-    never ``uid``, which verl owns)."""
+    never ``uid``, which verl owns). A sample with images gets ``multi_modal_data``
+    (``{"images": [PIL images]}``, in the order of their blocks in the tokens, as verl's agent
+    loop gives its processor): ``image_bytes(session_id, sha256)`` reads them
+    (``Client.image``)."""
+    check_behaviour(trajs, "verl", inexact)
     _check_rewards(trajs)
+    routing = batch_routing(trajs, "verl")
     out = []
     seen: dict[tuple[str, int | None], int] = {}
-    for t in trajs:
+    for i, t in enumerate(trajs):
         p, r, m, lp, v = split(t, fill_logprob)
         lo, hi = version_span(v)
         group = group_key(t)
@@ -146,6 +175,8 @@ def to_verl_agent_loop_outputs(
                 "response_mask": m.astype(np.int64).tolist(),
                 "response_logprobs": lp.astype(np.float64).tolist(),
                 "reward_score": None if t.reward is None else float(t.reward),
+                # [len(prompt_ids) + len(response_ids), layers, k]: verl aligns it (int16)
+                "routed_experts": None if routing is None else routing[i].astype(np.int16),
                 "num_turns": 2 * t.num_turns,
                 "metrics": {},
                 "extra_fields": {
@@ -156,13 +187,21 @@ def to_verl_agent_loop_outputs(
                     "sample_index": t.sample_index,
                     "key": f"{group}_{t.sample_index}_{n}",
                     "versions": v.tolist(),
+                    # whether response_logprobs are the sampler's (TIS/MIS may divide by them)
+                    "behaviour_exact": behaviour_exact(t),
                     "logprob_filled": filled_positions(t, t.prompt_len)
                     if fill_logprob is not None
                     else [],
                 },
+                **_multi_modal(t, image_bytes),
             }
         )
     return out
+
+
+def _multi_modal(t: Trajectory, image_bytes: ImageBytes | None) -> dict:
+    images = pil_images(t, image_bytes, "verl")
+    return {"multi_modal_data": {"images": images}} if images else {}
 
 
 def _obj(values: list) -> np.ndarray:

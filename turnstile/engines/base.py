@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Self
 
+from ..token_arrays import Rows, span_versions
+
 # What the logprob numbers an engine returns mean (``Finish.logprob_kind``). Only a logprob of
 # the distribution the token was actually sampled from is a behaviour-policy logprob.
 RAW_LOGPROBS = "raw_logprobs"  # log-softmax of the model's logits: before bias, temperature, top-p
@@ -48,13 +50,35 @@ class SamplingParams:
     repetition_penalty: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    # Prompt positions whose per-token arrays (routed experts) the parent's record already
+    # holds: the engine is asked only for rows after them (vLLM routed_experts_prompt_start,
+    # SGLang routed_experts_start_len). Not a sampling option: left out of ``as_dict``.
+    rows_from: int = 0
 
     def as_dict(self) -> dict:
         """JSON-ready, for the call record."""
-        out = {k: v for k, v in self.__dict__.items() if v not in (None, [], {})}
+        out = {
+            k: v for k, v in self.__dict__.items() if v not in (None, [], {}) and k != "rows_from"
+        }
         if self.logit_bias:
             out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """One sampler field as an adapter put it on its wire: ``value`` as sent, and the
+    :class:`SamplingParams` field it carries (None: a value Turnstile fixes itself, such as
+    llama-server's ``typical_p`` 1.0, so that no engine default is left in play)."""
+
+    field: str | None
+    value: object
+
+
+def sent_fields(body: Mapping[str, object], wire: Mapping[str, str | None]) -> dict[str, Sent]:
+    """The sampler fields of an adapter's request ``body``: each key of ``wire`` (wire name →
+    :class:`SamplingParams` field) that the body holds, with its value as sent."""
+    return {k: Sent(f, body[k]) for k, f in wire.items() if k in body}
 
 
 @dataclass(slots=True)
@@ -113,6 +137,14 @@ class Finish:
     # Spans ``{"version", "start", "end"}`` over completion-token indexes ``[start, end)``, as
     # the engine reported them (vLLM ``weight_versions``, SGLang ``meta_info.weight_versions``).
     weight_versions: list[dict] | None = None
+    # Per-token arrays the engine returned whole (``token_arrays.DECLARED`` names), positioned
+    # on the call's prompt + completion: vLLM and SGLang give routed experts once, at the end.
+    arrays: dict[str, Rows] = field(default_factory=dict)
+    # What the adapter asked of each array (``{"asked": True, "from": 12}``), for the record.
+    asked: dict[str, dict] = field(default_factory=dict)
+    # The sampler settings the engine says it applied, where its answer echoes them
+    # (llama-server's ``generation_settings``), by the adapter's wire names.
+    engine_sampling: dict | None = None
 
     def token_versions(self, n: int) -> list[str | None] | None:
         """The weight version of each of ``n`` completion tokens (see :func:`token_versions`)."""
@@ -122,13 +154,7 @@ class Finish:
 def token_versions(spans: list[dict] | None, n: int) -> list[str | None] | None:
     """The weight version of each of ``n`` completion tokens from an engine's spans (None where
     no span covers it), or None when the engine reported no spans."""
-    if not spans:
-        return None
-    out: list[str | None] = [None] * n
-    for span in spans:
-        for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):
-            out[i] = span["version"]
-    return out
+    return span_versions(spans, n)
 
 
 class EngineError(Exception):
@@ -244,6 +270,12 @@ class EngineControl(Protocol):
         """What of ``params`` this engine cannot honour as asked (for the record's warnings)."""
         ...
 
+    def sent_sampling(self, params: SamplingParams) -> dict[str, Sent]:
+        """Every sampler field this engine's wire carries for ``params``, by its wire name, with
+        the value sent (the record's ``sampling_applied``): read from the adapter's own request
+        body, so the record says what the engine got, not what Turnstile meant."""
+        ...
+
     def forget(self, session_id: str) -> None:
         """A deleted session: drop what is kept for it (a pool's sticky replica)."""
         ...
@@ -296,6 +328,10 @@ class EngineBase:
 
     def sampling_notes(self, params: SamplingParams) -> list[str]:
         return []
+
+    def sent_sampling(self, params: SamplingParams) -> dict[str, Sent]:
+        """An in-process engine has no wire: the parameters themselves."""
+        return {k: Sent(k, v) for k, v in params.as_dict().items()}
 
     async def pause(self, mode: str) -> str:
         """Forward a pause for a weight update; engines without such a route say so."""

@@ -51,8 +51,11 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body (read on past the high-water mark: nothing else would resume it,
+        and a whole answer with routed experts or top-k logprobs runs to megabytes)."""
         while not self._eof:
+            if self._conn is not None:
+                self._conn.resume()
             await self._wait()
         return b"".join(self._buf)
 

@@ -42,13 +42,13 @@ ENGINE_KINDS = (
         "vllm",
         VLLMEngine,
         capture="vllm",
-        options=("timeout", "connect_timeout", "api", "logprobs_mode"),
+        options=("timeout", "connect_timeout", "api", "logprobs_mode", "routed_experts"),
     ),
     EngineKind(
         "sglang",
         SGLangEngine,
         capture="sglang",
-        options=("timeout", "connect_timeout", "original_logprobs"),
+        options=("timeout", "connect_timeout", "original_logprobs", "routed_experts"),
     ),
 )
 

@@ -24,14 +24,41 @@ from .base import (
     EngineError,
     Finish,
     SamplingParams,
+    Sent,
     TokenBatch,
     logprob_unfitness,
+    sent_fields,
 )
 from .connection import Response
 from .http import CONNECT_TIMEOUT_S, ENGINE_FAILURES, ENGINE_TIMEOUT_S, HTTPEngine, timed_out
 from .prompt_json import wire_ids
 
 _STOP_REASON = {"eos": "stop", "word": "stop", "limit": "length"}
+
+# The sampler fields of ``/completion`` (wire name → SamplingParams field; None: fixed by
+# Turnstile). Every sampler in llama-server's default chain is set, so none runs on its own
+# default (top_k 40, top_p 0.95, min_p 0.05; the others are off by default but told so anyway).
+SAMPLER_WIRE: dict[str, str | None] = {
+    "n_predict": "max_tokens",
+    "temperature": "temperature",
+    "dynatemp_range": None,
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical_p": None,
+    "xtc_probability": None,
+    "top_n_sigma": None,
+    "mirostat": None,
+    "dry_multiplier": None,
+    "repeat_penalty": "repetition_penalty",
+    "repeat_last_n": None,
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "seed": "seed",
+    "logit_bias": "logit_bias",
+    "grammar": "grammar",
+    "json_schema": "json_schema",
+}
 
 
 # llama-server ends a generation on any token with one of these texts, whatever the model file
@@ -123,6 +150,11 @@ class LlamaCppEngine(HTTPEngine):
             "top_k": params.top_k or 0,
             "min_p": params.min_p or 0.0,
             "typical_p": 1.0,
+            "dynatemp_range": 0.0,
+            "xtc_probability": 0.0,
+            "top_n_sigma": -1.0,
+            "mirostat": 0,
+            "dry_multiplier": 0.0,
             "repeat_penalty": params.repetition_penalty or 1.0,
             "frequency_penalty": params.frequency_penalty or 0.0,
             "presence_penalty": params.presence_penalty or 0.0,
@@ -146,6 +178,9 @@ class LlamaCppEngine(HTTPEngine):
         elif params.json_schema is not None:
             body["json_schema"] = params.json_schema
         return body
+
+    def sent_sampling(self, params: SamplingParams) -> dict[str, Sent]:
+        return sent_fields(self.request_body((), params), SAMPLER_WIRE)
 
     def sampling_notes(self, params: SamplingParams) -> list[str]:
         """Where this engine's sampling differs from what the OpenAI request means."""
@@ -225,4 +260,13 @@ def _finish(data: dict, batch: TokenBatch) -> Finish:
         cached_tokens=int(timings.get("cache_n") or 0),
         logprob_kind=RAW_LOGPROBS,
         timings={k: timings[k] for k in ("prompt_ms", "predicted_ms") if k in timings},
+        engine_sampling=_echoed(data.get("generation_settings")),
     )
+
+
+def _echoed(settings: object) -> dict | None:
+    """The sampler fields of llama-server's ``generation_settings`` (what its slot applied)."""
+    if not isinstance(settings, dict):
+        return None
+    out = {k: settings[k] for k in SAMPLER_WIRE if k in settings}
+    return out or None

@@ -16,7 +16,15 @@ import hashlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from .base import EngineAdapter, EngineControl, EngineError, Finish, SamplingParams, TokenBatch
+from .base import (
+    EngineAdapter,
+    EngineControl,
+    EngineError,
+    Finish,
+    SamplingParams,
+    Sent,
+    TokenBatch,
+)
 
 
 class Replica(EngineControl, Protocol):
@@ -82,6 +90,9 @@ class ReplicaPool(Generic[R]):
 
     def sampling_notes(self, params: SamplingParams) -> list[str]:
         return self.replicas[0].sampling_notes(params)
+
+    def sent_sampling(self, params: SamplingParams) -> dict[str, Sent]:
+        return self.replicas[0].sent_sampling(params)
 
     def end_ids(self, vocab: Mapping[str, int]) -> frozenset[int]:
         return frozenset().union(*(r.end_ids(vocab) for r in self.replicas))

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import orjson
 
+from ..media import MediaPrompt
 from .base import (
     PROCESSED_LOGITS,
     PROCESSED_LOGPROBS,
@@ -44,8 +45,10 @@ from .base import (
     EngineError,
     Finish,
     SamplingParams,
+    Sent,
     TokenBatch,
     logprob_unfitness,
+    sent_fields,
 )
 from .http import (
     CONNECT_TIMEOUT_S,
@@ -57,6 +60,8 @@ from .http import (
     version_tuple,
 )
 from .prompt_json import wire_ids
+from .routing import parse_option
+from .vllm_media import content_parts
 from .vllm_reader import COMPLETIONS, GENERATE, Reader, RouteGone
 
 LOGPROBS_MODES = (RAW_LOGPROBS, PROCESSED_LOGPROBS, RAW_LOGITS, PROCESSED_LOGITS)
@@ -144,8 +149,34 @@ class VLLMServer(HTTPEngine):
         return logprob_unfitness(self.logprob_kind, params)
 
 
+# The sampler fields of vLLM's ``SamplingParams`` on either route (wire name → Turnstile's
+# SamplingParams field; None: fixed by Turnstile).
+SAMPLER_WIRE: dict[str, str | None] = {
+    "n": None,
+    "max_tokens": "max_tokens",
+    "min_tokens": None,
+    "ignore_eos": None,
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "seed": "seed",
+    "logit_bias": "logit_bias",
+    "structured_outputs": "grammar",
+}
+
+
 class VLLMEngine(VLLMServer):
     name = "vllm"
+
+    def sent_sampling(self, params: SamplingParams) -> dict[str, Sent]:
+        sent = sent_fields(self._sampling(params, self.route == COMPLETIONS), SAMPLER_WIRE)
+        if params.json_schema is not None and "structured_outputs" in sent:
+            sent["structured_outputs"] = Sent("json_schema", sent["structured_outputs"].value)
+        return sent
 
     def __init__(
         self,
@@ -155,15 +186,19 @@ class VLLMEngine(VLLMServer):
         logprobs_mode: str | None = None,
         timeout: float = ENGINE_TIMEOUT_S,
         connect_timeout: float = CONNECT_TIMEOUT_S,
+        routed_experts: str | None = None,
     ):
         """``api``: "auto" (``/inference/v1/generate`` when the server has it), "generate" or
-        "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known."""
+        "completions". ``logprobs_mode``: the server's ``--logprobs-mode`` when known.
+        ``routed_experts``: record each token's routed experts ("on": the server runs with
+        ``--enable-return-routed-experts``; see ``engines.routing``)."""
         if api not in ("auto", "generate", "completions"):
             raise ValueError(f"api must be auto, generate or completions, not {api!r}")
         super().__init__(
             url, logprobs_mode=logprobs_mode, timeout=timeout, connect_timeout=connect_timeout
         )
         self.api = api
+        self.routing, self.routing_shape = parse_option(routed_experts)
         self.route: str | None = {"generate": GENERATE, "completions": COMPLETIONS}.get(api)
         self._disabled: str | None = None  # why /inference/v1/generate cannot be used
         self.route_note: str | None = None  # the route chosen at start, and why
@@ -286,10 +321,19 @@ class VLLMEngine(VLLMServer):
         request_id: str,
         route: str,
     ) -> dict:
+        sent = prompt_ids
+        if isinstance(prompt_ids, MediaPrompt):
+            if route != GENERATE:
+                raise EngineError(
+                    "images need vLLM's /inference/v1/generate (vllm serve --enable-scale-out);"
+                    " /v1/completions takes no images",
+                    400,
+                )
+            sent = prompt_ids.collapsed()  # vLLM expands each placeholder itself
         if route == GENERATE:
             body: dict = {
                 "request_id": request_id,
-                "token_ids": wire_ids(prompt_ids),
+                "token_ids": wire_ids(sent),
                 "sampling_params": self._sampling(params, False),
                 "stream": stream,
             }
@@ -307,6 +351,15 @@ class VLLMEngine(VLLMServer):
                 body["model"] = self.model
             if self._v is None or self._v >= (0, 33):
                 body["return_weight_versions"] = True
+        if isinstance(prompt_ids, MediaPrompt):  # images: one placeholder each + the bytes
+            body["content_parts"] = content_parts(prompt_ids)
+            body["return_token_ids"] = True
+        if self.routing:  # only the rows the parent's record does not hold
+            start = max(0, min(params.rows_from, len(prompt_ids)))
+            if route == GENERATE:
+                body["sampling_params"]["routed_experts_prompt_start"] = start
+            else:
+                body["routed_experts_prompt_start"] = start
         if stream:
             body["stream_options"] = {"include_usage": True}
         return body
@@ -349,7 +402,15 @@ class VLLMEngine(VLLMServer):
                 route,
                 orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
                 stream,
-                Reader(route, params, prompt_ids, self.logprob_kind, self._error),
+                Reader(
+                    route,
+                    params,
+                    prompt_ids,
+                    self.logprob_kind,
+                    self._error,
+                    routing=self.routing,
+                    media=prompt_ids if isinstance(prompt_ids, MediaPrompt) else None,
+                ),
                 lambda: self._abort(ids),
                 refused,
             ):

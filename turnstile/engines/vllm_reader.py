@@ -8,8 +8,12 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
+from ..media import MediaPrompt
 from .base import EngineError, Finish, SamplingParams, TokenBatch
 from .http import json_object
+from .routing import NAME as ROUTED
+from .routing import read as read_routing
+from .vllm_media import check_echo
 
 GENERATE = "/inference/v1/generate"  # token IDs in and out
 COMPLETIONS = "/v1/completions"
@@ -33,9 +37,12 @@ class Reader:
         prompt_ids: Sequence[int],
         logprob_kind: str,
         error: Callable[[str, int, bytes], EngineError],
+        routing: bool = False,
+        media: MediaPrompt | None = None,
     ):
         """``logprob_kind``: what the engine's logprobs are (its ``--logprobs-mode``);
-        ``error``: the engine's error for an answer of ``route`` (status, raw body)."""
+        ``error``: the engine's error for an answer of ``route`` (status, raw body);
+        ``routing``: routed experts were asked for (from ``params.rows_from``)."""
         self.route, self.params = route, params
         self.logprob_kind, self.error = logprob_kind, error
         self.prompt_len = len(prompt_ids)
@@ -45,6 +52,10 @@ class Reader:
         self.usage: dict | None = None
         self.request_id: str | None = None
         self.weight_versions: list[dict] | None = None
+        self.routing = routing
+        self.routed: object = None  # the choice's routed_experts (the final chunk's)
+        # a prompt with images: vLLM's echo of the expanded prompt is checked at the finish
+        self.media, self.echo, self.echo_spans = media, None, None
 
     def feed(self, obj: dict) -> None:
         if "error" in obj and not obj.get("choices"):
@@ -54,6 +65,8 @@ class Reader:
         self.request_id = obj.get("request_id") or obj.get("id") or self.request_id
         if obj.get("usage"):
             self.usage = obj["usage"]
+        if self.media is not None and obj.get("prompt_token_ids") is not None:
+            self.echo, self.echo_spans = obj["prompt_token_ids"], obj.get("mm_placeholders")
         for choice in obj.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -62,6 +75,8 @@ class Reader:
             self.ids.extend(batch.ids)
             if choice.get("weight_versions"):
                 self.weight_versions = choice["weight_versions"]
+            if choice.get("routed_experts") is not None:
+                self.routed = choice["routed_experts"]
             if choice.get("finish_reason") is not None:
                 self.final = choice
 
@@ -157,9 +172,23 @@ class Reader:
                     stop_token = self.ids[-1]  # null stop_reason on "stop": the EOS token
                 elif self.ids[-1] in self.params.stop_token_ids:
                     stop_token = self.ids[-1]  # 0.29-0.31 report no stop_reason
+        if self.media is not None:
+            check_echo(self.media, self.echo, self.echo_spans)
         usage = self.usage or {}
         details = usage.get("prompt_tokens_details") or {}
         spans = self.weight_versions
+        arrays, asked = {}, {}
+        if self.routing:
+            got, asked[ROUTED] = read_routing(
+                self.routed,
+                start=max(0, min(self.params.rows_from, self.prompt_len)),
+                prompt_len=self.prompt_len,
+                completion_len=len(self.ids),
+                shape=None,
+                npy=True,
+            )
+            if got is not None:
+                arrays[ROUTED] = got
         return Finish(
             reason=out_reason,
             stop_token_id=stop_token,
@@ -170,6 +199,8 @@ class Reader:
             weight_version=spans[-1]["version"] if spans else None,
             weight_versions=[dict(s) for s in spans] if spans else None,
             logprob_kind=self.logprob_kind,
+            arrays=arrays,
+            asked=asked,
         )
 
 

@@ -15,8 +15,8 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+from ..answer import Event
 from ..errors import APIError
-from ..store.records import CallRecord
 from .control import POLICY, PolicyControl, Ticket
 
 T = TypeVar("T")
@@ -30,27 +30,17 @@ def policy_abort() -> APIError:
 
 
 class Chunks:
-    """A stream's chunks, and what ends the call when the response is over: also when the
-    response never iterated them (its client went away first), which a plain async generator
-    cannot tell (it runs no ``finally`` when it never started)."""
+    """A stream's events (``turnstile.answer``), and what ends the call when the response is
+    over: also when the response never iterated them (its client went away first), which a
+    plain async generator cannot tell (it runs no ``finally`` when it never started)."""
 
-    def __init__(
-        self,
-        gen: AsyncGenerator[dict, None],
-        end: Callable[[], None],
-        record: Callable[[], CallRecord | None] = lambda: None,
-    ):
-        self._gen, self._end, self._record = gen, end, record
-
-    @property
-    def record(self) -> CallRecord | None:
-        """The record the call was committed as, once it was (the stream's last chunk)."""
-        return self._record()
+    def __init__(self, gen: AsyncGenerator[Event, None], end: Callable[[], None]):
+        self._gen, self._end = gen, end
 
     def __aiter__(self) -> Chunks:
         return self
 
-    async def __anext__(self) -> dict:
+    async def __anext__(self) -> Event:
         return await self._gen.__anext__()
 
     async def aclose(self) -> None:
@@ -76,10 +66,9 @@ def _nothing() -> None:
 
 async def open_stream(
     control: PolicyControl,
-    prepare: Callable[[], Awaitable[AsyncGenerator[dict, None]]],
+    prepare: Callable[[], Awaitable[AsyncGenerator[Event, None]]],
     release: Callable[[], None] = _nothing,
     session_id: str | None = None,
-    record: Callable[[], CallRecord | None] = lambda: None,
 ) -> Chunks:
     """Admit a streamed call of ``session_id`` and prepare it (errors raised here are the
     harness's HTTP status); its chunks then run bound to the ticket, and the call ends
@@ -103,7 +92,7 @@ async def open_stream(
         end()
         raise
 
-    async def run() -> AsyncGenerator[dict, None]:
+    async def run() -> AsyncGenerator[Event, None]:
         control.bind(ticket)  # pause(abort) cancels the task the stream runs in
         try:
             if ticket.abort:  # aborted before the stream began: nothing ran
@@ -114,7 +103,7 @@ async def open_stream(
         finally:
             end()
 
-    return Chunks(run(), end, record)
+    return Chunks(run(), end)
 
 
 CLIENT_GONE = "the client disconnected"

@@ -1,6 +1,6 @@
 """The gateway contract: what the app and its routes use of a gateway, whichever recording mode
-it runs (token-in :class:`~.gateway.Gateway`, engine-rendered capture
-:class:`~.passthrough.PassthroughGateway`). mypy checks both against it where the app is built
+it runs (token-in :class:`~.token_in.gateway.Gateway`, engine-rendered capture
+:class:`~.capture.gateway.PassthroughGateway`). mypy checks both against it where the app is built
 (``create_app``) and below.
 
 Every call a gateway serves ends as one :class:`~turnstile.store.records.CallRecord` (or one
@@ -13,15 +13,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ..answer import Answer, Relayed
 from ..engines.base import EngineControl
-from ..request import Answer, ChatRequest
+from ..request import ChatRequest
 from ..store.store import Store
 from .admission import Chunks
 from .control import PolicyControl
 
 if TYPE_CHECKING:
-    from .capture import PassthroughGateway
-    from .token_in import Gateway
+    from .capture.gateway import PassthroughGateway
+    from .token_in.gateway import Gateway
 
 
 class AppGateway(Protocol):
@@ -46,8 +47,10 @@ class AppGateway(Protocol):
         """The chat template drops ``tools`` (warned about at start)."""
         ...
 
-    def parse_request(self, body: object) -> ChatRequest:
-        """A validated request (APIError 400 otherwise), as strict as the mode needs."""
+    @property
+    def renders_prompt(self) -> bool:
+        """Turnstile renders the prompt itself (token-in), so requests are checked in full;
+        False: the engine renders it (capture), which checks the rest."""
         ...
 
     async def complete(
@@ -55,14 +58,14 @@ class AppGateway(Protocol):
         session_id: str,
         req: ChatRequest,
         disconnected: Callable[[], Awaitable[object]] | None = None,
-    ) -> Answer:
-        """The whole Chat Completions response and its record; ``disconnected`` returns when
+    ) -> Answer | Relayed:
+        """The whole answer (capture: the engine's own, relayed); ``disconnected`` returns when
         the harness has gone (a gateway that watches it then raises
         :class:`~.token_in.ClientGone`)."""
         ...
 
     async def stream(self, session_id: str, req: ChatRequest) -> Chunks:
-        """The chunks of a streamed response (errors before the first chunk are raised);
+        """The events of a streamed response (errors before the first chunk are raised);
         closing them ends the call."""
         ...
 

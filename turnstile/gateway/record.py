@@ -13,13 +13,13 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..engines.base import token_versions
 from ..errors import APIError
 from ..store import database
 from ..store.contracts import SessionOpener
 from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import CallWrite, SessionGone
+from ..token_arrays import WEIGHT_VERSION, Rows, version_rows
 
 # What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.
 STORE_ERRORS: tuple[type[Exception], ...] = (*database.ERRORS, OSError, SessionGone)
@@ -111,9 +111,30 @@ async def committed(fut: asyncio.Future, session_id: str) -> None:
 
 
 def weight_version(spans: list[dict] | None, n: int, whole: object, policy: str | None) -> object:
-    """The version a call ran under: per sampled token when the engine reported spans, else
-    the engine's one version, else the policy version the trainer declared."""
-    return token_versions(spans, n) or (whole if whole is not None else policy)
+    """The version a call ran under: its last sampled token's when the engine reported spans
+    (each token's is on the record's ``weight_version`` array), else the engine's one version,
+    else the policy version the trainer declared."""
+    at, last = -1, None
+    for span in spans or ():  # a later span wins a token two cover, as the engine meant
+        lo, hi = max(0, int(span["start"])), min(n, int(span["end"]))
+        if lo < hi and hi - 1 >= at:
+            at, last = hi - 1, span["version"]
+    if at >= 0:
+        return last
+    return whole if whole is not None else policy
+
+
+def call_arrays(
+    spans: list[dict] | None, completion_start: int, n: int, engine: dict[str, Rows] | None
+) -> dict[str, Rows]:
+    """A call record's per-token arrays: what the engine returned by name (routed experts),
+    and the weight version of each of the ``n`` sampled tokens from the engine's spans (the
+    completion starts at sequence position ``completion_start``)."""
+    out = dict(engine or {})
+    versions = version_rows(spans, completion_start, n)
+    if versions is not None:
+        out[WEIGHT_VERSION.name] = versions
+    return out
 
 
 def call_info(

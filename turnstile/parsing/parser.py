@@ -1,7 +1,9 @@
-"""The per-completion parser: reasoning split, then tool calls, as OpenAI stream deltas.
+"""The per-completion parser: reasoning split, then tool calls, as the answer's events
+(``turnstile.answer``: text, reasoning, tool-call start, argument fragments, end).
 
-One ``Parser`` per completion. ``feed`` returns the chunk deltas to send now; ``finish``
-flushes; ``result`` is the whole message. By construction ``result()`` is the concatenation of
+One ``Parser`` per completion. ``feed_events`` returns the events to send now; ``finish_events``
+flushes; ``result`` is the whole message (``feed``/``finish``: the same as OpenAI Chat
+Completions stream deltas). By construction ``result()`` is the concatenation of
 every delta returned, and it does not depend on how the text was chunked, so a non-streaming
 response (``parse``) equals what a streaming client reassembles.
 """
@@ -9,8 +11,16 @@ response (``parse``) equals what a streaming client reassembles.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from ..answer import (
+    ReasoningDelta,
+    TextDelta,
+    ToolArgumentsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
 from .call_ids import hex_id
 from .reasoning import Piece, ThinkSplitter
 from .registry import create_tool_parser
@@ -28,44 +38,67 @@ from .types import (
     ToolCallParser,
 )
 
+# what the parser hands out: the answer's text, reasoning and tool-call events
+AnswerEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolArgumentsDelta | ToolCallEnd
+
 Delta = dict[str, Any]
 
 
-class _Deltas:
-    """Collects the deltas of one feed/finish, merging neighbours of the same kind."""
+class _Events:
+    """Collects the answer events of one feed/finish, merging neighbours of the same kind (text
+    with text, a call's argument fragments with the call's last event)."""
 
     def __init__(self) -> None:
-        self.items: list[Delta] = []
+        self.items: list[AnswerEvent] = []
 
-    def text(self, key: str, text: str) -> None:
+    def text(self, kind: type[TextDelta] | type[ReasoningDelta], text: str) -> None:
         last = self.items[-1] if self.items else None
-        if last is not None and last.keys() == {key}:
-            last[key] += text
+        if type(last) is kind:
+            self.items[-1] = kind(last.text + text)
         else:
-            self.items.append({key: text})
+            self.items.append(kind(text))
 
     def call_start(self, index: int, call_id: str, name: str) -> None:
-        self.items.append(
-            {
-                "tool_calls": [
-                    {
-                        "index": index,
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": name, "arguments": ""},
-                    }
-                ]
-            }
-        )
+        self.items.append(ToolCallStart(index, call_id, name))
 
     def call_args(self, index: int, text: str) -> None:
         last = self.items[-1] if self.items else None
-        if last is not None and last.keys() == {"tool_calls"}:
-            entry = last["tool_calls"][-1]
-            if entry["index"] == index:
-                entry["function"]["arguments"] += text
-                return
-        self.items.append({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+        if isinstance(last, ToolCallStart) and last.index == index:
+            self.items[-1] = replace(last, arguments=last.arguments + text)
+        elif isinstance(last, ToolArgumentsDelta) and last.index == index:
+            self.items[-1] = ToolArgumentsDelta(index, last.text + text)
+        else:
+            self.items.append(ToolArgumentsDelta(index, text))
+
+    def call_end(self, index: int) -> None:
+        self.items.append(ToolCallEnd(index))
+
+
+def chat_delta(event: AnswerEvent) -> Delta | None:
+    """An answer event as the OpenAI Chat Completions stream delta ``Parser.feed`` returns
+    (None for a call's end, which has none)."""
+    if isinstance(event, TextDelta):
+        return {"content": event.text}
+    if isinstance(event, ReasoningDelta):
+        return {"reasoning_content": event.text}
+    if isinstance(event, ToolCallStart):
+        return {
+            "tool_calls": [
+                {
+                    "index": event.index,
+                    "id": event.id,
+                    "type": "function",
+                    "function": {"name": event.name, "arguments": event.arguments},
+                }
+            ]
+        }
+    if isinstance(event, ToolArgumentsDelta):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+    return None
+
+
+def _deltas(events: list[AnswerEvent]) -> list[Delta]:
+    return [d for e in events if (d := chat_delta(e)) is not None]
 
 
 class Parser:
@@ -115,16 +148,27 @@ class Parser:
         self._held_ws = ""
         self._status = STATUS_OK
         self._finished = False
+        self._call_open = False  # a call was started and not yet ended
 
     @property
     def finished(self) -> bool:
         return self._finished
 
     def feed(self, text: str) -> list[Delta]:
-        """Consume the next piece of completion text; return the deltas to stream now."""
+        """Consume the next piece of completion text; return the deltas to stream now (the
+        events of :meth:`feed_events` as OpenAI Chat Completions deltas)."""
+        return _deltas(self.feed_events(text))
+
+    def finish(self) -> list[Delta]:
+        """End of completion: flush held-back text and close anything left open (the events
+        of :meth:`finish_events` as OpenAI Chat Completions deltas)."""
+        return _deltas(self.finish_events())
+
+    def feed_events(self, text: str) -> list[AnswerEvent]:
+        """Consume the next piece of completion text; return the answer events to stream now."""
         if self._finished:
             raise RuntimeError("Parser.feed() after finish()")
-        out = _Deltas()
+        out = _Events()
         if text:
             pieces: list[Piece] = (
                 self._splitter.feed(text) if self._splitter else [("content", text)]
@@ -132,12 +176,12 @@ class Parser:
             self._route(pieces, out)
         return out.items
 
-    def finish(self) -> list[Delta]:
+    def finish_events(self) -> list[AnswerEvent]:
         """End of completion: flush held-back text and close anything left open."""
         if self._finished:
             raise RuntimeError("Parser.finish() called twice")
         self._finished = True
-        out = _Deltas()
+        out = _Events()
         if self._splitter is not None:
             self._route(self._splitter.finish(), out)
             if self._splitter.in_reasoning:
@@ -170,17 +214,17 @@ class Parser:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _route(self, pieces: list[Piece], out: _Deltas) -> None:
+    def _route(self, pieces: list[Piece], out: _Events) -> None:
         for kind, text in pieces:
             if kind == "reasoning":
                 self._reasoning.append(text)
-                out.text("reasoning_content", text)
+                out.text(ReasoningDelta, text)
             elif self._tools is None:
                 self._emit_content(text, out)
             else:
                 self._handle(self._tools.feed(text), out)
 
-    def _handle(self, events: list[Event], out: _Deltas) -> None:
+    def _handle(self, events: list[Event], out: _Events) -> None:
         for event in events:
             if isinstance(event, Text):
                 self._segment_text(event.text, out)
@@ -188,13 +232,14 @@ class Parser:
                 self._format_reasoning = True
                 if event.text:
                     self._reasoning.append(event.text)
-                    out.text("reasoning_content", event.text)
+                    out.text(ReasoningDelta, event.text)
             elif isinstance(event, CallStart):
                 self._held_ws = ""
                 index = len(self._calls)
                 call_id = self._id_factory(index, event.name)
                 self._calls.append({"id": call_id, "name": event.name})
                 self._call_args.append([])
+                self._call_open = True
                 out.call_start(index, call_id, event.name)
             elif isinstance(event, ArgsDelta):
                 if event.text:
@@ -202,10 +247,13 @@ class Parser:
                     out.call_args(len(self._calls) - 1, event.text)
             elif isinstance(event, CallEnd):
                 self._segment_fresh = True
+                if self._call_open:
+                    self._call_open = False
+                    out.call_end(len(self._calls) - 1)
             elif isinstance(event, Issue):
                 self._set_status(event.status)
 
-    def _segment_text(self, text: str, out: _Deltas) -> None:
+    def _segment_text(self, text: str, out: _Events) -> None:
         """Content from the tool parser: hold leading whitespace of a segment, see ``_held_ws``."""
         if self._segment_fresh:
             text = self._held_ws + text
@@ -216,10 +264,10 @@ class Parser:
             self._segment_fresh = False
         self._emit_content(text, out)
 
-    def _emit_content(self, text: str, out: _Deltas) -> None:
+    def _emit_content(self, text: str, out: _Events) -> None:
         if text:
             self._content.append(text)
-            out.text("content", text)
+            out.text(TextDelta, text)
 
     def _set_status(self, status: str) -> None:
         if self._status == STATUS_OK:

@@ -8,11 +8,12 @@ Credentials are minted in turnstile/auth.py.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..dialects.base import Credential
 from ..errors import APIError
 from .context import context
 from .error_log import note_session
@@ -22,21 +23,28 @@ DEFAULT_SESSION = "default"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def bearer(request: Request) -> str | None:
+def bearer(request: Request, places: Iterable[Credential] = ()) -> str | None:
     """The credential sent: ``Authorization: Bearer``, or ``x-api-key`` as the Anthropic SDK
-    sends its API key."""
+    sends its API key, or where the route's dialect declares its SDKs put it (``places``:
+    Google's ``x-goog-api-key`` header or ``?key=``), the first found in that order."""
     scheme, _, cred = request.headers.get("authorization", "").partition(" ")
     cred = cred.strip()
     if scheme.lower() == "bearer" and cred:
         return cred
-    return request.headers.get("x-api-key", "").strip() or None
+    found = request.headers.get("x-api-key", "").strip()
+    for where, name in places:
+        if found:
+            break
+        source = request.headers if where == "header" else request.query_params
+        found = (source.get(name) or "").strip()
+    return found or None
 
 
-def is_trainer(request: Request) -> bool:
+def is_trainer(request: Request, places: Iterable[Credential] = ()) -> bool:
     token = context(request).token
     if token is None:
         return True
-    cred = bearer(request)
+    cred = bearer(request, places)
     return cred is not None and hmac.compare_digest(cred.encode(), token.encode())
 
 
@@ -89,25 +97,26 @@ def trainer(handler: Handler) -> Handler:
     return guarded
 
 
-async def harness_session(request: Request) -> str | None:
-    """The session a harness-facing request acts on (None: /v1/models as the trainer).
-    The key in ``/s/<key>/v1`` is a capability (the trainer may also use a session id);
-    on ``/v1/...`` the session is the bearer capability's, or, for the trainer, the one
-    ``X-Session-Id`` names (created on first use). Noted for the request's log line."""
-    sid = await _harness_session(request)
+async def harness_session(request: Request, places: Iterable[Credential] = ()) -> str | None:
+    """The session a harness-facing request acts on (None: a model list as the trainer).
+    The key in ``/s/<key>/...`` is a capability (the trainer may also use a session id);
+    on a bare route the session is the credential's capability (read from ``places`` too: the
+    route's dialect's), or, for the trainer, the one ``X-Session-Id`` names (created on first
+    use). Noted for the request's log line."""
+    sid = await _harness_session(request, tuple(places))
     if sid is not None:
         note_session(sid)
     return sid
 
 
-async def _harness_session(request: Request) -> str | None:
+async def _harness_session(request: Request, places: tuple[Credential, ...]) -> str | None:
     sessions = context(request).sessions
     key = request.path_params.get("sid")
     if key is not None:
         sid = sessions.session_for(key)
         if sid is not None:
             return sessions.require(sid)
-        if is_trainer(request):
+        if is_trainer(request, places):
             return sessions.require(key)
         # Same answer for a wrong key as for a deleted session: nothing to probe.
         raise APIError(
@@ -115,7 +124,7 @@ async def _harness_session(request: Request) -> str | None:
             "No session at this base URL (ask the trainer for the session's base_url).",
             code="session_not_found",
         )
-    if is_trainer(request):
+    if is_trainer(request, places):
         if request.scope["path"].endswith("/models"):  # (request.url builds a URL: ~40 us)
             return None
         named = request.headers.get("x-session-id") or DEFAULT_SESSION
@@ -126,7 +135,7 @@ async def _harness_session(request: Request) -> str | None:
                 "X-Session-Id",
             )
         return await sessions.ensure(named)
-    cred = bearer(request)
+    cred = bearer(request, places)
     sid = sessions.session_for(cred) if cred else None
     if sid is None:
         raise APIError(

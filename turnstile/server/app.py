@@ -28,7 +28,7 @@ from .access import DEFAULT_SESSION, trainer
 from .context import AppContext
 from .error_handlers import EXCEPTION_HANDLERS
 from .limits import Limits
-from .metrics import Metrics, MetricsMiddleware, metrics_route
+from .metrics import Metrics, MetricsMiddleware, call_suffixes, metrics_route
 from .monitor import Monitor, VerifyOptions
 from .peers import PEER_PATH, Peers
 from .routes_admin import admin_pause, admin_resume, admin_status, health, openapi, peer
@@ -38,6 +38,7 @@ from .routes_sessions import (
     calls,
     close,
     create_session,
+    image,
     list_sessions,
     rewards,
     session,
@@ -63,6 +64,7 @@ ROUTES = [
     Route("/v1/sessions/{sid}/close", trainer(close), methods=["POST"]),
     Route("/v1/sessions/{sid}/calls", trainer(calls), methods=["GET"]),
     Route("/v1/sessions/{sid}/calls/{cid}/body", trainer(call_body), methods=["GET"]),
+    Route("/v1/sessions/{sid}/images/{sha256}", trainer(image), methods=["GET"]),
     Route("/v1/sessions/{sid}/trajectories", trainer(trajectories), methods=["GET"]),
     Route("/v1/sessions/{sid}/verify", trainer(verify_session), methods=["POST"]),
     Route("/health", health, methods=["GET"]),
@@ -140,7 +142,7 @@ def create_app(
         routes=routes,
         lifespan=_lifespan,
         exception_handlers=dict(EXCEPTION_HANDLERS),
-        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics, calls=call_suffixes(DIALECTS))],
     )
     app.state.turnstile = ctx
     app.state.metrics = metrics

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..chat.render import Renderer
-from ..dialects.chat_request import parse_chat_request
+from ..dialects.chat.request import parse_chat_request
 from ..errors import APIError
 from ..store.records import CallRecord
 from ..store.store import Store

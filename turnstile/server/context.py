@@ -30,7 +30,7 @@ class AppContext:
     ``token``: the trainer's token (None: every route open, ``--no-auth``). ``tokenizer``:
     what the viewer decodes token IDs with (None: it shows the IDs). ``session_origin``: where
     a session's harness should call, given its capability (``scheme://host:port``; None:
-    ``public_url``): turnstile.ray names the replica that owns the session, so its calls skip
+    ``public_url``): turnstile.app.ray names the replica that owns the session, so its calls skip
     Serve's proxy (``public_url`` stays the fallback).
     """
 

@@ -1,17 +1,18 @@
 """Prometheus metrics of one gateway (``GET /metrics``), with the standard client library.
 
 A fleet watches many gateways, so every series carries a ``replica`` label: the Ray Serve
-replica id under Ray (``turnstile.ray`` passes it), else ``host:pid``. Two sources feed them:
+replica id under Ray (``turnstile.app.ray`` passes it), else ``host:pid``. Two sources feed them:
 
 - the **record store**: every committed call record (``Store.observers``), so the call,
   token and segment counts are exactly what was recorded (a call that was never committed was
   never acknowledged, and is not counted); its timings split a call's latency into engine
   time (``info.timings.engine_s``, the wall time spent waiting on the engine) and own time (the
   rest, before the store write), and the write is timed on its own;
-- the **HTTP edge** (an ASGI middleware): chat completions in flight, and every error answer
-  by kind (the OpenAI error's ``code``, else its ``type``), including errors a stream reports
-  in-band after its 200 header (any dialect). Each error answer is also one log line
-  (``server.error_log``).
+- the **HTTP edge** (an ASGI middleware): calls in flight, calls by dialect (its ``name``;
+  which paths are calls is read from the dialects' declared ``call`` routes), and every error
+  answer by kind (the OpenAI error's ``code``, else its ``type``, else Google's ``status``),
+  including errors a stream reports in-band after its 200 header (any dialect). Each error
+  answer is also one log line (``server.error_log``).
 
 Each app has its own registry (several gateways can live in one test process).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -29,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..dialects.base import Dialect
 from ..errors import APIError
 from ..store.records import CallRecord
 from . import error_log
@@ -54,7 +57,18 @@ _SECONDS = (
 )
 _OWN = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 _EMPTY = {499: "client_gone"}  # answers without a body
-_CALL_ROUTES = ("/chat/completions", "/responses", "/messages")  # every dialect's calls
+
+
+def call_suffixes(dialects: Iterable[type[Dialect]]) -> dict[str, str]:
+    """How a call's path ends, per dialect: the text after each ``call`` route's last path
+    parameter (``/chat/completions``, ``:generateContent``), so the middleware tells a call
+    from its path with one ``endswith``, before any routing."""
+    out: dict[str, str] = {}
+    for dialect in dialects:
+        for route in dialect.routes:
+            if route.kind == "call":
+                out[route.path.rsplit("}", 1)[-1]] = dialect.name
+    return out
 
 
 def default_replica() -> str:
@@ -130,6 +144,12 @@ class Metrics:
         self.in_flight = Gauge(
             "turnstile_in_flight", "Calls being answered (any dialect)", r, registry=reg
         )
+        self.dialect_calls = Counter(
+            "turnstile_dialect_calls",
+            "Calls received, by the wire dialect the harness spoke",
+            [*r, "dialect"],
+            registry=reg,
+        )
         for series in (
             self.prompt_tokens,
             self.reused_tokens,
@@ -189,9 +209,12 @@ def error_kind(body: bytes) -> str:
         err = orjson.loads(body).get("error") or {}
     except (orjson.JSONDecodeError, AttributeError):
         return "unknown"
-    return (
-        str(err.get("code") or err.get("type") or "unknown") if isinstance(err, dict) else "unknown"
-    )
+    if not isinstance(err, dict):
+        return "unknown"
+    code = err.get("code")
+    if isinstance(code, int):  # Google's shape: the HTTP status; its kind is ``status``
+        code = None
+    return str(code or err.get("type") or err.get("status") or "unknown")
 
 
 class MetricsMiddleware:
@@ -199,15 +222,24 @@ class MetricsMiddleware:
     so streams pass through untouched: an in-band error is the one the gateway's chunks
     raised, noted in the request's :class:`~.error_log.Answer`)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics):
+    def __init__(self, app: ASGIApp, metrics: Metrics, calls: dict[str, str]):
         self.app = app
         self.metrics = metrics
+        self.calls = calls  # call_suffixes of the served dialects
+        self._suffixes = tuple(calls)
+        self._counted = {
+            name: metrics.dialect_calls.labels(metrics.replica, name) for name in calls.values()
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/metrics":
             await self.app(scope, receive, send)
             return
-        chat = scope["method"] == "POST" and scope["path"].endswith(_CALL_ROUTES)
+        path = scope["path"]
+        chat = scope["method"] == "POST" and path.endswith(self._suffixes)
+        if chat:
+            suffix = next(s for s in self._suffixes if path.endswith(s))
+            self._counted[self.calls[suffix]].inc()
         state: dict[str, Any] = {"status": 200, "body": b""}
 
         async def watch(message: Message) -> None:

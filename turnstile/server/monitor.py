@@ -23,11 +23,15 @@ from ..store.contracts import CallReader
 from ..store.records import CallRecord
 from ..store.trajectories import stitch
 from ..verify import BF16_TOLERANCE, NotSupported, Scorer, scorer, verify
+from ..verify.routing import DIAGNOSES, ROUTING_AGREE
 
 log = logging.getLogger("turnstile.monitor")
 
 # |Δ logprob| of the worst token of a call: exact records sit at 0 (or the engine's noise)
 _DELTA = (0.0, 1e-6, 1e-4, 1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, float("inf"))
+# share of a call's (token, layer) routing rows whose expert set the re-feed agrees with:
+# exact records at 1 (less only a real engine's ties), other weights near chance
+_SHARE = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,29 @@ class Monitor:
             buckets=_DELTA,
             registry=registry,
         )
+        self.routing = Histogram(
+            "turnstile_verify_routing_agreement",
+            "A verified call's share of (token, layer) routed-expert rows whose expert set the "
+            "engine's re-feed agrees with (calls recorded with routing, on an engine that "
+            "re-feeds it)",
+            labels,
+            buckets=_SHARE,
+            registry=registry,
+        )
+        self.routing_parted = Counter(
+            "turnstile_verify_routing_parted_calls",
+            f"Verified calls whose routing agrees on fewer than {ROUTING_AGREE} of their rows",
+            labels,
+            registry=registry,
+        )
+        self.diagnosed = Counter(
+            "turnstile_verify_diagnosis",
+            "Verified calls by what logprobs and routing together say: "
+            + ", ".join(DIAGNOSES)
+            + " (docs/verification.md)",
+            [*labels, "diagnosis"],
+            registry=registry,
+        )
         self.dropped = Counter(
             "turnstile_verify_dropped_calls",
             "Calls picked for verification but dropped: the queue was full (queue_full), the "
@@ -170,6 +197,23 @@ class Monitor:
             return
         self.verified.labels(self.replica, version).inc()
         self.delta.labels(self.replica, version).observe(agreement.max_abs)
+        self.diagnosed.labels(self.replica, version, report.diagnosis).inc()
+        routed = report.routing
+        if routed is not None and routed.rows:
+            self.routing.labels(self.replica, version).observe(routed.share)
+            if routed.share < ROUTING_AGREE:
+                self.routing_parted.labels(self.replica, version).inc()
+                log.warning(
+                    "verify: call %s (weights %s) routing agrees on %d of %d rows (first "
+                    "differing: token %s, layer %s); diagnosis %s",
+                    call_id,
+                    version,
+                    routed.agree,
+                    routed.rows,
+                    routed.first_disagreement,
+                    routed.first_layer,
+                    report.diagnosis,
+                )
         if (
             agreement.max_abs > self.threshold.max_abs
             or agreement.mean_abs > self.threshold.mean_abs

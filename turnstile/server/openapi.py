@@ -8,8 +8,12 @@ field."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..dialects import DIALECTS
+from ..dialects.base import Dialect
 from .openapi_schemas import SCHEMAS, STR
 
 TRAINER, HARNESS, OPEN = "trainer", "harness", "open"
@@ -53,74 +57,43 @@ _VIEWER_Q: dict[str, dict] = {
     "offset": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
 }
 
+_SESSION_BASE = "/s/{capability}"  # the app's ``/s/{sid}``: a session's base URL
+
+
+def dialect_ops(dialects: Iterable[type[Dialect]]) -> list[Op]:
+    """Each dialect's declared routes, as the app mounts them: under each of its prefixes,
+    under a session's base URL and bare (the session then from the credential, or the
+    trainer's ``X-Session-Id``)."""
+    bare = (
+        "for the session of the capability sent as the API key (or, with the trainer's "
+        "token, the one X-Session-Id names)"
+    )
+    out = []
+    for dialect in dialects:
+        for route in dialect.routes:
+            streams = route.kind == "call" and route.stream is not False
+            for prefix in route.prefixes or dialect.prefixes:
+                for base, where in (
+                    (_SESSION_BASE, "for the session of this base URL"),
+                    ("", bare),
+                ):
+                    out.append(
+                        Op(
+                            route.method,
+                            base + prefix + route.path,
+                            HARNESS,
+                            f"{route.summary} ({dialect.name}), {where}",
+                            route.body,
+                            streams=streams,
+                        )
+                    )
+    return out
+
+
 ROUTES: list[Op] = [
-    Op(
-        "POST",
-        "/s/{capability}/v1/chat/completions",
-        HARNESS,
-        "Chat Completions for the session this base URL belongs to",
-        "ChatCompletionRequest",
-        streams=True,
-    ),
+    *dialect_ops(DIALECTS),
     Op("GET", "/s/{capability}/v1/models", HARNESS, "The model list, for a session"),
-    Op(
-        "POST",
-        "/v1/chat/completions",
-        HARNESS,
-        "Chat Completions: the session is the bearer capability's, or (trainer token) the one "
-        "X-Session-Id names, created on first use",
-        "ChatCompletionRequest",
-        streams=True,
-    ),
     Op("GET", "/v1/models", HARNESS, "The model list (capability or trainer token)"),
-    Op(
-        "POST",
-        "/s/{capability}/v1/responses",
-        HARNESS,
-        "OpenAI Responses for the session this base URL belongs to",
-        "ResponsesRequest",
-        streams=True,
-    ),
-    Op(
-        "POST",
-        "/v1/responses",
-        HARNESS,
-        "OpenAI Responses (session as for chat completions)",
-        "ResponsesRequest",
-        streams=True,
-    ),
-    Op("GET", "/s/{capability}/v1/responses/{rid}", HARNESS, "A response of this session"),
-    Op(
-        "POST",
-        "/s/{capability}/v1/messages",
-        HARNESS,
-        "Anthropic Messages for the session (the SDK's base URL is the session's without /v1)",
-        "MessagesRequest",
-        streams=True,
-    ),
-    Op(
-        "POST",
-        "/v1/messages",
-        HARNESS,
-        "Anthropic Messages (capability as x-api-key)",
-        "MessagesRequest",
-        streams=True,
-    ),
-    Op(
-        "POST",
-        "/s/{capability}/v1/messages/count_tokens",
-        HARNESS,
-        "The prompt tokens a Messages request would send now",
-        "MessagesRequest",
-    ),
-    Op(
-        "POST",
-        "/v1/messages/count_tokens",
-        HARNESS,
-        "The prompt tokens a Messages request would send now",
-        "MessagesRequest",
-    ),
-    Op("GET", "/v1/responses/{rid}", HARNESS, "A response of the capability's session"),
     Op(
         "POST",
         "/v1/sessions",
@@ -150,12 +123,21 @@ ROUTES: list[Op] = [
     ),
     Op(
         "GET",
+        "/v1/sessions/{sid}/images/{sha256}",
+        TRAINER,
+        "The bytes of an image the session's calls hold, by its sha256 (trajectories' images)",
+    ),
+    Op(
+        "GET",
         "/v1/sessions/{sid}/trajectories",
         TRAINER,
         "Stitched trajectories",
         query={
             "mode": {"enum": ["merged", "per_call"]},
             "lineages": {"enum": ["all", "main", "side"]},
+            # masks for calls weight updates reached (docs/weight_sync.md)
+            "mask_stale_versions": {"type": "boolean"},
+            "max_preemptions": {"type": "integer", "minimum": 0},
         },
     ),
     Op(
@@ -177,7 +159,7 @@ ROUTES: list[Op] = [
         "POST",
         "/admin/pause",
         TRAINER,
-        "Pause new calls (drain or abort running ones)",
+        "Pause new calls (drain, abort or hold running ones)",
         "Pause",
         body_required=False,
     ),
@@ -232,6 +214,15 @@ ROUTES: list[Op] = [
     ),
 ]
 
+# the bare call routes, where the trainer names a session with X-Session-Id
+_BARE_CALLS = frozenset(
+    p + r.path
+    for d in DIALECTS
+    for r in d.routes
+    if r.kind == "call"
+    for p in r.prefixes or d.prefixes
+)
+
 _ERRORS = {
     "400": "a field is invalid (param names it)",
     "401": "no or unknown credential",
@@ -248,19 +239,17 @@ _ERRORS = {
 def _operation(op: Op) -> dict:
     params = [
         {"name": name, "in": "path", "required": True, "schema": STR}
-        for name in ("capability", "sid", "cid", "rid")
-        if "{" + name + "}" in op.path
+        for name in re.findall(r"\{([^}]+)\}", op.path)
     ]
     params += [
         {"name": k, "in": "query", "required": False, "schema": v} for k, v in op.query.items()
     ]
-    if op.path in ("/v1/chat/completions", "/v1/responses"):
+    if op.path in _BARE_CALLS:
         params.append({"name": "X-Session-Id", "in": "header", "required": False, "schema": STR})
     out: dict = {
         "summary": op.summary,
         "operationId": (
-            op.method.lower()
-            + op.path.replace("/", "_").replace("{", "").replace("}", "").replace(".", "_")
+            op.method.lower() + re.sub(r"[/.:]", "_", op.path.replace("{", "").replace("}", ""))
         ),
         "security": {
             TRAINER: [{"trainer": []}],
@@ -319,7 +308,7 @@ def document(version: str, server_url: str | None = None) -> dict:
         },
         "paths": paths,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **{k: v for d in DIALECTS for k, v in d.schemas.items()}},
             "securitySchemes": {
                 "trainer": {
                     "type": "http",

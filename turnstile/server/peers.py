@@ -1,7 +1,7 @@
 """The gateways of one ``turnstile serve --workers N``: what one of them does for the others.
 
 Every worker process records into the same store and serves any session (a session's base
-URL names the worker that owns it, ``turnstile.workers``), but each keeps its own door
+URL names the worker that owns it, ``turnstile.app.workers``), but each keeps its own door
 (:class:`~turnstile.gateway.control.PolicyControl`: paused or not, the weight version, the calls
 it runs). The front (the worker on ``--port``) answers the trainer's pause, resume, status,
 close and delete for all of them: it acts on its own gateway and sends the same step to every

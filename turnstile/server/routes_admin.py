@@ -26,9 +26,7 @@ async def admin_pause(request: Request) -> Response:
     body = await read_json(request, ctx.max_body, required=False) or {}
     if not isinstance(body, dict):
         raise APIError(400, 'The body must be a JSON object: {"mode": "drain"}.', None)
-    mode = body.get("mode", "drain")
-    if mode not in ("drain", "abort"):
-        raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'drain' or 'abort'.", "mode")
+    mode = pause_mode(body.get("mode", "drain"), gateway.control)
     timeout = body.get("timeout", 600)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise APIError(400, "Invalid 'timeout': expected seconds (a number >= 0).", "timeout")
@@ -53,9 +51,11 @@ async def admin_pause(request: Request) -> Response:
         "paused": True,
         "mode": mode,
         "in_flight": left,  # still running when it stopped waiting (0: drained)
-        "aborted": aborted,  # calls this pause aborted (their harnesses got a 503)
+        "aborted": aborted if mode != "hold" else 0,  # their harnesses got a 503
         "engines": engines,
     }
+    if mode == "hold":  # preempted calls wait for the resume (their harnesses wait too)
+        out["preempted"], out["held"] = aborted, gateway.control.held_calls
     if peers:
         out["workers"] = _workers(settled)
     return json_response(out)
@@ -89,6 +89,7 @@ async def admin_status(request: Request) -> Response:
     out: dict[str, Any] = {
         "paused": c.paused,
         "in_flight": c.in_flight,
+        "held": c.held_calls,  # of those in flight, held by a pause in hold mode
         "weight_version": c.version,
         "replicas": [{"url": url, "healthy": ok} for url, ok in replicas] if replicas else None,
     }
@@ -97,6 +98,24 @@ async def admin_status(request: Request) -> Response:
         out["in_flight"] += total(states, "in_flight")
         out["workers"] = _workers(states)
     return json_response(out)
+
+
+def pause_mode(mode: object, control: Any) -> str:
+    """The pause's mode, checked: ``hold`` only where calls can go on from their partial
+    output (token-in mode: capture mode's engine renders the prompt, Turnstile cannot resubmit
+    what it sampled)."""
+    if mode not in ("drain", "abort", "hold"):
+        raise APIError(
+            400, f"Invalid 'mode' {mode!r}: expected 'drain', 'abort' or 'hold'.", "mode"
+        )
+    if mode == "hold" and not control.can_hold:
+        raise APIError(
+            400,
+            "'hold' needs token-in mode: in capture mode the engine renders the prompt and "
+            "Turnstile cannot resubmit a call's partial output; pause with 'drain' or 'abort'.",
+            "mode",
+        )
+    return str(mode)
 
 
 def _workers(answers: list[dict]) -> list[dict]:
@@ -113,13 +132,13 @@ async def peer(request: Request) -> Response:
         raise APIError(400, 'Expected {"op": ...}.', "op")
     kind = op["op"]
     if kind == "pause":
-        mode, timeout = op.get("mode", "drain"), op.get("timeout", 0)
-        if mode not in ("drain", "abort"):
-            raise APIError(400, f"Invalid 'mode' {mode!r}: expected 'drain' or 'abort'.", "mode")
+        mode, timeout = pause_mode(op.get("mode", "drain"), control), op.get("timeout", 0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
             raise APIError(400, "Invalid 'timeout': expected seconds (a number >= 0).", "timeout")
         aborted = control.close_door(mode)
         left = await control.settled(float(timeout))
+        if mode == "hold":
+            return json_response({"aborted": 0, "preempted": aborted, "in_flight": left})
         return json_response({"aborted": aborted, "in_flight": left})
     if kind == "resume":
         version = op.get("weight_version")

@@ -16,13 +16,14 @@ from ..store.trajectories import LINEAGES, MODES, stitch
 from ..verify import NotSupported, summary, verify_sessions
 from .canary import canary_of
 from .context import AppContext, context, json_response, read_json
+from .held_query import hold_options
 from .validation import int_param, number, session_fields
 
 CLOSE_WAIT_S = 30.0  # how long a close waits for the calls it aborted to be recorded
 
 
 async def session_json(ctx: AppContext, sid: str, s: dict | None = None) -> dict:
-    """A session as the API shows it, with the base URL to give its harness: on turnstile.ray
+    """A session as the API shows it, with the base URL to give its harness: on turnstile.app.ray
     with direct replicas, the owning replica's own address, and the public URL (Serve's proxy,
     any replica) as ``fallback_base_url`` for when that replica is gone."""
     s = s or ctx.store.get_session(sid)
@@ -125,7 +126,7 @@ async def list_sessions(request: Request) -> Response:
     ctx.sessions.capabilities([s["id"] for s in sessions])
     if ctx.session_origin is None:
         data = [await session_json(ctx, s["id"], s) for s in sessions]
-    else:  # a router lookup each (turnstile.ray): at once
+    else:  # a router lookup each (turnstile.app.ray): at once
         data = list(await asyncio.gather(*(session_json(ctx, s["id"], s) for s in sessions)))
     return json_response(
         {
@@ -256,6 +257,20 @@ async def call_body(request: Request) -> Response:
     return json_response({"object": "call.body", "call_id": cid, **body})
 
 
+async def image(request: Request) -> Response:
+    """The bytes of an image a session's calls hold, by its sha256 (the trajectories'
+    ``images``): only that session's images, as they were sent."""
+    ctx = context(request)
+    sid = ctx.sessions.require(request.path_params["sid"])
+    digest = str(request.path_params["sha256"]).lower()
+    got = ctx.store.image(sid, digest)
+    if got is None:
+        raise APIError(
+            404, f"Session {sid!r} holds no image {digest!r}.", "sha256", code="image_not_found"
+        )
+    return Response(got.data, media_type=got.mime, headers={"cache-control": "immutable"})
+
+
 async def trajectories(request: Request) -> Response:
     ctx = context(request)
     sid = ctx.sessions.require(request.path_params["sid"])
@@ -275,8 +290,9 @@ async def trajectories(request: Request) -> Response:
             "with the most calls: the agent's own) or 'side' (titles, summaries, sub-agents).",
             "lineages",
         )
+    hold = hold_options(request.query_params)  # masks for held calls (docs/weight_sync.md)
     s = ctx.store.get_session(sid)
-    samples = stitch(ctx.store.calls(sid), mode, which)
+    samples = stitch(ctx.store.calls(sid), mode, which, hold)
     return json_response(
         {
             "object": "list",

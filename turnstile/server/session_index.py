@@ -6,9 +6,9 @@ answers. A delete or a "session not found" from the gateway drops the entries ag
 
 from __future__ import annotations
 
-from ..auth import CAPABILITY_PREFIX
 from ..errors import APIError
 from ..gateway.record import create_session
+from ..random_ids import CAPABILITY_PREFIX
 from ..store.contracts import SessionLookup
 
 
@@ -18,7 +18,7 @@ class SessionIndex:
     def __init__(self, store: SessionLookup, closed: set[str] | None = None, shared: bool = False):
         """``closed``: the set the gateway's door reads (``PolicyControl.closed_sessions``),
         so a session marked closed here is refused there too. ``shared``: other processes
-        close sessions in this store too (turnstile.ray's replicas, a PostgreSQL store): an
+        close sessions in this store too (turnstile.app.ray's replicas, a PostgreSQL store): an
         open session's status is read from the store on each call, not from the cache."""
         self.store = store
         self.known: set[str] = set()

@@ -10,27 +10,23 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from ..answer import Event
 from ..errors import APIError
 from ..gateway.admission import Chunks
-from ..store.records import CallRecord
 from .error_log import note_error
 
 
 class Noted:
-    """The gateway's chunks as a dialect reads them: an error that reaches the harness
+    """The gateway's events as a dialect reads them: an error that reaches the harness
     in-band, after the 200, is noted for the request's log line (``error_log``)."""
 
     def __init__(self, chunks: Chunks):
         self._chunks = chunks
 
-    @property
-    def record(self) -> CallRecord | None:
-        return self._chunks.record
-
     def __aiter__(self) -> Noted:
         return self
 
-    async def __anext__(self) -> dict:
+    async def __anext__(self) -> Event:
         try:
             return await self._chunks.__anext__()
         except APIError as exc:

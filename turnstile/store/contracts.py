@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from ..media import Image
 from .database import Database
 from .records import CallRecord
 
@@ -72,6 +73,10 @@ class SessionStore(SessionLookup, CallReader, Protocol):
     ) -> None: ...
 
     def body(self, call_id: str) -> dict | None: ...
+
+    def image(self, session_id: str, sha256: str) -> Image | None:
+        """An image's bytes, only if the session's calls hold it."""
+        ...
 
     def reader(self) -> Database:
         """A read-only connection for the viewer's bulk reads."""

@@ -54,6 +54,7 @@ from .export_schema import (
 )
 from .export_select import default_batch_name, partition_dir, select_sessions
 from .export_sinks import TableWriter
+from .held import HoldOptions
 from .records import INT32_MAX
 from .store import Store
 from .trajectories import MODES, stitch
@@ -96,11 +97,14 @@ def export(
     rows_per_file: int = 100_000,
     compression_level: int = 3,
     store: Store | None = None,
+    hold: HoldOptions | None = None,
 ) -> ExportResult:
     """Write the selected sessions to ``out``; see the module docstring for the layout.
 
     ``delete`` removes the exported sessions from the store once every file is complete (the
-    ``calls`` table must be among ``tables``: it is the lossless copy).
+    ``calls`` table must be among ``tables``: it is the lossless copy). ``hold``: the loss
+    masks of calls weight updates reached, as the trajectories route's ``mask_stale_versions``
+    and ``max_preemptions`` (``store.held``, docs/weight_sync.md).
     """
     tables = tuple(tables)
     for name, value, allowed in (
@@ -158,7 +162,7 @@ def export(
                     w.open_partition(*partition_dir(out, t, partition, batch, key))
             signature = st.signature(s["id"])  # before the rows: what --delete checks
             try:
-                _export_session(st, s, writers, mode, batch, include_bodies, result)
+                _export_session(st, s, writers, mode, batch, include_bodies, result, hold)
             except Exception as exc:  # noqa: BLE001 - one bad record must not sink the batch
                 result.skipped.append(
                     {"session_id": s["id"], "error": f"{type(exc).__name__}: {exc}"[:500]}
@@ -196,6 +200,7 @@ def _export_session(
     batch: str,
     include_bodies: bool,
     result: ExportResult,
+    hold: HoldOptions | None = None,
 ) -> None:
     """All of one session's rows, or (on an exception) none: everything is built and checked
     before the first row is handed to a writer."""
@@ -216,7 +221,7 @@ def _export_session(
     infos = [orjson.loads(r["info"]) for r in rows]
     traj_rows = []
     if "trajectories" in writers or "sessions" in writers:
-        for t in stitch(call_records(rows, infos), mode):
+        for t in stitch(call_records(rows, infos), mode, hold=hold):
             t.with_session(s)
             versions += np.unique(t.versions).tolist()
             traj_rows.append((trajectory_row(t, batch), len(t.token_ids)))

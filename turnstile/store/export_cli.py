@@ -8,6 +8,7 @@ import sys
 
 from .export import export
 from .export_schema import FORMATS, PARTITIONS, TABLES
+from .held import HoldOptions
 from .store import Store
 from .trajectories import MODES
 
@@ -59,6 +60,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="add kept raw request/response bodies to the calls table",
     )
     p.add_argument(
+        "--mask-stale-versions",
+        action="store_true",
+        help="trajectories: mask the tokens a version other than the call's last sampled "
+        "(calls held across a weight sync; docs/weight_sync.md)",
+    )
+    p.add_argument(
+        "--max-preemptions",
+        type=int,
+        metavar="N",
+        help="trajectories: mask the whole completion of a call preempted more than N times",
+    )
+    p.add_argument(
         "--rows-per-file",
         type=int,
         default=100_000,
@@ -68,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cli(args: argparse.Namespace) -> None:
     """``turnstile export``: prints a JSON summary of what was written."""
+    if args.max_preemptions is not None and args.max_preemptions < 0:
+        print("turnstile export: --max-preemptions must be >= 0", file=sys.stderr)
+        raise SystemExit(2)
+    hold = HoldOptions(args.mask_stale_versions, args.max_preemptions)
     try:
         result = export(
             args.store or args.data,
@@ -84,6 +101,7 @@ def cli(args: argparse.Namespace) -> None:
             delete=args.delete,
             include_bodies=args.with_bodies,
             rows_per_file=args.rows_per_file,
+            hold=hold if hold.active else None,
         )
     except (ValueError, KeyError, FileExistsError) as exc:
         print(f"turnstile export: {exc}", file=sys.stderr)

@@ -11,7 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from ..token_arrays import DECLARED
 from .trajectories import NO_VERSION
+
+# per-token array columns (token_arrays), nested one list per dimension: null where absent
+_NESTED = {key for a in DECLARED.values() if a.own_key for key in (a.name, f"{a.name}_present")}
 
 _LIST_NUMPY = {
     "token_ids": np.int32,
@@ -50,7 +54,9 @@ class Columns:
         arrays = []
         for f in self.schema:
             vals = self.cols[f.name]
-            if f.name in _LIST_NUMPY:
+            if f.name in _NESTED:
+                arrays.append(_nested_array(vals, f.type))
+            elif f.name in _LIST_NUMPY:
                 arrays.append(_list_array(vals, _LIST_NUMPY[f.name], f.name == "versions"))
             else:
                 arrays.append(pa.array(vals, type=f.type))
@@ -72,3 +78,29 @@ def _list_array(pieces: list[np.ndarray], dtype: Any, null_negative: bool) -> An
     if offsets[-1] < 2**31:
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
     return pa.LargeListArray.from_arrays(pa.array(offsets), values).cast(pa.list_(values.type))
+
+
+def _nested_array(pieces: list[np.ndarray | None], typ: Any) -> Any:
+    """A column of nested lists (one level per dimension) from numpy arrays, one per row (None:
+    a null row), built from offsets: no per-element Python objects."""
+    import pyarrow as pa
+
+    leaf = typ
+    while pa.types.is_list(leaf):
+        leaf = leaf.value_type
+    chunks = []
+    for p in pieces:
+        if p is None:
+            chunks.append(pa.nulls(1, typ))
+            continue
+        arr = pa.array(np.ascontiguousarray(p).reshape(-1).astype(leaf.to_pandas_dtype()))
+        count = p.size
+        for dim in reversed(p.shape[1:]):
+            count //= max(dim, 1)
+            offs = np.arange(0, count * dim + 1, max(dim, 1), dtype=np.int32)[: count + 1]
+            arr = pa.ListArray.from_arrays(pa.array(offs), arr)
+        arr = pa.ListArray.from_arrays(pa.array(np.array([0, len(p)], dtype=np.int32)), arr)
+        chunks.append(arr.cast(typ))
+    if not chunks:
+        return pa.array([], type=typ)
+    return pa.concat_arrays(chunks)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
+from ..token_arrays import span_versions, unpack
 from .database import Row
 from .export_schema import EXPORT_SCHEMA_VERSION
 from .records import CallRecord, unpack_body
@@ -51,6 +52,8 @@ def trajectory_row(t: Trajectory, batch: str) -> dict:
                     "seam",
                     "weight_version",
                     "temperature",
+                    "logprob_kind",
+                    "behaviour_exact",
                     "reward",
                 )
             }
@@ -65,6 +68,9 @@ def trajectory_row(t: Trajectory, batch: str) -> dict:
         "rewards": _named(t.rewards),
         "status": t.status,
         "metadata": orjson.dumps(t.metadata).decode(),
+        "images": t.images,
+        **t.arrays,  # per-token arrays (routed experts) and their presence masks
+        **{f"{name}_present": mask for name, mask in t.present.items()},
     }
 
 
@@ -127,13 +133,26 @@ def call_columns(
         "prefix_hashes": c["prefix_hashes"],
         "info": [_text(b) for b in c["info"]],
         "created": c["created"],
-        "weight_version": [_version_text(i.get("weight_version")) for i in infos],
+        "arrays": [None if b is None else bytes(b) for b in c["arrays"]],
+        "weight_version": [
+            _version_text(_per_token(i, len(b) // 4))
+            for i, b in zip(infos, c["completion_ids"], strict=True)
+        ],
     }
     if bodies:
         got = [bodies.get(cid) for cid in c["id"]]
         out["request_body"] = [_body_text(b[0]) if b else None for b in got]
         out["response_body"] = [_body_text(b[1]) if b else None for b in got]
     return out
+
+
+def _per_token(info: dict, n: int) -> object:
+    """The call's version as the calls table has always given it: per sampled token where
+    the engine reported spans (kept in ``info`` beside the last version), else the one."""
+    wv = info.get("weight_version")
+    if isinstance(wv, list):
+        return wv  # a record from before the per-token arrays
+    return span_versions(info.get("weight_versions"), n) or wv
 
 
 def _version_text(wv: object) -> str | None:
@@ -164,6 +183,7 @@ def call_records(rows: list[Row], infos: list[dict]) -> list[CallRecord]:
             seam=r["seam"],
             status=r["status"],
             info=info,
+            arrays=unpack(r["arrays"]),
         )
         for r, info in zip(rows, infos, strict=True)
     ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..token_arrays import DECLARED
+
 EXPORT_SCHEMA_VERSION = 1
 TABLES = ("trajectories", "sessions", "calls")
 FORMATS = ("parquet", "jsonl")
@@ -36,6 +38,24 @@ class ExportResult:
         return out
 
 
+def array_fields() -> list[tuple[str, Any]]:
+    """The trajectories table's per-token array columns, one pair per declared array with a key
+    of its own (``token_arrays``): ``<name>`` nested one list per dimension in its widest
+    dtype, ``<name>_present`` (int8 per token); null in rows whose calls recorded none."""
+    import numpy as np
+    import pyarrow as pa
+
+    out = []
+    for a in DECLARED.values():
+        if not a.own_key:
+            continue
+        t = pa.from_numpy_dtype(np.dtype(a.dtypes[-1]))
+        for _ in a.trailing:
+            t = pa.list_(t)
+        out += [(a.name, pa.list_(t)), (f"{a.name}_present", pa.list_(pa.int8()))]
+    return out
+
+
 def arrow_schemas() -> dict[str, Any]:
     """The Arrow schema of each table (docs/schema.md)."""
     import pyarrow as pa
@@ -51,7 +71,17 @@ def arrow_schemas() -> dict[str, Any]:
             ("seam", pa.string()),
             ("weight_version", pa.string()),
             ("temperature", pa.float64()),
+            ("logprob_kind", pa.string()),
+            ("behaviour_exact", pa.bool_()),
             ("reward", pa.float64()),
+        ]
+    )
+    image = pa.struct(
+        [
+            ("sha256", pa.string()),
+            ("mime", pa.string()),
+            ("offset", pa.int32()),
+            ("length", pa.int32()),
         ]
     )
     common = [("schema_version", pa.int16()), ("export_batch", pa.string())]
@@ -82,7 +112,11 @@ def arrow_schemas() -> dict[str, Any]:
             ("rewards", named),
             ("status", pa.string()),
             ("metadata", pa.string()),
+            # the images the tokens hold: their sha256 (the bytes: GET
+            # /v1/sessions/{sid}/images/{sha256}), type and block span in token_ids
+            ("images", pa.list_(image)),
         ]
+        + array_fields()
     )
     sessions = pa.schema(
         common
@@ -136,6 +170,7 @@ def arrow_schemas() -> dict[str, Any]:
             ("info", pa.string()),
             ("created", pa.float64()),
             ("weight_version", pa.string()),
+            ("arrays", pa.binary()),  # the per-token arrays' blob as stored (token_arrays.pack)
             ("request_body", pa.string()),
             ("response_body", pa.string()),
         ]

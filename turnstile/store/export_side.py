@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+from .blobs import drop_refs
 from .database import Database, Row
 from .schema import CALL_COLUMNS
 
@@ -35,6 +36,7 @@ def delete_ids(db: Database, ids: list[str]) -> int:
         for table in _TABLES:
             db.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", chunk)
         n += db.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk).rowcount
+    drop_refs(db, ids)  # their images, unless another session has them
     return n
 
 

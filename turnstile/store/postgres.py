@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from .blobs import tables as media_tables
 from .database import Row, SqlFacts
 from .schema import SCHEMA_VERSION, SchemaError
 
@@ -69,7 +70,9 @@ CREATE TABLE IF NOT EXISTS calls (
     history_hash BYTEA,
     prefix_hashes BYTEA,
     info BYTEA NOT NULL,
-    created DOUBLE PRECISION NOT NULL
+    created DOUBLE PRECISION NOT NULL,
+    arrays BYTEA,
+    media BYTEA
 );
 CREATE INDEX IF NOT EXISTS calls_by_session ON calls(session_id, seq);
 CREATE INDEX IF NOT EXISTS sessions_by_group ON sessions(group_id, sample_index);
@@ -87,8 +90,8 @@ CREATE TABLE IF NOT EXISTS bodies (
     request BYTEA,
     response BYTEA
 );
-CREATE INDEX IF NOT EXISTS bodies_by_session ON bodies(session_id)
-"""
+CREATE INDEX IF NOT EXISTS bodies_by_session ON bodies(session_id);
+""" + media_tables("BYTEA", "DOUBLE PRECISION")
 
 _SCHEMA_LOCK = 0x7475726E  # pg_advisory_xact_lock key: one replica creates the tables
 
@@ -220,6 +223,10 @@ class PostgresDatabase:
                     f"reads up to {SCHEMA_VERSION}. Upgrade Turnstile."
                 )
             self.conn.execute(SCHEMA)
+            # v3: the per-token arrays' blob (older rows keep NULL)
+            self.conn.execute("ALTER TABLE calls ADD COLUMN IF NOT EXISTS arrays BYTEA")
+            # v4: a call's images (older rows keep NULL); the blob tables are in SCHEMA
+            self.conn.execute("ALTER TABLE calls ADD COLUMN IF NOT EXISTS media BYTEA")
             self.conn.execute(
                 "INSERT INTO meta VALUES ('schema_version', %s) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",

@@ -14,7 +14,10 @@ from typing import Any
 
 import orjson
 
-from ..random_ids import random_hex
+from ..media import Image, MediaItem
+from ..random_ids import new_id as new_id  # (re-exported: the store's callers find it here)
+from ..token_arrays import Rows, pack, span_versions, unpack
+from .blobs import pack_media, unpack_media
 from .database import Row
 
 INT32_MAX = 2**31 - 1  # sample_index is an int32 column in exports
@@ -66,6 +69,13 @@ class CallRecord:
     prefix_hashes: list[bytes] = field(default_factory=list)
     info: dict = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    # per-token arrays by declared name (``token_arrays.DECLARED``), on the call's sequence
+    arrays: dict[str, Rows] = field(default_factory=dict)
+    # the images of the call's prompt: spans in the EXPANDED prompt (the parent's prefix and
+    # the delta alike), stored in ``calls.media``; ``images``: the bytes of those this call
+    # brings (written once to the blob table with the call, never in its row)
+    media: tuple[MediaItem, ...] = ()
+    images: dict[str, Image] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict:
         return {
@@ -86,12 +96,19 @@ class CallRecord:
             "message": self.message,
             "created": self.created,
             **self.info,
+            **_token_versions(self),
+            **({"media": [m.to_json() for m in self.media]} if self.media else {}),
         }
 
 
-def new_id(prefix: str) -> str:
-    """``prefix`` and 96 random bits in hex (three per call: see ``random_ids``)."""
-    return prefix + random_hex(12)
+def _token_versions(c: CallRecord) -> dict:
+    """The per-token ``weight_version`` list the record's JSON has always shown where the
+    engine reported spans (the stored info keeps the spans and the last version only)."""
+    spans = c.info.get("weight_versions")
+    if not spans or isinstance(c.info.get("weight_version"), list):
+        return {}
+    per_token = span_versions(spans, len(c.completion_ids))
+    return {"weight_version": per_token} if per_token else {}
 
 
 def pack_body(body: object) -> bytes | None:
@@ -128,6 +145,8 @@ def call_row(c: CallRecord) -> tuple:
         b"".join(c.prefix_hashes),
         orjson.dumps(c.info),
         c.created,
+        pack(c.arrays),
+        pack_media(c.media),
     )
 
 
@@ -155,4 +174,6 @@ def call_from_row(r: Row) -> CallRecord:
         prefix_hashes=[hashes[i : i + 8] for i in range(0, len(hashes), 8)],
         info=orjson.loads(r["info"]),
         created=r["created"],
+        arrays=unpack(r["arrays"]),
+        media=unpack_media(r["media"]),
     )

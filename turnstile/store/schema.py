@@ -1,8 +1,11 @@
 """The store's tables, and opening a store file: create, migrate, refuse a newer one.
 
 Schema versions: 1 = sessions + calls; 2 adds session status/group/sample/task columns, rewards
-and bodies tables (migrated in place, existing columns untouched). docs/schema.md is the
-reference.
+and bodies tables (migrated in place, existing columns untouched); 3 adds ``calls.arrays``, the
+per-token arrays' blob (``turnstile.token_arrays.pack``; NULL in rows written before); 4 adds
+``calls.media`` (a call's images: hash, span, processor, grid) and the content-addressed
+``media_blobs``/``media_refs`` tables (``store/blobs.py``).
+docs/schema.md is the reference.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from pathlib import Path
 
 import orjson
 
+from .blobs import tables as media_tables
 from .session_rows import session_fields
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 
 SCHEMA = (
     """
@@ -50,7 +54,9 @@ CREATE TABLE IF NOT EXISTS calls (
     history_hash BLOB,
     prefix_hashes BLOB,
     info BLOB NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    arrays BLOB,
+    media BLOB
 );
 CREATE INDEX IF NOT EXISTS calls_by_session ON calls(session_id, seq);
 """
@@ -72,6 +78,7 @@ CREATE TABLE IF NOT EXISTS bodies (
 );
 CREATE INDEX IF NOT EXISTS bodies_by_session ON bodies(session_id);
 """
+    + media_tables()
 )
 
 # v1 -> v2: new session columns (the v1 columns stay as they are) and the new tables.
@@ -85,12 +92,18 @@ MIGRATE_1_TO_2 = [
     "ALTER TABLE sessions ADD COLUMN exported REAL",
 ]
 
+# v2 -> v3: the per-token arrays' blob (older rows keep NULL: their weight versions stay in
+# ``info`` and are read from there).
+MIGRATE_2_TO_3 = ["ALTER TABLE calls ADD COLUMN arrays BLOB"]
+# v3 -> v4: a call's images (older rows keep NULL: no images); the blob tables are created
+MIGRATE_3_TO_4 = ["ALTER TABLE calls ADD COLUMN media BLOB"]
+
 # The calls table's columns in table order (rows read with them are read by name).
 CALL_COLUMNS = (
     "id, session_id, seq, parent_id, segment_reason, reused_prefix_len, "
     "prompt_delta, completion_ids, completion_logprobs, finish_reason, "
     "stop_token_id, seam, status, error, message, history_hash, prefix_hashes, "
-    "info, created"
+    "info, created, arrays, media"
 )
 
 SESSION_COLUMNS = (
@@ -117,6 +130,12 @@ def open_schema(db: sqlite3.Connection, path: Path) -> None:
             )
         if version == 1:
             _migrate_1_to_2(db)
+        if version in (1, 2):
+            for stmt in MIGRATE_2_TO_3:
+                db.execute(stmt)
+        if version in (1, 2, 3):
+            for stmt in MIGRATE_3_TO_4:
+                db.execute(stmt)
         for stmt in SCHEMA.split(";"):
             if stmt.strip():
                 db.execute(stmt)

@@ -8,6 +8,7 @@ may write one file: each write transaction takes the file's write lock (``BEGIN 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,8 +44,25 @@ class SqliteDatabase:
         self.conn = sqlite3.connect(
             path, check_same_thread=False, isolation_level=None, timeout=busy_timeout
         )
-        self.conn.execute("PRAGMA journal_mode=WAL")
+        self._wal(busy_timeout)
         self.conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+
+    def _wal(self, busy_timeout: float) -> None:
+        """Put the file in WAL mode, waiting out other processes as a write does: SQLite
+        answers "database is locked" at once (its busy handler is not asked) when another
+        connection holds the file while the journal mode is read or changed, which happens
+        when a fleet's gateways open a new store together."""
+        deadline = time.monotonic() + busy_timeout
+        pause = 0.001
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self.conn.execute(sql, params)

@@ -26,8 +26,10 @@ from pathlib import Path
 
 import orjson
 
-from ..auth import new_capability
+from ..media import Image
+from ..random_ids import new_capability
 from .backends import connect
+from .blobs import drop_refs, read_image
 from .database import SQLITE_FILENAME, Database, is_postgres
 from .export_side import ExportSide
 from .records import (
@@ -103,7 +105,7 @@ class Store(ExportSide):
         # told of every committed call with the request body it came from, kept or not
         # (server.canary re-renders the harness's messages)
         self.request_observers: list[Callable[[CallRecord, object], None]] = []
-        # added to every call's info (turnstile.ray: the gateway replica that recorded it)
+        # added to every call's info (turnstile.app.ray: the gateway replica that recorded it)
         self.record_fields: dict = dict(record_fields or {})
         self._writer = Writer(self)  # its thread starts with the first queued write
 
@@ -331,7 +333,9 @@ class Store(ExportSide):
                 ("sessions", "id"),
             ):
                 cur = self._db.execute(f"DELETE FROM {table} WHERE {col} = ?", (session_id,))
-        return cur.rowcount > 0
+            gone = cur.rowcount > 0
+            drop_refs(self._db, [session_id])  # its images, unless another session has them
+        return gone
 
     # calls
 
@@ -452,6 +456,13 @@ class Store(ExportSide):
             else:
                 cur = self._db.execute("DELETE FROM bodies WHERE session_id = ?", (session_id,))
         return cur.rowcount
+
+    def image(self, session_id: str, sha256: str) -> Image | None:
+        """An image's bytes, only if this session's calls hold it (store/blobs.py)."""
+        if _absent(session_id):
+            return None
+        with self._lock:
+            return read_image(self._db, sha256, session_id)
 
     def calls(self, session_id: str) -> list[CallRecord]:
         if _absent(session_id):

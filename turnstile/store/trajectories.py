@@ -9,6 +9,10 @@ prefix-preserving) has no parent, so it roots a sample of its own.
 
 ``per_call``: one sample per call: its full prompt (mask 0) then its completion (mask 1).
 
+Per-token arrays (``turnstile.token_arrays``: routed experts, weight versions) are laid on the
+sample's positions from each call's rows: a reused prefix's rows from the first call on the path
+that recorded them, with an int8 ``<name>_present`` mask (0 where no call recorded a row).
+
 Only calls with status ``ok`` take part (an aborted or failed call never reached the harness,
 so nothing extends it). Arrays are numpy: int32 token IDs, int8 mask, float32 logprobs (NaN
 where the engine sampled a token but reported no logprob), int64 versions (-1 where not
@@ -17,19 +21,20 @@ sampled or not reported). ``Trajectory.to_json`` gives the API/JSONL shape (NaN/
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..token_arrays import DECLARED, WEIGHT_VERSION, Piece
+from ..token_arrays import stitch as stitch_rows
+from ..token_arrays import version_number as _version_number
+from .held import HoldOptions, kept
 from .records import CallRecord
 
 MODES = ("merged", "per_call")
 LINEAGES = ("all", "main", "side")  # which lineages' samples a caller asks for
 NO_VERSION = -1
-_INTEGER = re.compile(r"-?[0-9]{1,19}")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -63,6 +68,13 @@ class Trajectory:
     rewards: dict[str, float] = field(default_factory=dict)
     status: str | None = None
     metadata: dict = field(default_factory=dict)
+    # per-token arrays by declared name ([T, *trailing], aligned with token_ids) and their
+    # presence masks (int8 [T], 1 where a call recorded the row); only arrays some call has
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    present: dict[str, np.ndarray] = field(default_factory=dict)
+    # the images the sample's tokens hold: per image its sha256, MIME type and the span of
+    # its block in ``token_ids`` (``offset``, ``length``); the bytes by hash from the store
+    images: list[dict] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -70,6 +82,17 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return len(self.turns)
+
+    def behaviour_mask(self) -> np.ndarray:
+        """int8 [T]: 1 on each sampled token whose recorded logprob is the log-probability
+        under the distribution it was sampled from (its call's ``behaviour_exact``), so a
+        TIS/MIS correction may divide by it; 0 elsewhere (prompt tokens, a call whose logprobs
+        are raw or scaled under truncation, or a record too old to say)."""
+        out = np.zeros(len(self.token_ids), dtype=np.int8)
+        for t in self.turns:
+            if t.get("behaviour_exact"):
+                out[t["completion_start"] : t["completion_end"]] = 1
+        return out & self.loss_mask.astype(np.int8)
 
     @property
     def weight_versions(self) -> list[str | None]:
@@ -120,7 +143,18 @@ class Trajectory:
             "rewards": self.rewards,
             "status": self.status,
             "metadata": self.metadata,
+            **self.arrays_json(),
+            **({"images": self.images} if self.images else {}),
         }
+
+    def arrays_json(self) -> dict:
+        """The per-token arrays as JSON keys: ``<name>`` (nested lists) and
+        ``<name>_present`` (0/1), only for arrays some call of the sample recorded."""
+        out: dict = {}
+        for name, values in self.arrays.items():
+            out[name] = values.tolist()
+            out[f"{name}_present"] = self.present[name].tolist()
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> Trajectory:
@@ -149,6 +183,7 @@ class Trajectory:
             lineage_role=d.get("lineage_role"),
             fingerprint=d.get("fingerprint"),
             mode=d.get("mode", "merged"),
+            images=list(d.get("images") or []),
             group_id=d.get("group_id"),
             sample_index=d.get("sample_index"),
             task_id=d.get("task_id"),
@@ -156,29 +191,34 @@ class Trajectory:
             rewards=d.get("rewards") or {},
             status=d.get("status"),
             metadata=d.get("metadata") or {},
+            **_arrays_from_json(d),
         )
+
+
+def _arrays_from_json(d: dict) -> dict:
+    arrays, present = {}, {}
+    for name, decl in DECLARED.items():
+        if decl.own_key and d.get(name) is not None:
+            values = np.asarray(d[name])
+            wide = np.dtype(decl.dtypes[-1])
+            arrays[name] = values.astype(
+                decl.dtypes[0] if values.size == 0 or values.max() < 256 else wide
+            )
+            present[name] = np.asarray(d.get(f"{name}_present") or [], dtype=np.int8)
+    return {"arrays": arrays, "present": present}
 
 
 def version_number(v: Any) -> int:
     """A weight version as an integer for the per-token ``versions`` array: ints and integer
     strings ("12") map to themselves; anything else (None, hashes, names) to -1. The raw value
     stays in ``turns[i].weight_version``."""
-    if isinstance(v, bool) or v is None:
-        return NO_VERSION
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, str):
-        s = v.strip()
-        # ASCII digits only: "²".isdigit() is True and "--5" has digits after lstrip("-")
-        v = int(s) if _INTEGER.fullmatch(s) else None
-    if isinstance(v, int) and _INT64_MIN <= v <= _INT64_MAX:
-        return v
-    return NO_VERSION  # a name, a hash, or a number no int64 holds (the raw value is kept)
+    return _version_number(v)
 
 
 def _completion_versions(c: CallRecord, n: int) -> np.ndarray | int:
-    """Per-token versions of one completion (``n`` tokens): a per-token list if the engine
-    gave one, otherwise the call's single version (broadcast by the caller)."""
+    """Per-token versions of one completion (``n`` tokens) where the record predates the
+    ``weight_version`` array (a per-token list in ``info``), otherwise the call's single
+    version (broadcast by the caller; the array, where recorded, is laid over it)."""
     wv = c.info.get("weight_version")
     if isinstance(wv, list) and len(wv) == n:
         return np.array([version_number(v) for v in wv], dtype=np.int64)
@@ -225,9 +265,15 @@ def lineages(calls: list[CallRecord]) -> tuple[dict[str, str], str | None]:
     return out, main
 
 
-def stitch(calls: list[CallRecord], mode: str = "merged", which: str = "all") -> list[Trajectory]:
+def stitch(
+    calls: list[CallRecord],
+    mode: str = "merged",
+    which: str = "all",
+    hold: HoldOptions | None = None,
+) -> list[Trajectory]:
     """Training samples of one session's calls (ordered by ``seq``); ``which``: all of them,
-    or only the ``main`` lineage's, or only the ``side`` ones' (:func:`lineages`)."""
+    or only the ``main`` lineage's, or only the ``side`` ones' (:func:`lineages`); ``hold``:
+    the loss masks asked of calls weight updates reached (``held``)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if which not in LINEAGES:
@@ -246,7 +292,7 @@ def stitch(calls: list[CallRecord], mode: str = "merged", which: str = "all") ->
         while path[-1].parent_id is not None and path[-1].parent_id in by_id:
             path.append(by_id[path[-1].parent_id])
         path.reverse()
-        t = _flatten(path, mode)
+        t = _flatten(path, mode, hold)
         t.lineage = lineage[last.id]
         t.lineage_role = "main" if t.lineage == main else "side"
         if which == "all" or which == t.lineage_role:
@@ -259,7 +305,7 @@ def trajectories(calls: list[CallRecord], mode: str = "merged") -> list[dict]:
     return [t.to_json() for t in stitch(calls, mode)]
 
 
-def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
+def _flatten(path: list[CallRecord], mode: str, hold: HoldOptions | None = None) -> Trajectory:
     per_call = mode == "per_call"
     pieces: list[np.ndarray] = []
     for c in path:
@@ -274,11 +320,15 @@ def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
     logprobs = np.zeros(total, dtype=np.float32)
     versions = np.full(total, NO_VERSION, dtype=np.int64)
     turns: list[dict] = []
+    held: list[tuple[int, int, np.ndarray]] = []  # completions ``hold`` masks (``held.kept``)
     for i in range(first, len(path)):
         c = path[i]
         start, end = int(ends[2 * i]), int(ends[2 * i + 1])  # the completion
         prompt_start = 0 if per_call else int(ends[2 * i] - lengths[2 * i])
         mask[start:end] = 1
+        masked = kept(c, end - start, hold) if hold is not None and hold.active else None
+        if masked is not None:
+            held.append((start, end, masked))
         logprobs[start:end] = np.frombuffer(c.completion_logprobs, dtype=np.float32)
         versions[start:end] = _completion_versions(c, end - start)
         sampling = c.info.get("sampling") or {}
@@ -293,10 +343,21 @@ def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
                 "seam": c.seam,
                 "weight_version": _raw_version(c),
                 "temperature": sampling.get("temperature"),
+                # for importance weights (TIS, MIS/IcePop): what the logprobs are, and whether
+                # they are the distribution the call sampled from (None: an older record)
+                "logprob_kind": c.info.get("logprob_kind"),
+                "behaviour_exact": (c.info.get("behaviour_logprobs") or {}).get("exact"),
                 "reward": None,
                 "rewards": {},
             }
         )
+    arrays, present = _stitched(path, first, total)
+    if WEIGHT_VERSION.name in arrays:
+        laid = present.pop(WEIGHT_VERSION.name).astype(bool) & (mask == 1)
+        versions[laid] = arrays.pop(WEIGHT_VERSION.name)[laid]
+    for start, end, masked in held:  # after the versions are laid: masked tokens keep theirs
+        mask[start:end] = masked
+        logprobs[start:end][masked == 0] = 0.0
     root, target = path[0], path[-1]
     return Trajectory(
         id=target.id,
@@ -312,4 +373,31 @@ def _flatten(path: list[CallRecord], mode: str) -> Trajectory:
         segment_detail=root.info.get("segment_detail"),
         fingerprint=root.info.get("fingerprint"),
         mode=mode,
+        arrays=arrays,
+        present=present,
+        images=[  # the last call's prompt holds every image of the path, at its place
+            {"sha256": m.sha256, "mime": m.mime, "offset": m.offset, "length": m.length}
+            for m in target.media
+        ],
     )
+
+
+def _stitched(
+    path: list[CallRecord], first: int, total: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each declared array some call on ``path`` recorded, on the sample's ``total``
+    positions (calls from ``first`` on are sampled here), with its presence mask."""
+    names = {n for c in path for n in c.arrays}
+    arrays, present = {}, {}
+    for name in sorted(names):
+        decl = DECLARED.get(name)
+        if decl is None:
+            continue  # recorded by a newer Turnstile: not this one's to lay out
+        got = stitch_rows(
+            decl,
+            total,
+            (Piece(c.arrays[name], 0, i >= first) for i, c in enumerate(path) if name in c.arrays),
+        )
+        if got is not None:
+            arrays[name], present[name] = got
+    return arrays, present

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .blobs import write_images
 from .database import Database
 from .records import CallRecord, call_row, pack_body
 from .schema import CALL_COLUMNS
@@ -47,7 +48,7 @@ class SessionWrite:
     row: tuple
 
 
-CallRows = tuple[str, tuple, tuple | None, float | None]
+CallRows = tuple[str, tuple, tuple | None, float | None, tuple]
 
 
 def call_rows(w: CallWrite, keep_bodies: bool, record_fields: dict) -> CallRows:
@@ -59,7 +60,8 @@ def call_rows(w: CallWrite, keep_bodies: bool, record_fields: dict) -> CallRows:
     bodies = None
     if keep_bodies and (w.request_body is not None or w.response_body is not None):
         bodies = (c.id, c.session_id, pack_body(w.request_body), pack_body(w.response_body))
-    return c.session_id, call_row(c), bodies, w.session_created
+    images = tuple(c.images.values())  # () for text: nothing more is written
+    return c.session_id, call_row(c), bodies, w.session_created, images
 
 
 def write_batch(
@@ -86,7 +88,12 @@ def write_batch(
 
 
 def _write_call(
-    db: Database, session_id: str, row: tuple, bodies: tuple | None, created: float | None
+    db: Database,
+    session_id: str,
+    row: tuple,
+    bodies: tuple | None,
+    created: float | None,
+    images: tuple = (),
 ) -> None:
     if created is not None:
         got = db.execute(
@@ -95,5 +102,7 @@ def _write_call(
         if got is None or got[0] != created:
             raise SessionGone(session_id)
     db.execute(_INSERT_CALL, row)
+    if images:
+        write_images(db, session_id, images)
     if bodies is not None:
         db.execute(_INSERT_BODIES, bodies)

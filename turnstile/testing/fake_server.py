@@ -15,7 +15,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 
-from ..testbed import free_port
+from .ports import free_port
 from .toy_model import Generation
 
 
@@ -162,3 +162,11 @@ class FakeServer:
         if self.token_delay:
             await asyncio.sleep(self.token_delay)
         return not self.is_aborted(rid)
+
+
+SSE_DONE = b"data: [DONE]\n\n"  # the OpenAI-style stream's end, as every engine fake sends it
+
+
+def sse(payload: bytes) -> bytes:
+    """One server-sent event holding ``payload`` (the fakes' streams are ``data:`` events)."""
+    return b"data: " + payload + b"\n\n"

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from .asgi import asgi_body, asgi_lifespan
+from .fake_server import SSE_DONE, sse
 from .fake_vllm import VLLMFake
 from .scripted import FixedReply
 
@@ -68,7 +69,7 @@ class TokenInReplay:
         if include_usage:
             usage = self.fake.usage_counts(n_prompt, self.n, False)
             events.append(self.fake.usage_chunk(self.rid, usage))
-        events.append(b"data: [DONE]\n\n")
+        events.append(SSE_DONE)
         return events
 
 
@@ -96,9 +97,8 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float 
     )
 
     def chunk(delta: dict, finish: str | None = None) -> bytes:
-        return (
-            b"data: "
-            + orjson.dumps(
+        return sse(
+            orjson.dumps(
                 {
                     "id": "chatcmpl-bench",
                     "object": "chat.completion.chunk",
@@ -107,7 +107,6 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float 
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
                 }
             )
-            + b"\n\n"
         )
 
     # One event per sampled token: the thought's tokens as content, the rest as the tool
@@ -134,7 +133,7 @@ def replay_app(spec: dict, pace: float, model: str = MODEL_NAME, prefill: float 
         for p in _split(call["function"]["arguments"], n - thought_n - 1)
     ]
     chat_events.append(chunk({}, "tool_calls"))
-    chat_events.append(b"data: [DONE]\n\n")
+    chat_events.append(SSE_DONE)
 
     models = orjson.dumps(
         {"object": "list", "data": [{"id": model, "object": "model", "max_model_len": 262144}]}

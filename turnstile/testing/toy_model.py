@@ -31,6 +31,11 @@ class Step:
     rank: int  # 1-based, in that distribution
     top: list[tuple[int, float]]  # best first, len = the requested k
     version: str = "default"
+    # the sampler's kept set (most probable first) and the sampled token's logprob under the
+    # distribution it was drawn from (renormalised over that set), whatever the logprob mode
+    kept: list[int] | None = None
+    kept_logprobs: list[float] | None = None  # each kept token's, in that distribution
+    sampling_logprob: float | None = None
 
 
 @dataclass
@@ -76,6 +81,7 @@ class ToyModel:
         logit_bias: dict[int, float],
         rng: random.Random,
         k: int,
+        top_k: int = 0,
     ) -> Step:
         raw = _logits(context)
         biased = [x + logit_bias.get(i, 0.0) for i, x in enumerate(raw)]
@@ -84,6 +90,9 @@ class ToyModel:
         lp = _log_softmax(scaled)
         order = sorted(range(VOCAB), key=lambda i: -lp[i])
         keep = set(order)
+        if top_k > 0 and not greedy:  # the top_k most probable, then top-p among them
+            order = order[:top_k]
+            keep = set(order)
         if top_p < 1.0 and not greedy:
             keep, acc = set(), 0.0
             for i in order:
@@ -113,7 +122,12 @@ class ToyModel:
         ranked = sorted(range(VOCAB), key=lambda i: -report[i])
         rank = ranked.index(tid) + 1
         top = [(i, report[i]) for i in ranked[:k]]
-        return Step(tid, report[tid], rank, top)
+        kept = [tid] if greedy else [i for i in order if i in keep]
+        kept_lps = [0.0] if greedy else [processed[i] for i in kept]
+        own = 0.0 if greedy else processed[tid]
+        return Step(
+            tid, report[tid], rank, top, kept=kept, kept_logprobs=kept_lps, sampling_logprob=own
+        )
 
     def generate(
         self,
@@ -122,6 +136,7 @@ class ToyModel:
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        top_k: int = 0,
         seed: int | None = None,
         stop: list[str] | None = None,
         stop_token_ids: list[int] | None = None,
@@ -139,7 +154,7 @@ class ToyModel:
         ctx, text = list(prompt), ""
         steps: list[Step] = []
         for _ in range(max_tokens):
-            s = self.step(ctx, temperature, top_p, bias, rng, k)
+            s = self.step(ctx, temperature, top_p, bias, rng, k, top_k)
             s.version = version(len(steps))
             steps.append(s)
             ctx.append(s.token_id)

@@ -1,9 +1,9 @@
 """``turnstile view --data DIR``: the viewer over a record store, with no engine, read-only.
 
-It serves the page and the trainer's read routes (sessions, calls, kept bodies, trajectories)
-from the store; every other route of ``turnstile serve`` (harness, admin, writes) answers 503
-saying why, in the API's error shape. Records are read through the store's read paths and
-the viewer's read-only connection; nothing is written (a store written by an older
+It serves the page and the trainer's read routes (sessions, calls, kept bodies, trajectories,
+images) from the store; every other route of ``turnstile serve`` (harness, admin, writes)
+answers 503 saying why, in the API's error shape. Records are read through the store's read
+paths and the viewer's read-only connection; nothing is written (a store written by an older
 Turnstile is migrated on open, as by serve)."""
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from ..server.app import ROUTES as SERVE_ROUTES
 from ..server.context import AppContext
 from ..server.error_handlers import EXCEPTION_HANDLERS
 from ..server.limits import Limits
-from ..server.routes_sessions import call_body, calls, list_sessions, session, trajectories
+from ..server.routes_sessions import (
+    call_body,
+    calls,
+    image,
+    list_sessions,
+    session,
+    trajectories,
+)
 from ..server.session_index import SessionIndex
 from ..store.store import Store
 from .routes import viewer_routes
@@ -46,6 +53,8 @@ _READ = [
     Route("/v1/sessions/{sid}/calls", trainer(calls), methods=["GET"]),
     Route("/v1/sessions/{sid}/calls/{cid}/body", trainer(call_body), methods=["GET"]),
     Route("/v1/sessions/{sid}/trajectories", trainer(trajectories), methods=["GET"]),
+    # the bytes of the session's images (the token view shows each at its block)
+    Route("/v1/sessions/{sid}/images/{sha256}", trainer(image), methods=["GET"]),
 ]
 # The read routes first; every other route turnstile serve has (harness, admin, writes)
 # answers read_only. The viewer's own routes are mounted beside them (create_viewer_app).

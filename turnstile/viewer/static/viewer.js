@@ -289,7 +289,23 @@ function sideBySide(t) {
     h("div", { class: "sides" }, show(d.recorded, "recorded"), show(d.sent, "sent")));
 }
 
-function tokenView(t, calls) {
+const imageURLs = new Map(); // sha256 -> Promise of its data: URL (one read per image)
+function imageURL(sid, sha) {
+  const key = sid + "/" + sha;
+  if (!imageURLs.has(key)) {
+    imageURLs.set(key, api(`/v1/sessions/${enc(sid)}/images/${enc(sha)}`)
+      .then((r) => r.blob())
+      .then((b) => new Promise((resolve, reject) => {
+        const fr = new FileReader();
+        fr.onload = () => resolve(fr.result);
+        fr.onerror = () => reject(fr.error);
+        fr.readAsDataURL(b);
+      })));
+  }
+  return imageURLs.get(key);
+}
+
+function tokenView(t, calls, sid) {
   const n = t.token_ids.length;
   const marks = new Map(); // index -> elements placed before that token
   const mark = (i, el) => { if (!marks.has(i)) marks.set(i, []); marks.get(i).push(el); };
@@ -297,6 +313,18 @@ function tokenView(t, calls) {
     mark(turn.prompt_start, h("span", { class: "turn-mark" }, `turn ${k + 1} · call #${turn.seq}`));
     if (turn.seam) mark(turn.prompt_start, h("span", { class: "seam-mark" }, "seam: " + turn.seam));
   });
+  // each image at its block: fetched with the trainer's token from the session's image route
+  // (only that session's images), shown as a data: URL (the page's CSP allows no other source)
+  const inImage = new Map(); // token index -> the image block holding it
+  for (const im of t.images || []) {
+    const img = h("img", { class: "image-mark", alt: `image ${im.sha256.slice(0, 12)}`,
+      "data-sha256": im.sha256, "data-offset": im.offset, "data-length": im.length,
+      title: `image ${im.sha256} (${im.mime}): tokens ${im.offset}..${im.offset + im.length - 1}` });
+    imageURL(sid, im.sha256).then((url) => { img.src = url; },
+      (err) => { img.alt = "image not read: " + err.message; img.classList.add("bad"); });
+    mark(im.offset, img);
+    for (let i = im.offset; i < im.offset + im.length; i++) inImage.set(i, im);
+  }
   const drift = t.divergence ? t.divergence.index : -1;
   if (drift >= 0 && drift < n) {
     mark(drift, h("span", { class: "drift-mark" }, t.segment_reason === "drift" ? "drift" : "differs"));
@@ -315,7 +343,8 @@ function tokenView(t, calls) {
       for (const m of marks.get(i) || []) frag.append(m);
       const s = t.loss_mask[i] === 1;
       const el = document.createElement("span");
-      el.className = "tok " + (s ? "s" : "p") + (i === drift ? " drift" : "");
+      el.className = "tok " + (s ? "s" : "p") + (i === drift ? " drift" : "") +
+        (inImage.has(i) ? " img" : "");
       el.dataset.i = i;
       if (s) {
         const lp = t.logprobs[i];
@@ -412,7 +441,7 @@ async function sessionView(main, sid, params) {
         h("span", { class: "tok s", style: "--u:0.05" }, "sampled, sure"), " ",
         h("span", { class: "tok s", style: "--u:0.9" }, "sampled, unsure"),
         trajs.tokenizer ? ` · text by ${trajs.tokenizer}` : " · no tokenizer: IDs shown"),
-      sideBySide(t), tokenView(t, calls.data))
+      sideBySide(t), tokenView(t, calls.data, sid))
       : h("p", { class: "muted" }, "No completed call yet: nothing to stitch."));
 }
 
