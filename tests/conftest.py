@@ -18,16 +18,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.auth import read_token
 from turnstile.client import Client
 from turnstile.testing.relay import Relay, start_relay
 
-# Subprocesses (examples, benchmarks, servers) import this checkout's turnstile, whatever
-# checkout the shared virtualenv's editable install last pointed at.
+# Subprocesses (examples, benchmarks, servers) import this checkout's turnstile and test bed,
+# whatever checkout the shared virtualenv's editable installs last pointed at.
 _ROOT = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [_ROOT, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    [
+        _ROOT,
+        str(Path(_ROOT) / "testbed"),
+        *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
+    ]
 )
 
 QWEN25_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct"
@@ -306,7 +310,7 @@ class Turnstile:
         cmd = [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "serve",
             *(a for u in urls for a in ("--engine-url", u)),
             "--model",
@@ -447,7 +451,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def postgres() -> Iterator:
     """A real PostgreSQL server (Debian's package), for the PostgreSQL record store."""
-    from turnstile.testing.postgres import PostgresServer
+    from turnstile_testbed.postgres import PostgresServer
 
     server = PostgresServer().start()
     yield server

@@ -26,10 +26,57 @@ NAME = "turnstile"
 # what each layer may not import (a package or module of turnstile, by dotted prefix); every
 # key and every banned name must name a real module or package (test_the_layer_table_is_real)
 BELOW: dict[str, tuple[str, ...]] = {
-    "turnstile.request": ("turnstile.dialects", "turnstile.gateway", "turnstile.server"),
+    "turnstile.request": (
+        "turnstile.dialects",
+        "turnstile.gateway",
+        "turnstile.server",
+        "turnstile.store",
+    ),
     "turnstile.errors": ("turnstile.dialects", "turnstile.gateway", "turnstile.server"),
-    "turnstile.dialects": ("turnstile.gateway", "turnstile.server", "turnstile.engines"),
-    "turnstile.gateway": ("turnstile.server", "turnstile.viewer", "turnstile.wiring"),
+    # a dialect renders the gateway's typed answer (turnstile.answer), never the store's record
+    "turnstile.dialects": (
+        "turnstile.gateway",
+        "turnstile.server",
+        "turnstile.engines",
+        "turnstile.store",
+    ),
+    # one room per dialect (issue 41): each reads its body into a Chat body the Chat room's
+    # reader checks, and none imports another's room; what all share (base, images) none
+    "turnstile.dialects.chat": (
+        "turnstile.dialects.responses",
+        "turnstile.dialects.messages",
+        "turnstile.dialects.gemini",
+    ),
+    "turnstile.dialects.responses": ("turnstile.dialects.messages", "turnstile.dialects.gemini"),
+    "turnstile.dialects.messages": ("turnstile.dialects.responses", "turnstile.dialects.gemini"),
+    "turnstile.dialects.gemini": ("turnstile.dialects.responses", "turnstile.dialects.messages"),
+    "turnstile.dialects.base": (
+        "turnstile.dialects.chat",
+        "turnstile.dialects.responses",
+        "turnstile.dialects.messages",
+        "turnstile.dialects.gemini",
+    ),
+    "turnstile.dialects.images": (
+        "turnstile.dialects.chat",
+        "turnstile.dialects.responses",
+        "turnstile.dialects.messages",
+        "turnstile.dialects.gemini",
+    ),
+    # the Chat dialect parses its own requests (as strictly as gateway.renders_prompt says)
+    "turnstile.gateway": (
+        "turnstile.server",
+        "turnstile.viewer",
+        "turnstile.app",
+        "turnstile.dialects",
+    ),
+    # one room per recording mode (issue 41): neither mode imports the other; both share the
+    # door, the policy control and the record at the gateway package's level
+    "turnstile.gateway.token_in": ("turnstile.gateway.capture",),
+    "turnstile.gateway.capture": ("turnstile.gateway.token_in",),
+    # what both modes share imports neither room (the contract names them for mypy only)
+    "turnstile.gateway.admission": ("turnstile.gateway.token_in", "turnstile.gateway.capture"),
+    "turnstile.gateway.control": ("turnstile.gateway.token_in", "turnstile.gateway.capture"),
+    "turnstile.gateway.record": ("turnstile.gateway.token_in", "turnstile.gateway.capture"),
     "turnstile.engines": ("turnstile.gateway", "turnstile.server", "turnstile.dialects"),
     "turnstile.chat": (
         "turnstile.gateway",
@@ -39,8 +86,8 @@ BELOW: dict[str, tuple[str, ...]] = {
     ),
     "turnstile.store": ("turnstile.gateway", "turnstile.server", "turnstile.dialects"),
     # the HTTP edge serves what it is given: the viewer and the app's composition sit above it
-    "turnstile.server": ("turnstile.viewer", "turnstile.wiring", "turnstile.ray", "turnstile.cli"),
-    "turnstile.viewer": ("turnstile.wiring", "turnstile.ray", "turnstile.cli"),
+    "turnstile.server": ("turnstile.viewer", "turnstile.app"),
+    "turnstile.viewer": ("turnstile.app",),
 }
 # the model-family facts are data at the bottom: they import nothing else of turnstile
 TOP = (
@@ -53,13 +100,23 @@ TOP = (
     "turnstile.parsing",
     "turnstile.store",
     "turnstile.server",
-    "turnstile.wiring",
+    "turnstile.app",
     "turnstile.converters",
     "turnstile.viewer",
-    "turnstile.ray",
     "turnstile.testing",
 )
 BELOW["turnstile.families"] = TOP
+# the per-token arrays' declarations sit below the engines and the store that both use them
+BELOW["turnstile.token_arrays"] = (*TOP, "turnstile.families")
+# media on a prompt (images: their items, limits, decoding) sits below all that carry them
+BELOW["turnstile.media"] = (*TOP, "turnstile.families", "turnstile.token_arrays")
+# the answer's types (events, the finished call) sit below the parser, gateways and dialects
+BELOW["turnstile.answer"] = (
+    *TOP,
+    "turnstile.families",
+    "turnstile.token_arrays",
+    "turnstile.media",
+)
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -96,7 +153,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 def package_of(module: str) -> str:
     """The package a module belongs to, one level under the root: ``turnstile.server.app`` →
-    ``turnstile.server``; a top-level module (``turnstile.wiring``) and the root are their own."""
+    ``turnstile.server``; a top-level module (``turnstile.auth``) and the root are their own."""
     return ".".join(module.split(".")[:2])
 
 

@@ -58,8 +58,9 @@ def venv_python() -> Path:
 def fresh_env() -> dict[str, str]:
     """A fresh shell's environment: no ``$PYTHONPATH`` (the README's line has none), so a
     script importing ``tests.*`` or ``benchmarks.*`` fails here as it would for a user. Only
-    where the shared venv's editable install names another checkout does ``turnstile`` (the
-    package alone, not this checkout's root) come first, so this checkout's code is run."""
+    where the shared venv's editable install names another checkout do ``turnstile`` and
+    ``turnstile_testbed`` (the packages alone, not this checkout's root) come first, so this
+    checkout's code is run."""
     env = {
         k: os.environ[k]
         for k in ("PATH", "HOME", "TMPDIR", "TURNSTILE_CACHE", "LANG")
@@ -76,6 +77,7 @@ def fresh_env() -> dict[str, str]:
     if Path(found).resolve().parent != (ROOT / "turnstile").resolve():
         only = Path(tempfile.mkdtemp(prefix="turnstile-pkg-"))
         (only / "turnstile").symlink_to(ROOT / "turnstile")
+        (only / "turnstile_testbed").symlink_to(ROOT / "testbed" / "turnstile_testbed")
         env["PYTHONPATH"] = str(only)
     return env
 
@@ -213,7 +215,7 @@ def test_peers_quick() -> None:
 def bench_imports(path: Path) -> list[str]:
     """What a benchmark script takes from outside the package's public names: an import of
     ``tests``/``benchmarks`` (they are not on a user's path) or of a ``_private`` name of
-    ``turnstile``."""
+    ``turnstile`` or of the test bed (``turnstile_testbed``)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -227,9 +229,10 @@ def bench_imports(path: Path) -> list[str]:
             top = mod.split(".")[0]
             if top in ("tests", "benchmarks", "trainers"):
                 out.append(f"{path.name}:{node.lineno} imports {mod}")
-            if top == "turnstile" and any(p.startswith("_") for p in mod.split(".")[1:]):
+            public = top in ("turnstile", "turnstile_testbed")
+            if public and any(p.startswith("_") for p in mod.split(".")[1:]):
                 out.append(f"{path.name}:{node.lineno} imports {mod}")
-            if top == "turnstile":
+            if public:
                 out += [
                     f"{path.name}:{node.lineno} imports {n}" for n in names if n.startswith("_")
                 ]
@@ -248,6 +251,6 @@ def test_the_import_rule_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         "from tests.trainers import venv\nimport benchmarks.policy_gguf\n"
-        "from turnstile.demo import _serve\nfrom turnstile.chat._x import y\n"
+        "from turnstile_testbed.demo import _serve\nfrom turnstile.chat._x import y\n"
     )
     assert len(bench_imports(bad)) == 4

@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from turnstile.app.wiring import build_renderer
 from turnstile.chat.render import Renderer
 from turnstile.server.canary import Canary, Turn, locate
 from turnstile.store.records import CallRecord
-from turnstile.wiring import build_renderer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

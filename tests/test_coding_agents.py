@@ -2,7 +2,7 @@
 Anthropic Messages, streamed), Codex CLI (``codex exec``, Responses, streamed), Qwen Code
 (``qwen -p``, Chat Completions, streamed; its idle timer through a long prefill) and the AI SDK
 (``openai.chat``, ``openai.responses`` with its default ``store``, ``@ai-sdk/anthropic``), each
-pinned (``turnstile.testbed.NODE_HARNESSES``), given only a base URL, a key and a model name.
+pinned (``turnstile_testbed.NODE_HARNESSES``), given only a base URL, a key and a model name.
 
 The policy is scripted (``turnstile/testing/scripted.py``): the engine decodes each prompt with
 SmolLM2's real tokenizer and samples, in that vocabulary, a tool call in the Qwen2.5 template's
@@ -28,7 +28,7 @@ import httpx
 import pytest
 from conftest import Turnstile
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.tokenizer import load_tokenizer
 from turnstile.testing.scripted import Script, first_token_delay, scripted_vllm
 
@@ -135,7 +135,8 @@ def _check(run: Run, engine: tuple, harness: str, dialect: str, streamed: bool) 
         assert t["loss_mask"] == [0] * prompt + [1] * sampled, (t["id"], prompt, sampled)
     # streamed or not, as the harness chose it: in the request bodies Turnstile kept, and in
     # what the engine received (Turnstile streams from it exactly when its harness streams)
-    assert {bool(b.get("stream")) for b in _bodies(run)} == {streamed}
+    if dialect != "gemini":  # Gemini's stream choice is its path (:streamGenerateContent)
+        assert {bool(b.get("stream")) for b in _bodies(run)} == {streamed}
     engine_calls = [
         r.body for r in fake.rec.requests[run.requests :] if r.path == "/inference/v1/generate"
     ]
@@ -359,3 +360,67 @@ def test_a_websocket_upgrade_is_refused_with_426(gateway):
     }
     r = httpx.get(gateway.url + "/s/anything/v1/responses", headers=headers, timeout=10)
     assert r.status_code == 426 and r.json()["error"]["code"] == "websocket_not_supported"
+
+
+# ---- Pi ----------------------------------------------------------------------------------
+
+
+def _pi_models(run: Run, api: str, base: str) -> None:
+    """What Pi's docs (``docs/models.md``) tell a user to write for a self-hosted model: a
+    provider in ``~/.pi/agent/models.json`` with its base URL, API and key, and the model's id."""
+    agent = run.home / ".pi" / "agent"
+    agent.mkdir(parents=True)
+    provider = {"baseUrl": base, "api": api, "apiKey": "sk-unused", "models": [{"id": "smollm2"}]}
+    (agent / "models.json").write_text(json.dumps({"providers": {"turnstile": provider}}))
+
+
+@pytest.mark.parametrize(
+    "api, dialect", [("openai-completions", "chat"), ("anthropic-messages", "messages")]
+)
+def test_pi_reads_a_file_through_turnstile(gateway, engine, node, tmp_path, api, dialect):
+    """Pi (``pi -p``) with its ``read`` tool, through each API its custom providers speak."""
+    script = Script("read", {"path": "note.txt"}, "Done reading.")
+    run = _start(gateway, engine, tmp_path, f"pi-{api}", script)
+    base = run.session["base_url" if dialect == "chat" else "anthropic_base_url"]
+    _pi_models(run, api, base)
+    pi = str(node / "node_modules" / ".bin" / "pi")
+    out = _run([pi, "-p", "--provider", "turnstile", "--model", "smollm2", TASK], run, _env(run))
+    assert "Done reading." in out
+    t = _check(run, engine, f"Pi ({api})", dialect, True)
+    assert t["chained"] >= 1
+
+
+# ---- opencode ----------------------------------------------------------------------------
+
+
+def _opencode_config(run: Run, npm: str, base: str) -> None:
+    """What opencode's docs (providers, "Custom provider") tell a user to write: a provider in
+    the project's ``opencode.json`` naming its AI SDK package, base URL and key, and the model."""
+    provider = {
+        "npm": npm,
+        "name": "Turnstile",
+        "options": {"baseURL": base, "apiKey": "sk-unused"},
+        "models": {"smollm2": {"name": "SmolLM2"}},
+    }
+    config = {"$schema": "https://opencode.ai/config.json", "provider": {"turnstile": provider}}
+    (run.work / "opencode.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "npm, dialect", [("@ai-sdk/openai-compatible", "chat"), ("@ai-sdk/anthropic", "messages")]
+)
+def test_opencode_reads_a_file_through_turnstile(gateway, engine, node, tmp_path, npm, dialect):
+    """opencode (``opencode run``) with its ``read`` tool (an absolute path); its title
+    request (its own system prompt, no tools) is a call of the session too."""
+    path = str(tmp_path / "work" / "note.txt")
+    script = Script("read", {"filePath": path}, "Done reading.")
+    run = _start(gateway, engine, tmp_path, f"opencode-{dialect}", script)
+    base = run.session["base_url"] if dialect == "chat" else run.session["anthropic_base_url"]
+    _opencode_config(run, npm, base if dialect == "chat" else base + "/v1")
+    opencode = str(node / "node_modules" / ".bin" / "opencode")
+    # no models.dev catalogue fetch (no network in the suite); nothing else is changed
+    env = _env(run, OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_DISABLE_AUTOUPDATE="1")
+    out = _run([opencode, "run", "-m", "turnstile/smollm2", TASK], run, env)
+    assert "Done reading." in out
+    t = _check(run, engine, f"opencode ({npm})", dialect, True)
+    assert t["chained"] >= 1

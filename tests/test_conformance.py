@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
 from functools import cache
 from pathlib import Path
 
@@ -28,19 +27,20 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.audit import audit
 from turnstile.chat.audit_battery import TOOLS
 from turnstile.chat.audit_corpus import corpus_renderer
 from turnstile.chat.patches import apply_patches
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate, TemplateError
-from turnstile.dialects.chat_request import parse_chat_request
-from turnstile.engines.base import EngineBase, Finish, SamplingParams, TokenBatch
+from turnstile.dialects.chat.request import parse_chat_request
+from turnstile.engines.base import SamplingParams
 from turnstile.errors import APIError
-from turnstile.gateway.token_in import Gateway
+from turnstile.gateway.token_in.gateway import Gateway
 from turnstile.parsing.detect import detect_format
 from turnstile.store.store import Store
+from turnstile.testing.mock_engine import MockEngine, Reply
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
@@ -68,33 +68,31 @@ CONTINUED_BREAKS = {
 }
 
 
-class ScriptedEngine(EngineBase):
-    """An engine that records every prompt it receives and answers with the next script."""
-
-    name = "scripted"
-    context_length = 1 << 20
+class Script:
+    """What the engine samples next (``MockEngine``'s handler): ``next`` is (ids, finish)."""
 
     def __init__(self) -> None:
-        self.received: list[list[int]] = []
         self.next: tuple[list[int], str] = ([], "stop")
 
-    async def start(self) -> None: ...
-    async def close(self) -> None: ...
-    async def refresh(self) -> None: ...
-    async def health(self) -> bool:
-        return True
+    def __call__(self, prompt: list[int], params: SamplingParams) -> Reply:
+        return Reply(self.next[0], self.next[1])
 
-    def logprob_warning(self, params: SamplingParams | None = None) -> str | None:
-        return None
 
-    async def generate(
-        self, prompt_ids, params: SamplingParams, stream: bool = False
-    ) -> AsyncIterator[TokenBatch | Finish]:
-        self.received.append(list(prompt_ids))
-        ids, reason = self.next
-        if ids:
-            yield TokenBatch(list(ids), [-1.0] * len(ids))
-        yield Finish(reason=reason, logprob_kind="processed_logprobs")
+class ScriptedEngine(MockEngine):
+    """A ``MockEngine`` whose replies a test sets (``engine.next``)."""
+
+    handler: Script
+
+    def __init__(self) -> None:
+        super().__init__(Script(), name="scripted")
+
+    @property
+    def next(self) -> tuple[list[int], str]:
+        return self.handler.next
+
+    @next.setter
+    def next(self, value: tuple[list[int], str]) -> None:
+        self.handler.next = value
 
 
 _VOCABS: dict = {}  # each corpus vocabulary loaded once (a GGUF vocabulary: ~2 s)
@@ -389,7 +387,7 @@ def play(name: str, plan: dict, tmp: Path, random_model: bool) -> None:
             truth = list(msgs)
         _check(renderer, gw, engine, session, truth, kwargs, random_model, prev_id, restart)
         restart = None
-        returned = out.body["choices"][0]["message"]
+        returned = out.message
         if not random_model:
             # The test's model only makes sense while our parse renders back to what it
             # sampled (a reply cut by length may not be the rendering of any message).
@@ -524,7 +522,7 @@ def _one_call(gw: Gateway, engine: ScriptedEngine, text: str, messages: list[dic
     renderer = gw.renderer
     engine.next = (renderer.encode_fragment(text) + [min(renderer.tok.eog_token_ids)], "stop")
     body = {"messages": messages, "tools": TOOLS}
-    return asyncio.run(gw.complete("s", parse_chat_request(body))).body["choices"][0]["message"]
+    return asyncio.run(gw.complete("s", parse_chat_request(body))).message
 
 
 def test_regression_mistral_tool_call_ids(tmp_path: Path) -> None:
@@ -649,7 +647,7 @@ def test_regression_restart_with_another_template(tmp_path: Path) -> None:
     gw.store.create_session({}, "s")
     body = {"messages": [{"role": "user", "content": "hi"}]}
     engine.next = ([9707, 151645], "stop")
-    reply = asyncio.run(gw.complete("s", parse_chat_request(body))).body["choices"][0]["message"]
+    reply = asyncio.run(gw.complete("s", parse_chat_request(body))).message
     other, engine2 = _gateway("Qwen3-Coder", tmp_path)  # same store, another template
     engine2.next = ([9707, 151645], "stop")
     nxt = {"messages": [*body["messages"], reply, {"role": "user", "content": "more"}]}
@@ -663,7 +661,7 @@ def test_regression_retry_and_divergence_details(tmp_path: Path) -> None:
     gw.store.create_session({}, "s")
     first = {"messages": [{"role": "user", "content": "hi"}]}
     engine.next = ([9707, 151645], "stop")
-    reply = asyncio.run(gw.complete("s", parse_chat_request(first))).body["choices"][0]["message"]
+    reply = asyncio.run(gw.complete("s", parse_chat_request(first))).message
     asyncio.run(gw.complete("s", parse_chat_request(first)))  # the same request again
     retry = gw.store.calls("s")[-1]
     assert retry.segment_reason == "first_call" and "retry" in retry.info["segment_detail"]
@@ -695,7 +693,7 @@ def test_regression_ambiguous_replies_pick_by_ids(tmp_path: Path) -> None:
     for _ in range(2):
         engine.next = (call + [151645], "stop")
         out = asyncio.run(gw.complete("s", parse_chat_request(body)))
-        replies.append(out.body["choices"][0]["message"])
+        replies.append(out.message)
     first_id = gw.store.calls("s")[0].id
     echoed = replies[0]  # the harness continues the first sibling, not the latest
     tool = {"role": "tool", "tool_call_id": echoed["tool_calls"][0]["id"], "content": "18"}

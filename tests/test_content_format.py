@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.content import detect_content_format, normalise
 from turnstile.chat.history_hash import message_key
 

@@ -1,7 +1,8 @@
-"""``turnstile demo`` as a user runs it (real llama-server, SmolLM2, the openai client): its
-template renders tools, and its table shows the tool round: a forced call, its result sent
-back, and the answer chained onto the call's recorded tokens. What the model writes is not
-asserted, only what the forced call and the record guarantee on any machine."""
+"""``./run demo`` (``python -m turnstile_testbed demo``) as a user runs it (real llama-server,
+SmolLM2, the openai client): its template renders tools, and its table shows the tool round:
+a forced call, its result sent back, and the answer chained onto the call's recorded tokens.
+What the model writes is not asserted, only what the forced call and the record guarantee on
+any machine."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _rows(out: str) -> dict[str, dict[str, str]]:
 def test_the_demo_shows_a_tool_round(tmp_path: Path) -> None:
     data = tmp_path / "data"
     done = subprocess.run(
-        [sys.executable, "-m", "turnstile.cli", "demo", "--sessions", "1", "--data", str(data)],
+        [sys.executable, "-m", "turnstile_testbed", "demo", "--sessions", "1", "--data", str(data)],
         capture_output=True,
         text=True,
         timeout=800,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.detokenize import IncrementalDetokenizer
 from turnstile.chat.tokenizer import LoadedTokenizer, load_tokenizer
 

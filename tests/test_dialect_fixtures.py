@@ -14,7 +14,7 @@ import httpx
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -169,6 +169,10 @@ def test_messages_errors_have_anthropics_shape(turnstile):
         ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "messages.0.content.0.source",  # an image block needs its base64 source
+        ),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]},
             "messages.0.content.0.type",
         ),
         (

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnstile.dialects import messages as anthropic
-from turnstile.dialects import responses
-from turnstile.dialects.chat_request import parse_chat_request
+from turnstile.dialects.chat.request import parse_chat_request
+from turnstile.dialects.messages import dialect as anthropic
+from turnstile.dialects.responses import dialect as responses
 from turnstile.errors import APIError
 from turnstile.store.store import Store
 

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnstile.chat.history_hash import message_key
-from turnstile.dialects import messages as m
-from turnstile.dialects import responses as r
-from turnstile.dialects.messages_request import messages as anthropic_messages
-from turnstile.dialects.responses_request import input_messages
+from turnstile.dialects.messages import dialect as m
+from turnstile.dialects.messages.request import messages as anthropic_messages
+from turnstile.dialects.responses import dialect as r
+from turnstile.dialects.responses.request import input_messages
 
 pytestmark = pytest.mark.unit
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.engines import Engine, EngineError, Finish, SamplingParams, make_engine
 from turnstile.testing.fake_server import FakeServer
 from turnstile.testing.fake_sglang import SGLangFake

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnstile import cli
+from turnstile.app import cli
 from turnstile.engines import ENGINE_KINDS, KINDS, capture_kind, engine_kind, make_engine
 from turnstile.engines.capture import capture_engine
 

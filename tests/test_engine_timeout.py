@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from turnstile.cli import build_parser
+from turnstile.app.cli import build_parser
 from turnstile.testing.fake_server import FakeServer
 from turnstile.testing.fake_sglang import SGLangFake
 from turnstile.testing.fake_vllm import VLLMFake
@@ -159,7 +159,7 @@ def test_the_engine_timeout_is_a_positive_number_of_seconds(value, capsys):
 
 
 def test_the_engine_timeout_reaches_every_adapter():
-    from turnstile.wiring import build_engine, engine_options
+    from turnstile.app.wiring import build_engine, engine_options
 
     argv = ["serve", "--engine-url", "http://x", "--model", "m", "--engine-timeout", "7"]
     for kind in FAKES:
@@ -171,8 +171,8 @@ def test_the_engine_timeout_reaches_every_adapter():
 def test_the_connect_timeout_is_long_by_default_and_reaches_every_adapter():
     """A starved engine may accept a connection seconds late: the default waits (the old 5 s
     failed such calls with a 502); the flag reaches every adapter, bounded by the call's."""
+    from turnstile.app.wiring import build_engine, engine_options
     from turnstile.engines.http import CONNECT_TIMEOUT_S
-    from turnstile.wiring import build_engine, engine_options
 
     argv = ["serve", "--engine-url", "http://x", "--model", "m"]
     assert CONNECT_TIMEOUT_S >= 30

@@ -14,10 +14,10 @@ import pytest
 
 from turnstile.engines import EngineError, Finish, SamplingParams, VLLMEngine, make_engine
 from turnstile.engines.http import EngineUnusable
-from turnstile.testbed import free_port
 from turnstile.testing.fake_vllm import VLLMFake
 from turnstile.testing.tokens import tokens
 from turnstile.testing.toy_model import EOS, IM_END
+from turnstile_testbed import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 PROMPT = [5, 6, 7, 8, 9]
@@ -81,7 +81,7 @@ def test_serve_refuses_to_start_when_no_route_works(tmp_path, tiny_qwen2):
     with VLLMFake("0.32.0", scale_out=False, completions=False) as fake:
         port = str(free_port())
         proc = subprocess.run(
-            [sys.executable, "-m", "turnstile.cli", "serve", "--engine", "vllm",
+            [sys.executable, "-m", "turnstile", "serve", "--engine", "vllm",
              "--engine-url", fake.url, "--model", str(tiny_qwen2), "--port", port,
              "--data", str(tmp_path / "data")],
             capture_output=True, text=True, timeout=60,

@@ -221,7 +221,7 @@ def test_cli_export_works_with_the_server_down(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "turnstile.cli",
+        "turnstile.app.cli",
         "export",
         "--data",
         str(tmp_path / "data"),

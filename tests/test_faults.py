@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.testing.fake_vllm import VLLMFake
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

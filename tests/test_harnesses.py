@@ -29,7 +29,7 @@ import httpx2
 import openai
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.tokenizer import load_tokenizer
 from turnstile.testing.relay import Relay, start_relay
 
@@ -85,7 +85,7 @@ def _serve(engine: str, model: Path, data: Path, log: Path, *extra: str) -> tupl
     cmd = [
         sys.executable,
         "-m",
-        "turnstile.cli",
+        "turnstile.app.cli",
         "serve",
         "--engine-url",
         engine,

@@ -14,7 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnstile.gateway.lineage import LineageIndex, Node, common_prefix, extends, link, new_node
+from turnstile.gateway.capture.lineage import (
+    LineageIndex,
+    Node,
+    common_prefix,
+    extends,
+    link,
+    new_node,
+)
 from turnstile.store.records import CallRecord
 
 pytestmark = pytest.mark.unit

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from conftest import llama_end_ids
 
-from turnstile import testbed
-from turnstile.wiring import build_gateway
+import turnstile_testbed as testbed
+from turnstile.app.wiring import build_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

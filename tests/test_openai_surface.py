@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from turnstile.engines.base import EngineBase
 from turnstile.parsing.grammar import tool_call_grammar
+from turnstile.testing.mock_engine import MockEngine, Reply
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -290,39 +290,26 @@ def test_reasoning_effort_reaches_the_template_or_is_flagged(turnstile):
     assert "the chat template does not read 'reasoning_effort'" in call["warnings"]
 
 
-class _Batches(EngineBase):
-    """An engine that streams fixed batches of token IDs (as vLLM and SGLang do)."""
-
-    name = "stub"
-    context_length = 4096
-
-    def __init__(self, batches: list[list[int]], stop: str):
-        self.batches, self.stop = batches, stop
-
-    def logprob_warning(self, params=None) -> None:
-        return None
-
-    async def generate(self, prompt_ids, params, stream=True):
-        from turnstile.engines.base import Finish, TokenBatch
-
-        for b in self.batches:
-            yield TokenBatch(list(b), [-1.0] * len(b))
-        yield Finish("stop", stop_string=self.stop)
-
-
 def test_a_stream_holds_back_what_may_start_a_stop_string(tiny_qwen2, tmp_path):
     """The stop string arrives split over batches: no piece of it reaches the harness."""
     import asyncio
 
+    from turnstile.app.wiring import build_gateway
     from turnstile.chat.tokenizer import load_tokenizer
-    from turnstile.dialects.chat_request import parse_chat_request
-    from turnstile.wiring import build_gateway
+    from turnstile.dialects.chat.answer import Chunks as ChatChunks
+    from turnstile.dialects.chat.request import parse_chat_request
 
     tok = load_tokenizer(str(tiny_qwen2))
     pieces = ["Hello", " wor", "ld", " EN", "D", " after"]
     ids = [tok.encode(p) for p in pieces]
     gw = build_gateway("http://127.0.0.1:9", str(tiny_qwen2), tmp_path, audit_template=False)
-    gw.engine = _Batches(ids, "END")
+    # the engine streams fixed batches of token IDs (as vLLM and SGLang do)
+    flat = [t for b in ids for t in b]
+    gw.engine = MockEngine(
+        lambda prompt, params: Reply(
+            flat, batches=[len(b) for b in ids], finish_fields={"stop_string": "END"}
+        )
+    )
 
     async def run() -> list[str]:
         req = parse_chat_request(
@@ -332,7 +319,8 @@ def test_a_stream_holds_back_what_may_start_a_stop_string(tiny_qwen2, tmp_path):
                 "stream": True,
             }
         )
-        chunks = [c async for c in await gw.stream("s1", req)]
+        render = ChatChunks("m", include_usage=False)  # the gateway's events as Chat chunks
+        chunks = [c async for e in await gw.stream("s1", req) for c in render(e)]
         return [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
 
     deltas = asyncio.run(run())

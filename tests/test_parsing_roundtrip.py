@@ -39,7 +39,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import SandboxedEnvironment
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.detokenize import IncrementalDetokenizer
 from turnstile.chat.template import ChatTemplate
 from turnstile.chat.tokenizer import LoadedTokenizer, load_tokenizer

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.testing import toychat
 from turnstile.testing.fake_sglang import SGLangFake
 from turnstile.testing.fake_vllm import MODEL, VLLMFake
@@ -46,7 +46,7 @@ class Passthrough:
         cmd = [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "serve",
             "--mode",
             "passthrough",

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from tokenizers import AddedToken
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.audit_battery import TOOLS, battery
 from turnstile.chat.audit_corpus import corpus_renderer
 from turnstile.chat.encoding import PromptEncoder

@@ -4,7 +4,7 @@ and the probe Claude Code sends before a run answered as Anthropic's API answers
 
 What each harness looks for was read from its own release (the test bed's pinned CLIs):
 
-- Claude Code 2.1.197 compacts when an API error's text matches
+- Claude Code 2.1.332 (and 2.1.197) compacts when an API error's text matches
   ``/prompt is too long[^0-9]*(\\d+)\\s*tokens?\\s*>\\s*(\\d+)/i`` and reads both counts from it
   (Anthropic's wording); before a run it sends ``GET {ANTHROPIC_BASE_URL}/api/hello`` and
   wants a 200;
@@ -122,3 +122,71 @@ def test_a_request_without_max_tokens_gets_the_default_budget(
     assert _sent_max_tokens(small_engine) == 3
     calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
     assert "max_tokens_default" not in calls[-1]
+
+
+# ---- rate and availability: what a harness retries on ----------------------------------
+#
+# Read from the pinned CLIs: Claude Code retries a 5xx/429 and counts Anthropic's
+# ``overloaded_error`` (its 529) as overload; Codex retries a 5xx/429 unless its code names a
+# quota (``usage_limit_reached``, ``insufficient_quota``); Qwen Code and opencode (the OpenAI
+# SDK, the AI SDK's APICallError) retry 408/409/429/5xx on the status; Pi retries a message
+# matching ``overloaded|rate.?limit|429|500|502|503|504|service.?unavailable``; gemini-cli
+# retries 429/499/5xx (never a 400) and reads Google's ``status`` (``UNAVAILABLE``).
+# An engine that is briefly unavailable (vLLM's 503 while paused) must reach each of them as
+# such a retryable answer in its provider's shape, never as a 400 or a quota error.
+
+
+def test_an_unavailable_engine_is_each_providers_retryable_503(small_engine, ts):
+    session = ts.session()
+    cap = _capability(session)
+    msgs = [{"role": "user", "content": "hi"}]
+    small_engine.fail_next = 503
+    r = httpx.post(
+        f"{ts.url}/s/{cap}/v1/messages",
+        json={"model": "m", "max_tokens": 4, "messages": msgs},
+        timeout=30,
+    )
+    assert r.status_code == 503
+    assert r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "overloaded_error"  # Anthropic's words for it
+    small_engine.fail_next = 503
+    r = httpx.post(
+        session["base_url"] + "/chat/completions",
+        json={"model": "m", "max_tokens": 4, "messages": msgs},
+        timeout=30,
+    )
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] not in ("insufficient_quota", "usage_limit_reached", "rate_limit_exceeded")
+    assert re.search(r"service.?unavailable|overloaded|503", err["message"] + err["type"], re.I)
+    small_engine.fail_next = 503
+    r = httpx.post(
+        f"{ts.url}/s/{cap}/v1beta/models/m:generateContent",
+        json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        headers={"x-goog-api-key": cap},
+        timeout=30,
+    )
+    assert r.status_code == 503
+    assert r.json()["error"] == {**r.json()["error"], "code": 503, "status": "UNAVAILABLE"}
+
+
+@pytest.mark.parametrize("client", ["anthropic", "openai-chat", "openai-responses"])
+def test_the_official_sdks_retry_an_unavailable_engine_through_turnstile(small_engine, ts, client):
+    """The SDKs' own retry (which Claude Code, Qwen Code and the AI SDK's users inherit) takes
+    Turnstile's 503 as retryable: the second try reaches the engine and answers."""
+    session = ts.session()
+    before = len(small_engine.rec.bodies("/inference/v1/generate"))
+    small_engine.fail_next = 503
+    msgs = [{"role": "user", "content": "hi"}]
+    if client == "anthropic":
+        a = anthropic.Anthropic(base_url=ts.url, api_key=_capability(session), max_retries=1)
+        assert a.messages.create(model="m", max_tokens=4, messages=msgs).content is not None
+    else:
+        o = openai.OpenAI(base_url=session["base_url"], api_key="x", max_retries=1)
+        if client == "openai-chat":
+            o.chat.completions.create(model="m", messages=msgs, max_tokens=4)
+        else:
+            o.responses.create(model="m", input="hi", max_output_tokens=4)
+    assert len(small_engine.rec.bodies("/inference/v1/generate")) == before + 2
+    calls = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+    assert calls[-1]["status"] == "ok"

@@ -26,7 +26,7 @@ import pytest
 import ray  # pinned (requirements.lock): a broken install fails here, it does not skip
 from ray import serve
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.testing.relay import Relay, relay_handler
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
@@ -84,8 +84,8 @@ def fleet(
     in one PostgreSQL database (nothing under --data: the fleet's store outlives any node)."""
     from ray.cluster_utils import Cluster
 
-    from turnstile.cli import build_parser
-    from turnstile.ray import build_app, replica_options
+    from turnstile.app.cli import build_parser
+    from turnstile.app.ray import build_app, replica_options
 
     tmp = tmp_path_factory.mktemp("ray")
     gate = Gate()
@@ -328,7 +328,7 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
             assert c["parent_id"] == prev["id"] and c["segment_reason"] is None, c
 
     # the trainer's hand-off through the object store: the same samples as the HTTP route
-    from turnstile.ray import trajectories
+    from turnstile.app.ray import trajectories
 
     refs = trajectories("g", fleet["data"])
     ordered = [s["id"] for s in sessions]  # by sample index (the closed one included)
@@ -344,7 +344,7 @@ def test_sessions_stick_and_survive_a_replica(fleet, no_end_bias):
     @ray.remote(num_cpus=0)
     class Trainer:
         def tokens(self, group: str, data: str) -> list[int]:
-            from turnstile.ray import trajectories as fetch
+            from turnstile.app.ray import trajectories as fetch
 
             return [len(t) for t in ray.get(fetch(group, data))]
 

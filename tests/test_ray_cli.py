@@ -20,7 +20,7 @@ import pytest
 import ray  # noqa: F401  pinned (requirements.lock): a broken install fails, not skips
 from prometheus_client.parser import text_string_to_metric_families
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
@@ -52,7 +52,7 @@ def test_serve_ray_runs_and_stops(tmp_path: Path, tiny_qwen2: Path, relay, no_en
             [
                 sys.executable,
                 "-m",
-                "turnstile.cli",
+                "turnstile.app.cli",
                 "serve",
                 "--ray",
                 "--ray-replicas",

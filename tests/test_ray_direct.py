@@ -1,4 +1,4 @@
-"""A replica's direct server (turnstile.ray.direct) without Ray: the app served by uvicorn on
+"""A replica's direct server (turnstile.app.ray.direct) without Ray: the app served by uvicorn on
 the running event loop, on a port of its own, its lifespan left to its owner (Serve), and
 stopped on request."""
 
@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from turnstile.ray.direct import DirectServer
+from turnstile.app.ray.direct import DirectServer
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The routing key of turnstile.ray's request router, from what a harness really sends: the
+"""The routing key of turnstile.app.ray's request router, from what a harness really sends: the
 openai client's own request (base URL with the capability, or the capability as its API key),
 read back as the ASGI scope Serve's proxy hands the router."""
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray.serve._private.common import StreamingHTTPRequest  # pinned: fails, not skips
 
-from turnstile.ray.routing import request_scope, session_key
+from turnstile.app.ray.routing import request_scope, session_key
 
 pytestmark = pytest.mark.unit
 
@@ -80,13 +80,13 @@ def test_trainer_requests():
 
 
 def test_the_app_has_the_router_and_the_bounds_asked_for():
-    from turnstile.ray import build_app
+    from turnstile.app.ray import build_app
 
     fixed = build_app({"mode": "token-in"}, replicas=3)._bound_deployment
     assert fixed.num_replicas == 3
     assert (
         fixed._deployment_config.request_router_config.request_router_class
-        == "turnstile.ray.routing:SessionRouter"
+        == "turnstile.app.ray.routing:SessionRouter"
     )
     scaled = build_app(
         {"mode": "token-in"}, min_replicas=2, max_replicas=6, target_ongoing=8
@@ -100,7 +100,7 @@ def test_the_app_has_the_router_and_the_bounds_asked_for():
 def test_a_replica_asks_the_router_by_session_key():
     from types import SimpleNamespace
 
-    from turnstile.ray.routing import SESSION_KWARG, SessionRouter
+    from turnstile.app.ray.routing import SESSION_KWARG, SessionRouter
 
     router = object.__new__(SessionRouter)  # _routing_key reads only the request
     cap = "cap_" + "k" * 43
@@ -112,7 +112,7 @@ def test_a_replica_asks_the_router_by_session_key():
 def test_where_a_direct_replica_listens():
     import ray
 
-    from turnstile.ray.app import direct_host
+    from turnstile.app.ray.app import direct_host
 
     # a loopback --host keeps the replicas' ports on loopback (no driver node named: any)
     assert direct_host("127.0.0.1", {"driver_node": None}) == "127.0.0.1"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.render import Renderer
 from turnstile.chat.template import ChatTemplate
 from turnstile.chat.tokenizer import load_tokenizer

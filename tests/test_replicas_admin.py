@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

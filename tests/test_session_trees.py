@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnstile.gateway.session_trees import SessionTrees
+from turnstile.gateway.token_in.session_trees import SessionTrees
 from turnstile.store.store import Store
 
 pytestmark = pytest.mark.unit

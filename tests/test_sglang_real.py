@@ -1,6 +1,6 @@
 """The SGLang adapter against a real SGLang 0.5.23 on this CPU (torch_native attention, no
 AMX), serving SmolLM2-135M-Instruct: opt-in, ``TURNSTILE_SGLANG=1`` (the test bed builds
-its venv, ``turnstile.testbed_sglang.sglang_python``, and starts the server) or
+its venv, ``turnstile_testbed.sglang.sglang_python``, and starts the server) or
 ``TURNSTILE_SGLANG_URL=http://...`` (one already running).
 
 Turnstile → the recording relay (``test_vllm_real.Relay``) → SGLang's ``/generate``: the
@@ -12,14 +12,21 @@ README says how it was run. Without the variable the module is skipped, saying s
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import httpx
 import pytest
 from conftest import Turnstile
-from test_vllm_real import NO_END, Relay, _chat, _client, start_relay
+from test_vllm_real import NO_END, Exchange, Relay, _chat, _client, start_relay
 
-from turnstile import testbed, testbed_sglang, testbed_vllm
+import turnstile_testbed as testbed
+from turnstile_testbed import sglang as testbed_sglang
+from turnstile_testbed import vllm as testbed_vllm
 
 URL = os.environ.get("TURNSTILE_SGLANG_URL")
 START = os.environ.get("TURNSTILE_SGLANG") == "1"
@@ -32,6 +39,9 @@ pytestmark = [
     ),
 ]
 GENERATE = "/generate"
+PAUSE, CONTINUE, ABORT = "/pause_generation", "/continue_generation", "/abort_request"
+PAUSE_GOLDEN = Path(__file__).parent / "fakes" / "golden" / "sglang-0.5.23-pause.json"
+N = 64  # max_tokens of a held call: long enough to be cut mid-way on this CPU
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +56,7 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def relay(sglang: str) -> Iterator[Relay]:
-    rel, server = start_relay(sglang, paths=(GENERATE,))
+    rel, server = start_relay(sglang, paths=(GENERATE, ABORT, PAUSE, CONTINUE))
     yield rel
     server.shutdown()
     server.server_close()
@@ -65,10 +75,7 @@ def ts(relay: Relay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Turns
 
 def _sampled(ex) -> tuple[list[int], list[float]]:
     """What SGLang sampled, as it said so (whole, or the last cumulative/incremental event)."""
-    if ex.response is not None:
-        parts = [ex.response]
-    else:
-        parts = ex.chunks
+    parts = ex.parts()
     ids: list[int] = []
     lps: list[float] = []
     for p in parts:
@@ -133,3 +140,121 @@ def test_the_live_sglang_still_answers_as_the_golden_file(sglang):
             got = compare.answer(client, sglang, case)
             diffs += compare.differences(golden["cases"][case.name], got, case.name)
     assert not diffs, "\n".join(diffs)
+
+
+def _stream(client, **kw: object) -> tuple[str, str | None]:
+    text, finish = "", None
+    for chunk in client.chat.completions.create(model="m", stream=True, **kw):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    return text, finish
+
+
+def _ask(client) -> tuple[str, str | None]:
+    """A forced long answer: no end token can be sampled, so it runs to N tokens."""
+    msgs = [{"role": "user", "content": "Tell me a long story."}]
+    return _stream(client, messages=msgs, max_tokens=N, temperature=0, logit_bias=NO_END)
+
+
+def _generating(relay: Relay, since: int, tokens: int) -> Exchange:
+    """The first /generate since ``since`` once SGLang has streamed ``tokens`` tokens of it."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        gens = [e for e in relay.exchanges[since:] if e.path == GENERATE]
+        if gens and len(_sampled(gens[0])[0]) >= tokens:
+            return gens[0]
+        time.sleep(0.005)
+    raise TimeoutError("SGLang streamed nothing")
+
+
+def _new_version(sglang: str, version: str) -> None:
+    """SGLang's weight version, as a trainer's update names it (no request aborted)."""
+    body = {"new_version": version, "abort_all_requests": False}
+    moved = httpx.post(sglang + "/update_weight_version", json=body, timeout=60)
+    assert moved.status_code == 200, moved.text
+
+
+def _sync(ts: Turnstile, sglang: str, version: str) -> None:
+    assert ts.http.post(ts.url + "/admin/pause", json={"mode": "drain"}).is_success
+    _new_version(sglang, version)
+    body = {"weight_version": version}
+    assert ts.http.post(ts.url + "/admin/resume", json=body).is_success
+
+
+def test_a_held_chat_stream_on_the_real_sglang_is_one_answer(ts, relay, sglang):
+    """``POST /admin/pause {"mode": "hold"}`` mid-stream, SGLang's weight version moved on,
+    ``POST /admin/resume``: the harness (the openai client) gets one whole answer; the record
+    is one call of two chunks whose tokens are what SGLang sampled for each request (the
+    relay); the resubmission is the prompt + the cut request's tokens with max_new_tokens
+    less them; SGLang was told ``retract`` and ``continue`` and answered 200 as the golden
+    file says."""
+    golden = json.loads(PAUSE_GOLDEN.read_text())["cases"]
+    _sync(ts, sglang, "1")  # the trainer's first sync: SGLang and Turnstile both on "1"
+    session = ts.session(test="sglang-hold")
+    client = _client(session)
+    since = len(relay.exchanges)
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(_ask, client)
+        _generating(relay, since, 3)
+        paused = ts.http.post(ts.url + "/admin/pause", json={"mode": "hold"}).json()
+        assert paused["preempted"] == 1 and paused["aborted"] == 0, paused
+        assert f"{PAUSE}: 200 ok" in str(paused["engines"]), paused
+        time.sleep(0.5)
+        assert not fut.done()  # held: the stream stays open
+        _new_version(sglang, "2")
+        resumed = ts.http.post(ts.url + "/admin/resume", json={"weight_version": "2"})
+        assert resumed.is_success and f"{CONTINUE}: 200 ok" in resumed.text, resumed.text
+        text, finish = fut.result(120)
+    assert finish == "length" and text
+    relay.wait(len(relay.exchanges))
+    exs = relay.exchanges[since:]
+    first, second = [e for e in exs if e.path == GENERATE]
+    rec = ts.get(f"/v1/sessions/{session['id']}/calls")["data"][-1]
+    assert rec["status"] == "ok" and rec["message"]["content"] == text
+    ids = rec["completion_ids"]
+    (c1, c2) = rec["chunks"]
+    k = c1["end"]
+    assert (c1["start"], c2["start"], c2["end"]) == (0, k, N) and 0 < k < N, rec["chunks"]
+    assert c1["finish_reason"] == "preempted" and rec["hold"]["preemptions"] == 1
+    assert c2["engine_request_id"] == second.request["rid"]
+    sampled1, sampled2 = _sampled(first)[0], _sampled(second)[0]
+    assert ids[:k] == sampled1[:k]  # what SGLang sampled before the cut (it may have sent more)
+    assert ids[k:] == sampled2 and len(ids) == N
+    assert second.request["input_ids"] == first.request["input_ids"] + ids[:k]
+    sp1, sp2 = first.request["sampling_params"], second.request["sampling_params"]
+    assert (sp1["max_new_tokens"], sp2["max_new_tokens"]) == (N, N - k)
+    aborts = [e for e in exs if e.path == ABORT]
+    assert [e.request for e in aborts] == [{"rid": first.request["rid"]}]
+    pauses = [(e.request, e.status, e.response) for e in exs if e.path == PAUSE]
+    conts = [(e.request, e.status, e.response) for e in exs if e.path == CONTINUE]
+    retract, cont = golden["pause_retract"], golden["continue"]
+    assert pauses == [({"mode": "retract"}, 200, json.loads(retract["example"]))], pauses
+    assert conts == [({}, 200, json.loads(cont["example"]))], conts
+    # the cut chunk carries the version Turnstile was on (its finish never came), the
+    # resubmission SGLang's own meta_info.weight_version
+    assert [e["meta_info"]["weight_version"] for e in second.chunks][-1] == "2"
+    assert rec["weight_version"] == ["1"] * k + ["2"] * (N - k)
+
+
+def test_a_drain_on_the_real_sglang_lets_the_running_call_finish(ts, relay):
+    """Drain waits for the running call on the old weights: nothing is sent to SGLang (a
+    pause there would freeze the call the drain waits for), and the call ends whole."""
+    session = ts.session(test="sglang-drain")
+    client = _client(session)
+    since = len(relay.exchanges)
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(_ask, client)
+        _generating(relay, since, 3)
+        started = time.monotonic()
+        paused = ts.http.post(ts.url + "/admin/pause", json={"mode": "drain", "timeout": 60})
+        waited = time.monotonic() - started
+        assert paused.json()["in_flight"] == 0 and waited < 30, (paused.text, waited)
+        assert "not sent" in paused.text
+        text, finish = fut.result(60)
+    assert finish == "length" and text
+    assert [e.path for e in relay.exchanges[since:]] == [GENERATE]
+    resumed = ts.http.post(ts.url + "/admin/resume", json={})
+    assert resumed.is_success, resumed.text
+    rec = ts.get(f"/v1/sessions/{session['id']}/calls")["data"][-1]
+    assert rec["status"] == "ok" and len(rec["completion_ids"]) == N

@@ -1,5 +1,5 @@
 """The SGLang adapter's requests and the SGLang fake's answers against the ``sglang`` package's
-own types (the pinned 0.5.23, ``turnstile.testbed_sglang``): every field the adapter sends is
+own types (the pinned 0.5.23, ``turnstile_testbed.sglang``): every field the adapter sends is
 a ``GenerateReqInput`` field, every sampling key a ``SamplingParams`` field; every
 ``meta_info`` key the fake writes is one SGLang's tokenizer manager writes; each finish
 reason has the keys its ``to_json`` gives. The classes are read from the package's source
@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from turnstile.engines import SamplingParams, SGLangEngine
-from turnstile.testbed_sglang import sglang_package
 from turnstile.testing.fake_sglang import SAMPLING_FIELDS, SGLangFake
+from turnstile_testbed.sglang import sglang_package
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -117,7 +117,7 @@ def test_v1_file_is_migrated_in_place(tmp_path):
     db.close()
 
     store = Store(tmp_path)
-    assert store.schema_version() == 2
+    assert store.schema_version() == 4  # v1 → v2 → v3 (per-token arrays) → v4 (media)
     s1 = store.get_session("s1")
     assert s1["metadata"] == {"group": "g7", "sample_index": 3, "k": "v"}
     assert (s1["group_id"], s1["sample_index"], s1["status"], s1["created"]) == (
@@ -129,13 +129,13 @@ def test_v1_file_is_migrated_in_place(tmp_path):
     assert store.get_session("s2")["group_id"] is None
     (c,) = store.calls("s1")
     assert c.prompt_delta.tolist() == [1, 2, 3] and c.completion_ids.tolist() == [4, 5]
-    assert c.info == {"model": "m"}
+    assert c.info == {"model": "m"} and c.arrays == {}  # a v1 row has no arrays' blob
     # v1 columns are kept as they were.
     cols = [r[1] for r in store._db.execute("PRAGMA table_info(sessions)")]
     assert cols[:3] == ["id", "created", "metadata"]
     store.close()
     # Opening again is a no-op.
-    assert Store(tmp_path).schema_version() == 2
+    assert Store(tmp_path).schema_version() == 4
 
 
 def test_a_newer_store_is_refused(tmp_path):

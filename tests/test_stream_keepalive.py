@@ -1,11 +1,14 @@
 """A stream that has nothing to send yet (a long prefill, a busy engine) sends its dialect's
-keep-alive every ``--keepalive`` seconds: an SSE comment on Chat Completions and Responses,
-Anthropic's ``ping`` event on Messages. Claude Code leaves a silent stream after 300 s and sends
-the same call again; a keep-alive keeps it waiting. Checked on the raw bytes of each stream and
-through each dialect's own SDK, which must read the stream as it reads the real APIs'."""
+keep-alive every ``--keepalive`` seconds: an empty chunk (an SSE comment before the first)
+on Chat Completions, OpenAI's ``keepalive`` event on Responses (Codex's idle timer counts
+events, not comments), Anthropic's ``ping`` event on Messages. Claude Code leaves a silent
+stream after 300 s and sends the same call again; a keep-alive keeps it waiting. Checked on
+the raw bytes of each stream and through each dialect's own SDK, which must read the stream
+as it reads the real APIs'."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import anthropic
@@ -68,13 +71,16 @@ def test_chat_keepalives_are_chunks_the_sdk_yields(ts):
     assert text == call["message"]["content"] and chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_responses_streams_send_comments_while_waiting(ts):
+def test_responses_streams_send_keepalive_events_while_waiting(ts):
     base = ts.session()["base_url"]
     resp = _raw(
         base + "/responses", {"model": "t", "input": "hi", "max_output_tokens": 2, "stream": True}
     )
     delta = next(i for i, line in enumerate(resp) if "response.output_text.delta" in line)
-    assert sum(line == ": keep-alive" for line in resp[:delta]) >= 2, resp
+    assert sum(line == "event: keepalive" for line in resp[:delta]) >= 2, resp
+    # OpenAI's heartbeat, numbered as the event before it: never ahead of the next event
+    seqs = [json.loads(line[6:])["sequence_number"] for line in resp if line.startswith("data: ")]
+    assert seqs == sorted(seqs) and seqs[-1] == len(set(seqs)) - 1, seqs
     # the SDK reads such streams as it reads OpenAI's
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
     chunks = list(

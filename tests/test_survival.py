@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.testing.fake_vllm import MODEL, VLLMFake
 from turnstile.testing.toy_model import EOS
 
@@ -60,7 +60,7 @@ class Server:
         cmd = [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "serve",
             "--engine",
             "vllm",

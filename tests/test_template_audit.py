@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.audit import VARIANT_KWARGS, audit, play
 from turnstile.chat.audit_battery import SYSTEM, TOOLS, USER1, USER2, Conversation
 from turnstile.chat.audit_battery import assistant as _assistant

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.audit_battery import TOOLS, battery
 from turnstile.chat.content import ContentFormat, detect_content_format, normalise
 from turnstile.chat.template import ChatTemplate, TemplateError

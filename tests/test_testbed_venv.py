@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstile.testbed_venv import pinned_venv
+from turnstile_testbed.venv import pinned_venv
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -17,7 +17,7 @@ import tokenizers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat import tiktoken_encode
 from turnstile.chat.tiktoken_encode import byte_alphabet, tiktoken_encoder
 from turnstile.chat.tokenizer import LoadedTokenizer, load_tokenizer

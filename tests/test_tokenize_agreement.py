@@ -7,7 +7,7 @@ import httpx
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.template import ChatTemplate
 from turnstile.chat.tokenizer import load_tokenizer
 

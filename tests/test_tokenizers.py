@@ -19,7 +19,7 @@ import pytest
 import tokenizers
 from gguf import GGUFEndian, GGUFWriter, TokenType
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.tokenizer import LoadedTokenizer, load_tokenizer
 
 pytestmark = pytest.mark.unit

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from trainers import venv as trainers_venv
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 
 pytestmark = pytest.mark.heavy
 

@@ -32,15 +32,15 @@ import openai
 import pytest
 from trainers import venv as trainers_venv
 
+import turnstile_testbed as testbed
 from benchmarks import policy_gguf
-from turnstile import testbed
+from turnstile.app.wiring import build_gateway
 from turnstile.auth import load_or_create_token
 from turnstile.client import AsyncClient
-from turnstile.demo import _serve
 from turnstile.server.app import create_app
 from turnstile.store.trajectories import Trajectory, stitch
 from turnstile.verify import rerendered
-from turnstile.wiring import build_gateway
+from turnstile_testbed.demo import _serve
 
 ROOT = Path(__file__).resolve().parent.parent
 

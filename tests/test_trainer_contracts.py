@@ -147,8 +147,21 @@ def test_verl(trainers_python, recorded, tmp_path):
             "verl_uid": verl_uid,
         },
     }
+    # router replay: routed experts on every token (verl's DataProto and AgentLoopOutput)
+    routed = [deepcopy(t) for t in merged]
+    for t in routed:
+        t.arrays["routed_experts"] = (np.arange(len(t) * 8).reshape(len(t), 4, 2) % 64).astype(
+            np.uint8
+        )
+        t.present["routed_experts"] = np.ones(len(t), dtype=np.int8)
+    cases["routed"] = {
+        "batch": verl.to_verl_batch(routed, pad_token_id=0),
+        "verl_uid": verl_uid,
+        "agent_loop": verl.to_verl_agent_loop_outputs(routed),
+        "expect_routed": True,
+    }
     out = _run(trainers_python, "verl", cases, tmp_path)
-    assert out["no_rewards"] == "ok"
+    assert out["no_rewards"] == "ok" and out["routed"] == "ok", out.get("routed")
     _rejected(out, "uid_overwritten", "uid", "not the same")
     _rejected(out, "nan_logprobs", "non-finite")
     with pytest.raises(ValueError, match="no reward"):
@@ -309,3 +322,112 @@ def test_tinker(trainers_python, recorded, tmp_path):
         tmp_path,
     )
     _rejected(out, "plain_dicts", "Datum")
+
+
+def _png(color: tuple[int, int, int], size: tuple[int, int]):
+    import io
+
+    from PIL import Image as PILImage
+
+    from turnstile import media
+
+    out = io.BytesIO()
+    PILImage.new("RGB", size, color).save(out, "PNG")
+    return media.decode(out.getvalue())
+
+
+def test_images_verl_and_slime(trainers_python, tmp_path):
+    """A VLM rollout (an image in the first prompt, another in a later turn's observation, a
+    tool result's screenshot) and a text one: verl's AgentLoopOutput and slime's Sample get
+    the pixels in block order, equal to the bytes read from the store file (sqlite3, not the
+    Store); a swapped order and a misnamed field are rejected; TRL refuses the later image."""
+    import sqlite3
+
+    from turnstile import media
+    from turnstile.converters import trl
+
+    red, blue = _png((255, 0, 0), (6, 4)), _png((0, 0, 255), (3, 9))
+    store = Store(tmp_path / "s")
+
+    def item(im: media.Image, off: int) -> media.MediaItem:
+        return media.MediaItem(im.sha256, im.mime, off, 7, {"name": "P"}, (1, 3, 32, 32))
+
+    for sid, vlm in (("vlm", True), ("text", False)):
+        store.create_session(session_id=sid, group_id="g", sample_index=int(not vlm))
+        parent = None
+        for c, (delta, items, ims) in enumerate(
+            (
+                (20, (item(red, 3),) if vlm else (), [red] if vlm else []),
+                (12, (item(red, 3), item(blue, 25)) if vlm else (), [blue] if vlm else []),
+            )
+        ):
+            rec = CallRecord(
+                id=f"{sid}{c}",
+                session_id=sid,
+                seq=c,
+                parent_id=parent,
+                segment_reason="first_call" if parent is None else None,
+                reused_prefix_len=0 if parent is None else 23,
+                prompt_delta=array("i", range(100, 100 + delta)),
+                completion_ids=array("i", [5, 6, 7]),
+                completion_logprobs=array("f", [-0.5, -0.25, -0.125]),
+                finish_reason="stop",
+                stop_token_id=None,
+                seam=None,
+                status="ok",
+                media=items,
+                images={i.sha256: i for i in ims},
+            )
+            store.add_call(rec)
+            parent = rec.id
+        store.set_rewards(sid, {"reward": 1.0 if vlm else 0.0})
+    trajs = [
+        t.with_session(store.get_session(sid))
+        for sid in ("vlm", "text")
+        for t in stitch(store.calls(sid))
+    ]
+    assert [len(t.images) for t in trajs] == [2, 0]
+    db = sqlite3.connect(tmp_path / "s" / "turnstile.sqlite3")
+    blob = dict(db.execute("SELECT sha256, data FROM media_blobs").fetchall())
+    db.close()
+    raw = [[blob[red.sha256], blob[blue.sha256]], []]
+
+    def read(sid: str, sha: str) -> bytes:
+        got = store.image(sid, sha)
+        assert got is not None
+        return got.data
+
+    loop = verl.to_verl_agent_loop_outputs(trajs, image_bytes=read)
+    samples = slime.to_slime_samples(trajs, image_bytes=read)
+    assert [s["session_id"] for s in samples] == ["vlm", "text"]
+    swapped = deepcopy(loop)
+    swapped[0]["multi_modal_data"]["images"].reverse()
+    misnamed = deepcopy(loop)
+    misnamed[0]["multi_modal_inputs"] = misnamed[0].pop("multi_modal_data")
+    slime_misnamed = deepcopy(samples)
+    slime_misnamed[0]["multimodal_data"] = slime_misnamed[0].pop("multimodal_inputs")
+    base = {"agent_loop": loop, "slime": samples, "raw": raw}
+    out = _run(
+        trainers_python,
+        "images",
+        {
+            "good": base,
+            "swapped": {**base, "agent_loop": swapped},
+            "misnamed": {**base, "agent_loop": misnamed},
+            "slime_misnamed": {**base, "slime": slime_misnamed},
+        },
+        tmp_path,
+    )
+    _rejected(out, "swapped", "image 0 differs")
+    _rejected(out, "misnamed", "multi_modal", "extra")
+    _rejected(out, "slime_misnamed", "multimodal_data")
+    with pytest.raises(ValueError, match="image_bytes"):
+        slime.to_slime_samples(trajs)
+    with pytest.raises(ValueError, match="other bytes"):
+        verl.to_verl_agent_loop_outputs(trajs, image_bytes=lambda s, h: blob[blue.sha256])
+    # TRL: pixels come only from the dataset row with the prompt; the later image is refused
+    with pytest.raises(ValueError, match="after its prompt"):
+        trl.to_trl_rollout(trajs)
+    first = [t for s in ("vlm", "text") for t in stitch(store.calls(s)[:1])]
+    assert trl.to_trl_rollout(first)["image_sha256"] == [[red.sha256], []]
+    store.close()

@@ -189,7 +189,7 @@ def test_the_token_file_and_capabilities_survive_a_restart(turnstile):
         [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "serve",
             "--engine-url",
             ts.engine_url,
@@ -220,7 +220,7 @@ def test_refused_starts(tmp_path, args, message):
         [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "serve",
             "--engine-url",
             "http://127.0.0.1:1",

@@ -1,7 +1,8 @@
 """The package type-checks and the tree is linted and formatted: mypy (configured in
-pyproject.toml, ``[tool.mypy]``) over ``turnstile/`` finds nothing (that is where the engine,
-gateway and record contracts, ``engines.base``, ``gateway.contract``, ``store.records``, are held
-to); ruff's linter and formatter find nothing to change."""
+pyproject.toml, ``[tool.mypy]``) over ``turnstile/`` and the test bed (``testbed/``) finds
+nothing (that is where the engine, gateway and record contracts, ``engines.base``,
+``gateway.contract``, ``store.records``, are held to); ruff's linter and formatter find nothing
+to change."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(600)]
 
@@ -33,7 +34,8 @@ def test_mypy_finds_no_errors():
     assert r.returncode == 0, f"mypy failed:\n{r.stdout}\n{r.stderr}"
 
 
-TREES = ("turnstile", "tests", "benchmarks", "docs", "examples")  # every Python file of the repo
+# every Python file of the repo
+TREES = ("turnstile", "testbed", "tests", "benchmarks", "docs", "examples")
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
@@ -47,6 +49,7 @@ def test_ruff_lints_and_formats_the_tree(command):
             "ruff",
             *command,
             "turnstile",
+            "testbed",
             "tests",
             "benchmarks",
             "docs",

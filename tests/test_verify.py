@@ -78,7 +78,7 @@ def test_the_cli_reports_each_trajectory_and_a_summary(
     turnstile, llama_tiny, tiny_qwen2, no_end_bias
 ):
     sid = _rollout(turnstile, no_end_bias)
-    cmd = [sys.executable, "-m", "turnstile.cli", "verify", "--data", str(turnstile.data)]
+    cmd = [sys.executable, "-m", "turnstile", "verify", "--data", str(turnstile.data)]
     cmd += ["--engine", "llama-cpp", "--engine-url", llama_tiny, "--model", str(tiny_qwen2)]
     out = subprocess.run([*cmd, "--session", sid, "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -97,7 +97,7 @@ def test_the_cli_reports_each_trajectory_and_a_summary(
         [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "verify",
             "--data",
             str(turnstile.data),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import numpy as np
 import pytest
 
@@ -109,3 +110,16 @@ def test_what_cannot_be_recomputed_is_refused_with_the_reason():
     assert Sampling.of({"logprob_kind": "raw_logits"}).refusal()
     plain = {"logprob_kind": PROCESSED_LOGPROBS, "sampling": {"temperature": 0.7, "top_p": 0.9}}
     assert Sampling.of(plain).refusal() is None and Sampling.of(plain).needs_distribution
+
+
+def test_every_engine_kind_has_a_scorer() -> None:
+    """A new engine kind (``engines/kinds.py``) fails here until verify can score on it; its
+    aliases reach the same scorer."""
+    from turnstile.engines.kinds import ENGINE_KINDS
+    from turnstile.verify import SCORERS, scorer
+
+    assert {k.name for k in ENGINE_KINDS} == set(SCORERS)
+    client = httpx.AsyncClient()  # never used: nothing is sent
+    for k in ENGINE_KINDS:
+        for name in (k.name, *k.aliases):
+            assert scorer(name, client, "http://127.0.0.1:9").name == k.name

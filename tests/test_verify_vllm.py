@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,8 +30,10 @@ import numpy as np
 import openai
 import pytest
 from conftest import Turnstile
+from test_vllm_real import _client, _sampled, start_relay
 
-from turnstile import testbed, testbed_vllm
+import turnstile_testbed as testbed
+from turnstile.engines.vllm import SAMPLER_WIRE
 from turnstile.server.monitor import DEFAULT_THRESHOLD
 from turnstile.store.store import Store
 from turnstile.store.trajectories import stitch
@@ -42,6 +45,7 @@ from turnstile.verify import (
     verify,
     verify_sessions,
 )
+from turnstile_testbed import vllm as testbed_vllm
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
@@ -316,7 +320,7 @@ def test_the_cli_and_the_route_verify_a_processed_session(servers, sessions):
     mode = "processed_logprobs"
     sid = sessions[(mode, "t0.7")]
     ts = servers[mode]
-    cmd = [sys.executable, "-m", "turnstile.cli", "verify", "--data", str(ts.data)]
+    cmd = [sys.executable, "-m", "turnstile", "verify", "--data", str(ts.data)]
     cmd += ["--engine", "vllm", "--engine-url", _url(servers, mode), "--session", sid]
     out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -381,3 +385,52 @@ def test_the_monitor_parts_on_other_weights_and_refuses_a_grammar(servers):
     exact = report["exact"]
     assert exact["tokens"] == 0 and exact["refused"] > 0 and exact["undecided"] == 0, exact
     assert any("grammar" in n for n in report["notes"]), report["notes"]
+
+
+@pytest.fixture(scope="module")
+def raw_relay(vllm_raw: str) -> Iterator:
+    """A recording relay in front of the raw-mode vLLM: what it received and returned."""
+    rel, server = start_relay(vllm_raw)
+    yield rel
+    server.shutdown()
+    server.server_close()
+
+
+def test_raw_logprobs_under_truncation_are_flagged(raw_relay, model_dir, tmp_path):
+    """vLLM on its default ``--logprobs-mode raw_logprobs``: under top_p / top_k the logprobs
+    vLLM returns are the model's, not the sampler's (its top lists are not renormalised over
+    the kept set and mark nothing cut), and the record says so, with the applied sampling
+    still what vLLM received (the relay). (Was its own module: one vLLM start saved.)"""
+    ts = _turnstile(raw_relay.url, model_dir, tmp_path, "--engine-logprobs-mode", "raw_logprobs")
+    try:
+        session = ts.session(test="raw")
+        _client(session).chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=3,
+            temperature=1.0,
+            top_p=0.5,
+            logprobs=True,
+            top_logprobs=3,
+            logit_bias=NO_END,
+            extra_body={"top_k": 2},
+        )
+        # (the route probe at start posts an empty body: not a call)
+        (ex,) = [e for e in raw_relay.exchanges if e.request.get("prompt")]  # the probe is empty
+        (call,) = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+        got = ex.request  # /v1/completions: the sampler is top-level
+        applied = call["sampling_applied"]
+        assert applied["wire"] == {k: got[k] for k in SAMPLER_WIRE if k in got}
+        assert (applied["wire"]["top_p"], applied["wire"]["top_k"]) == (0.5, 2)
+        verdict = call["behaviour_logprobs"]
+        assert verdict["exact"] is False and verdict["kind"] == "raw_logprobs"
+        assert "top_p 0.5" in verdict["why"] and "top_k 2" in verdict["why"]
+        # the engine's own answer agrees: raw lists keep every token live, summing below 1
+        ids, lps, tops = _sampled(ex)
+        assert call["completion_logprobs"] == pytest.approx(lps, abs=1e-6)
+        for top in tops:
+            live = {tid: lp for tid, lp in top if lp > -9000}
+            assert len(live) == len(dict(top))
+            assert sum(math.exp(lp) for lp in live.values()) < 1 - 1e-4
+    finally:
+        ts.stop()

@@ -22,7 +22,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
@@ -263,7 +263,7 @@ def test_view_serves_a_store_read_only_and_renders_lazily(browser, tmp_path: Pat
         [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "view",
             "--data",
             str(tmp_path / "data"),

@@ -10,35 +10,36 @@ tools); capture mode lets vLLM render with the model's own. What each test needs
 (max_tokens, logit_bias, tool_choice, stop), never left to what the model happens to sample.
 
 The test bed installs vLLM into its own venv on first use (about 4 minutes, once;
-``turnstile.testbed_vllm.vllm_python``): where it cannot, the module fails with the reason.
+``turnstile_testbed.vllm.vllm_python``): where it cannot, the module fails with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
+import math
 import os
 import re
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import openai
 import pytest
 from conftest import Turnstile
 
-from turnstile import testbed, testbed_vllm
+import turnstile_testbed as testbed
 from turnstile.engines import make_engine
 from turnstile.engines.base import EngineAdapter
 from turnstile.engines.http import EngineUnusable
+from turnstile.engines.vllm import SAMPLER_WIRE
+from turnstile.testing import relay as wire
+from turnstile.testing.relay import Exchange, Relay
+from turnstile_testbed import vllm as testbed_vllm
 
 # The slowest call here takes ~40 s; the servers' starts are fixtures, outside the timeout.
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
@@ -65,107 +66,15 @@ TOOLS = [
 ]
 
 
-@dataclass
-class Exchange:
-    path: str
-    request: dict
-    response: dict | None = None  # the JSON answer, or for a stream: None until it ends
-    chunks: list[dict] = field(default_factory=list)  # a stream's data: objects, in order
-    status: int = 0
-    done: bool = False
-
-
-@dataclass
-class Relay:
-    """Forwards everything to vLLM and keeps every generation request and its answer. A
-    client that goes away mid-stream closes the connection to vLLM, as a direct client's
-    departure would."""
-
-    upstream: str
-    url: str = ""
-    exchanges: list[Exchange] = field(default_factory=list)
-    aborts: list[tuple[dict, int]] = field(default_factory=list)  # abort bodies, vLLM's status
-    paths: tuple[str, ...] = ()  # the generation routes whose exchanges are kept
-
-    def on(self, path: str) -> list[Exchange]:
-        return [e for e in self.exchanges if e.path == path]
-
-    def wait(self, n: int, timeout: float = 30.0) -> list[Exchange]:
-        """The first ``n`` exchanges, once all of them have ended."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self.exchanges) >= n and all(e.done for e in self.exchanges[:n]):
-                return self.exchanges[:n]
-            time.sleep(0.05)
-        raise TimeoutError(f"{len(self.exchanges)} exchanges, {n} expected")
-
-
-def _relay_handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
-    up = urlsplit(relay.upstream)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def _forward(self, method: str) -> None:
-            n = int(self.headers.get("content-length") or 0)
-            body = self.rfile.read(n) if n else None
-            conn = http.client.HTTPConnection(up.hostname, up.port, timeout=300)
-            conn.request(method, self.path, body, {"content-type": "application/json"})
-            resp = conn.getresponse()
-            if self.path.endswith("/abort_requests") and body:
-                relay.aborts.append((json.loads(body), resp.status))
-            ex = None
-            if method == "POST" and self.path in relay.paths and body:
-                ex = Exchange(self.path, json.loads(body), status=resp.status)
-                relay.exchanges.append(ex)
-            self.send_response(resp.status)
-            ctype = resp.headers.get("content-type", "application/json")
-            self.send_header("content-type", ctype)
-            try:
-                if "event-stream" in ctype:
-                    self.send_header("transfer-encoding", "chunked")
-                    self.end_headers()
-                    while line := resp.readline():
-                        if ex is not None and line.startswith(b"data: {"):
-                            ex.chunks.append(json.loads(line[6:]))
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                        self.wfile.flush()
-                    self.wfile.write(b"0\r\n\r\n")
-                else:
-                    raw = resp.read()
-                    if ex is not None:
-                        ex.response = json.loads(raw) if raw else {}
-                    self.send_header("content-length", str(len(raw)))
-                    self.end_headers()
-                    self.wfile.write(raw)
-            except OSError:  # the client went away: so does the relay's call to vLLM
-                self.close_connection = True
-            finally:
-                conn.close()
-                if ex is not None:
-                    ex.done = True
-
-        def do_GET(self) -> None:  # noqa: N802
-            self._forward("GET")
-
-        def do_POST(self) -> None:  # noqa: N802
-            self._forward("POST")
-
-    return Handler
+VLLM_PATHS = (GENERATE, COMPLETIONS, CHAT)  # the generation routes whose exchanges are kept
 
 
 def start_relay(
-    upstream: str, paths: tuple[str, ...] = (GENERATE, COMPLETIONS, CHAT)
+    upstream: str, paths: tuple[str, ...] = VLLM_PATHS
 ) -> tuple[Relay, ThreadingHTTPServer]:
-    relay = Relay(upstream, paths=paths)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _relay_handler(relay))
-    server.daemon_threads = True
-    relay.url = f"http://127.0.0.1:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return relay, server
+    """The suite's recording relay (``turnstile.testing.relay``) to vLLM, keeping the
+    generation routes' exchanges (and every ``/abort_requests`` body)."""
+    return wire.start_relay(upstream, paths=paths)
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +163,7 @@ def _vllm_still_answers(request: pytest.FixtureRequest) -> Iterator[None]:
 def _sampled(ex: Exchange) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
     """What vLLM sampled, as it said so: token ids, their logprobs, each step's top list."""
     if ex.path == GENERATE:
-        parts = [ex.response] if ex.response is not None else ex.chunks
+        parts = ex.parts()
         ids: list[int] = []
         lps: list[float] = []
         tops: list[list[tuple[int, float]]] = []
@@ -265,7 +174,7 @@ def _sampled(ex: Exchange) -> tuple[list[int], list[float], list[list[tuple[int,
                     lps.append(e["logprob"])
                     tops.append([(t["token_id"], t["logprob"]) for t in e["top_logprobs"]])
         return ids, lps, tops
-    parts = [ex.response] if ex.response is not None else ex.chunks
+    parts = ex.parts()
     ids, lps, tops = [], [], []
     for part in parts:
         for ch in part.get("choices") or []:
@@ -337,7 +246,7 @@ def test_token_in_records_and_logprobs_are_what_vllm_received_and_sampled(
     assert _prompt(ex)[call["reused_prefix_len"] :] == call["prompt_delta_ids"]
     assert call["completion_ids"] == ids
     if route == GENERATE:  # 0.32's spans of the weights each token was sampled with
-        parts = [ex.response] if ex.response is not None else ex.chunks
+        parts = ex.parts()
         spans = [sp for p in parts for c in p["choices"] for sp in c.get("weight_versions") or []]
         assert spans == [{"version": "default", "start": 0, "end": 12}]
         assert call["weight_version"] == ["default"] * 12
@@ -423,7 +332,7 @@ def test_a_stop_string_ends_the_call_where_vllm_ended_it(ts, relay, stream):
     assert sp["stop"] == ["cat cat"] and sp["detokenize"] is True
     ids, _, _ = _sampled(ex)
     assert ids and set(ids) == {CAT} and len(ids) < 20
-    parts = [ex.response] if ex.response is not None else ex.chunks
+    parts = ex.parts()
     ends = [c for part in parts for c in part.get("choices") or [] if c.get("finish_reason")]
     stop_reason = [c.get("stop_reason") for c in ends]
     assert stop_reason == ["cat cat"]
@@ -475,7 +384,7 @@ def ts_capture(relay: Relay, model_dir: Path, tmp_path_factory) -> Iterator[Turn
 
 def _chat_ids(ex: Exchange) -> tuple[list[int], list[int]]:
     """Prompt and sampled IDs vLLM's Chat Completions returned (``return_token_ids``)."""
-    parts = [ex.response] if ex.response is not None else ex.chunks
+    parts = ex.parts()
     prompt = next(p["prompt_token_ids"] for p in parts if p.get("prompt_token_ids"))
     out = [t for p in parts for c in p.get("choices") or [] for t in c.get("token_ids") or []]
     return prompt, out
@@ -508,7 +417,7 @@ def test_capture_mode_records_the_ids_vllm_rendered_and_sampled(
         prompt, out = _chat_ids(ex)
         assert c["reused_prefix_len"] + len(c["prompt_delta_ids"]) == len(prompt)
         assert c["completion_ids"] == out
-        parts = [ex.response] if ex.response is not None else ex.chunks
+        parts = ex.parts()
         lps = [
             e["logprob"]
             for p in parts
@@ -946,3 +855,125 @@ def test_weight_versions_are_the_ones_vllm_reports(ts, relay, vllm):
     finally:
         name("default")
         ts.http.post(ts.url + "/admin/resume", json={"weight_version": "default"})
+
+
+def test_a_held_stream_goes_on_from_its_partial_output(ts, relay, vllm):
+    """``POST /admin/pause {"mode": "hold"}`` mid-stream (issue 44): Turnstile cuts vLLM's
+    request at a token boundary, holds the call while the trainer names new weights, and
+    after the resume sends prompt + the tokens it had, ``max_tokens`` reduced. The harness's
+    stream is one answer; the record holds every token once: what Turnstile had read of the
+    cut request (a prefix of what vLLM sent: tokens still in flight are re-sampled), then
+    what vLLM sent for the resumed one, under the version vLLM reports for it."""
+    session = ts.session(test="hold")
+    http_ = ts.http
+
+    def name(version: str) -> None:
+        r = httpx.post(vllm + "/update_weight_version", json={"new_version": version})
+        assert r.status_code == 200
+
+    n = 300
+    try:
+        assert http_.post(ts.url + "/admin/pause", json={"mode": "drain"}).status_code == 200
+        name("hold-1")
+        http_.post(ts.url + "/admin/resume", json={"weight_version": "hold-1"})
+        before = len(relay.exchanges)
+        body = {
+            "model": "m", "messages": [{"role": "user", "content": "Write a long story."}],
+            "max_tokens": n, "stream": True, "logit_bias": NO_END, "temperature": 0,
+        }  # fmt: skip
+        text, paused = "", None
+        with httpx.Client(timeout=120) as http:
+            with http.stream("POST", session["base_url"] + "/chat/completions", json=body) as s:
+                seen = 0
+                for line in s.iter_lines():
+                    if line.startswith("data: {"):
+                        seen += 1
+                        for ch in json.loads(line[6:])["choices"]:
+                            text += ch["delta"].get("content") or ""
+                            assert ch.get("finish_reason") in (None, "length"), line
+                    if seen == 5 and paused is None:
+                        paused = http_.post(ts.url + "/admin/pause", json={"mode": "hold"}).json()
+                        name("hold-2")
+                        r = http_.post(ts.url + "/admin/resume", json={"weight_version": "hold-2"})
+                        assert r.status_code == 200
+                    assert "error" not in line, line
+        assert paused is not None and paused["preempted"] == 1, paused
+        first, second = relay.wait(before + 2)[before:]
+        (call,) = ts.get(f"/v1/sessions/{session['id']}/calls")["data"]
+        k = call["chunks"][0]["end"]
+        cut, rest = _sampled(first)[0], _sampled(second)[0]
+        assert 0 < k <= len(cut) < n and call["completion_ids"][:k] == cut[:k]
+        assert _prompt(second) == _prompt(first) + cut[:k]
+        assert second.request["sampling_params"]["max_tokens"] == n - k
+        assert call["completion_ids"] == cut[:k] + rest and len(call["completion_ids"]) == n
+        assert call["status"] == "ok" and call["message"]["content"] == text
+        spans = [
+            sp
+            for c in second.chunks
+            for ch in c["choices"]
+            for sp in ch.get("weight_versions") or []
+        ]
+        assert spans == [{"version": "hold-2", "start": 0, "end": n - k}]
+        assert call["weight_version"] == ["hold-1"] * k + ["hold-2"] * (n - k)
+        assert call["chunks"][1]["engine_request_id"] and call["hold"]["preemptions"] == 1
+    finally:
+        name("default")
+        ts.http.post(ts.url + "/admin/resume", json={"weight_version": "default"})
+
+
+# --- the sampler's provenance (was test_sampler_provenance_vllm.py: one vLLM start saved) ---
+# Both token-in routes: the record's ``sampling_applied`` is what vLLM received (the relay),
+# every field of vLLM's sampler is sent (``/v1/completions`` would fill an omitted one from the
+# model's generation_config), and vLLM applied it: under ``top_k`` 2 its processed top lists
+# keep exactly two tokens whose probabilities sum to 1. The logprobs are the sampler's, and the
+# record says so.
+
+VLLM_SAMPLER = {
+    "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "max_tokens", "min_tokens",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("route", [GENERATE, COMPLETIONS])
+def test_applied_sampling_is_what_vllm_got_and_applied(request, relay, route):  # noqa: F811
+    t = request.getfixturevalue("ts" if route == GENERATE else "ts_completions")
+    for asked in ({}, {"top_k": 2}):
+        session = t.session(test="provenance")
+        before = len(relay.exchanges)
+        _client(session).chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=4,
+            temperature=1.0,
+            logprobs=True,
+            top_logprobs=3,
+            logit_bias=NO_END,
+            extra_body=asked,
+        )
+        (ex,) = relay.wait(before + 1)[before:]
+        assert ex.path == route
+        got = ex.request if route == COMPLETIONS else ex.request["sampling_params"]
+        (call,) = t.get(f"/v1/sessions/{session['id']}/calls")["data"]
+        applied = call["sampling_applied"]
+        assert applied["wire"] == {k: got[k] for k in SAMPLER_WIRE if k in got}
+        assert VLLM_SAMPLER <= applied["wire"].keys()
+        assert applied["from"]["top_k"] == ("request" if asked else "neutral")
+        assert applied["wire"]["top_k"] == asked.get("top_k", 0)
+        assert "engine_echo" not in applied  # vLLM echoes no settings
+        ids, lps, tops = _sampled(ex)
+        assert call["completion_ids"] == ids
+        assert call["completion_logprobs"] == pytest.approx(lps, abs=1e-6)
+        assert call["behaviour_logprobs"] == {
+            "exact": True,
+            "kind": "processed_logprobs",
+            "why": None,
+        }
+        for top in tops:
+            # the sampled token comes first, then the best: one entry per token; vLLM marks a
+            # token its sampler cut with -9999
+            live = {tid: lp for tid, lp in top if lp > -9000}
+            if asked:  # top_k 2 (ties at the 2nd logit kept too): the kept set holds all mass
+                assert len(live) >= 2, top
+                assert sum(math.exp(lp) for lp in live.values()) == pytest.approx(1.0, abs=1e-4)
+            else:  # no cut: every listed token is live
+                assert len(live) == len(dict(top)) >= 3, top

@@ -7,11 +7,18 @@ Nothing of the repository is on that venv's path: it runs from a scratch directo
 ``PYTHONPATH``, and the package it imports is the installed one. The wheel holds the package
 only (no tests, benchmarks or docs). The dependencies come from the registry (pip's cache after
 the first run), pinned by the wheel's own metadata.
+
+The test bed is not in the wheel (it is the repository's own distribution, ``testbed/``):
+no module of it is packed, none of the wheel's files names it, and importing ``turnstile`` and
+every module of ``turnstile.testing`` (the fakes a user may test against) in that venv loads
+nothing of it, where it is not installed at all.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,7 +29,7 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(900)]
 
@@ -48,7 +55,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     """(the venv's bin directory, a scratch directory outside the repository)."""
     tmp = tmp_path_factory.mktemp("wheel")
     dist = tmp / "dist"
-    _ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], tmp)
+    # built from a copy of the checkout's files as a clone has them (tracked, and new ones not
+    # ignored): setuptools' build/lib in the checkout keeps modules that have since moved
+    # out of the package, and a wheel built there packed them again
+    src = tmp / "src"
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True
+    )
+    if listed.returncode == 0:
+        for name in filter(None, listed.stdout.decode().split("\0")):
+            if (ROOT / name).is_file():
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, src / name)
+    else:  # not a git checkout (an exported tree): everything but builds and caches
+        junk = ("build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "site")
+        shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*junk, "turnstile-data"))
+    _ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], tmp)
     [wheel] = dist.glob("turnstile-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
@@ -56,6 +78,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     assert "turnstile/viewer/static/index.html" in names or any(
         n.startswith("turnstile/viewer/static/") for n in names
     )
+    # the test bed's modules, by their names here and where they were inside the package
+    bed = {p.stem for p in (ROOT / "testbed" / "turnstile_testbed").glob("*.py")} - {"__init__"}
+    assert bed >= {"vllm", "sglang", "provision", "demo", "postgres", "moe_truth"}, bed
+    old = re.compile(r"turnstile/(testing/)?(testbed\w*|provision|demo|postgres|moe_truth)\.py")
+    packed = [n for n in names if old.fullmatch(n) or "turnstile_testbed" in n]
+    assert not packed, packed
+    with zipfile.ZipFile(wheel) as z:
+        naming = [n for n in names if n.endswith(".py") and b"turnstile_testbed" in z.read(n)]
+    assert not naming, naming
     venv = tmp / "venv"
     _ok([sys.executable, "-m", "venv", str(venv)], tmp)
     _ok(
@@ -70,8 +101,39 @@ def test_the_installed_package_is_not_the_checkout(installed):
     assert str(ROOT) not in where and "site-packages" in where, where
     for cmd in ("serve", "verify", "export", "view"):
         assert "usage:" in _ok([str(bin_ / "turnstile"), cmd, "--help"], tmp)
+    # the same command as ``python -m turnstile``
+    assert "usage: turnstile serve" in _ok(
+        [str(bin_ / "python"), "-m", "turnstile", "serve", "-h"], tmp
+    )
     # the client a trainer imports, from the installed package
     _ok([str(bin_ / "python"), "-c", "from turnstile import Client; Client"], tmp)
+
+
+def test_the_installed_package_imports_nothing_of_the_test_bed(installed):
+    """``turnstile`` and every ``turnstile.testing`` module, imported in the clean venv: none
+    of the test bed's modules is loaded (under its own name or its old ``turnstile.*`` ones),
+    and the test bed itself is not importable there."""
+    bin_, tmp = installed
+    probe = """
+import importlib, pkgutil, sys
+import turnstile, turnstile.testing, turnstile.app.cli
+for m in pkgutil.iter_modules(turnstile.testing.__path__):
+    importlib.import_module("turnstile.testing." + m.name)
+print(len([m for m in sys.modules if m.startswith("turnstile.testing.")]))
+old = ("turnstile.demo", "turnstile.provision", "turnstile.testing.postgres",
+       "turnstile.testing.moe_truth")
+print(sorted(m for m in sys.modules if m.split(".")[0] == "turnstile_testbed"
+             or m.startswith("turnstile.testbed") or m in old))
+try:
+    import turnstile_testbed
+    print("importable", turnstile_testbed.__file__)
+except ModuleNotFoundError as e:
+    print("absent", e.name)
+"""
+    count, loaded, bed = _ok([str(bin_ / "python"), "-c", probe], tmp).splitlines()[-3:]
+    assert int(count) >= 10, count  # the fakes, the relay, the mock engine were all imported
+    assert loaded == "[]", loaded
+    assert bed == "absent turnstile_testbed", bed
 
 
 def test_serve_from_the_wheel_records_what_llama_server_sampled(installed, tiny_qwen2):

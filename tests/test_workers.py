@@ -268,7 +268,7 @@ def test_the_peer_route_is_the_trainers_and_checks_its_input(ts):
 
 
 def test_refusals_name_the_fix(tiny_qwen2: Path, tmp_path: Path):
-    base = [sys.executable, "-m", "turnstile.cli", "serve", "--engine-url", "http://127.0.0.1:9"]
+    base = [sys.executable, "-m", "turnstile", "serve", "--engine-url", "http://127.0.0.1:9"]
     base += ["--model", str(tiny_qwen2), "--data", str(tmp_path)]
     for extra, says in (
         (["--workers", "0"], "--workers takes a count >= 1"),
@@ -320,7 +320,7 @@ def test_sigterm_on_the_front_stops_every_worker(ts, no_end_bias):
     _until("the call at the worker's door", lambda: _in_flight(ts, origin), 1)
     assert ts.proc is not None
     kids = psutil.Process(ts.proc.pid).children(recursive=True)
-    assert len([k for k in kids if "turnstile.workers" in " ".join(k.cmdline())]) == WORKERS - 1
+    assert len([k for k in kids if "turnstile.app.workers" in " ".join(k.cmdline())]) == WORKERS - 1
     ts.stop()  # SIGTERM; SIGKILL after 15 s
     assert ts.proc.returncode is not None and ts.proc.returncode != -signal.SIGKILL
     assert "did not stop" not in ts.log.read_text()  # each worker stopped by itself

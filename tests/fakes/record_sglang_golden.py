@@ -3,7 +3,7 @@
     cd tests && python -m fakes.record_sglang_golden --url http://127.0.0.1:30000
 
 (the Python of ``./run``'s venv; ``-m`` from ``tests/`` makes ``fakes`` importable). The
-server must serve SmolLM2-135M-Instruct (``turnstile.testbed_vllm.vllm_model``) with
+server must serve SmolLM2-135M-Instruct (``turnstile_testbed.vllm.vllm_model``) with
 ``--context-length 2048``; the suite does not start SGLang (README: SGLang on this CPU).
 """
 
@@ -41,7 +41,7 @@ def main() -> None:
     golden = {
         "sglang": info.get("version"),
         "recorded": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-        "model": "SmolLM2-135M-Instruct (turnstile.testbed_vllm.vllm_model), named <model>",
+        "model": "SmolLM2-135M-Instruct (turnstile_testbed.vllm.vllm_model), named <model>",
         "server": "--device cpu --context-length 2048 (torch_native attention: no AMX here)",
         "cases": answers,
     }

@@ -6,7 +6,7 @@
 (the Python of ``./run``'s venv, ``~/.cache/turnstile/venv/bin/python``; ``-m`` from ``tests/``
 makes ``fakes`` importable, the venv gives ``turnstile``)
 
-Both servers run SmolLM2-135M-Instruct from the test bed (``turnstile.testbed_vllm``): the
+Both servers run SmolLM2-135M-Instruct from the test bed (``turnstile_testbed.vllm``): the
 main one as ``tests/test_vllm_real.py`` starts it (scale-out, processed logprobs, 2048
 tokens, dev mode), the other on vLLM's defaults (scale-out off). The answers' structure goes
 into ``tests/fakes/golden/vllm-<version>.json`` (see ``vllm_golden.py``), with each request and
@@ -46,7 +46,7 @@ def record(main: str, defaults: str, out: Path) -> dict:
     golden = {
         "vllm": version,
         "recorded": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-        "model": "SmolLM2-135M-Instruct (turnstile.testbed_vllm.vllm_model), named <model>",
+        "model": "SmolLM2-135M-Instruct (turnstile_testbed.vllm.vllm_model), named <model>",
         "servers": {g.MAIN: g.MAIN_FLAGS + ["env VLLM_SERVER_DEV_MODE=1"], g.DEFAULTS: []},
         "cases": answers,
     }
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=g.GOLDEN)
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
-        from turnstile import testbed_vllm
+        from turnstile_testbed import vllm as testbed_vllm
 
         logs = Path(tempfile.mkdtemp(prefix="vllm-golden-"))
         urls = {}

@@ -66,6 +66,9 @@ def verl(p: dict) -> None:
     batch = prompts.union(gen)
     assert list(batch.non_tensor_batch["uid"]) == list(p["verl_uid"])
     assert torch.isfinite(batch.batch["rollout_log_probs"]).all(), "non-finite logprobs"
+    if "routed_experts" in batch.batch.keys():  # router replay: [B, P+R, layers, k]
+        shape = tuple(batch.batch["routed_experts"].shape[:2])
+        assert shape == tuple(batch.batch["input_ids"].shape), "routed_experts off input_ids"
     if p.get("expect_rm_scores", True):
         adv, _ = compute_grpo_outcome_advantage(
             token_level_rewards=batch.batch["rm_scores"],
@@ -84,6 +87,9 @@ def verl(p: dict) -> None:
             out = AgentLoopOutput(**d)
             assert "uid" not in out.extra_fields
             assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
+            if p.get("expect_routed"):  # verl's field, not an extra it would let through
+                assert out.routed_experts is not None, "no AgentLoopOutput.routed_experts"
+                assert len(out.routed_experts) == len(out.prompt_ids) + len(out.response_ids)
 
 
 # TRL 1.16.0: GRPOTrainer samples prompts with RepeatSampler (each prompt num_generations
@@ -343,6 +349,35 @@ def tinker(p: dict) -> None:
         assert f["target_tokens"].dtype == "int64" and f["advantages"].dtype == "float32"
         adv, mask = f["advantages"].to_numpy(), f["mask"].to_numpy()
         assert (adv[mask == 0] == 0).all() and np.isfinite(f["logprobs"].to_numpy()).all()
+
+
+# Images (issue 43): verl 0.9.1's AgentLoopOutput takes multi_modal_data {"images": [PIL]}
+# (the agent loop hands them to its processor with the tokens); slime's Sample keeps
+# multimodal_inputs {"images": [PIL]}. The pixels must be the stored bytes in block order:
+# ``raw`` holds each sample's bytes as read from the store file, in span order.
+def images(p: dict) -> None:
+    import io
+
+    from PIL import Image
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+
+    def same(got: list, raw: list[bytes]) -> None:
+        assert len(got) == len(raw), f"{len(got)} images for {len(raw)} blocks"
+        for k, (im, data) in enumerate(zip(got, raw, strict=True)):
+            want = Image.open(io.BytesIO(data)).convert("RGB")
+            assert im.size == want.size and im.tobytes() == want.tobytes(), f"image {k} differs"
+
+    for d, raw in zip(p["agent_loop"], p["raw"], strict=True):
+        out = AgentLoopOutput(**d)
+        if not raw:
+            assert not out.multi_modal_data, "a text sample with multi_modal_data"
+            continue
+        assert out.multi_modal_data is not None, "no AgentLoopOutput.multi_modal_data"
+        same(out.multi_modal_data["images"], raw)
+    for s, raw in zip(p["slime"], p["raw"], strict=True):
+        unknown = set(s) - SLIME_SAMPLE_FIELDS
+        assert not unknown, f"Sample() got unexpected keyword arguments {sorted(unknown)}"
+        same((s.get("multimodal_inputs") or {}).get("images", []), raw)
 
 
 def main() -> None:

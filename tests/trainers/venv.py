@@ -1,12 +1,12 @@
 """The trainers venv for the tests that use it (``from trainers import venv``): built by
-:mod:`turnstile.testbed_trainers`, its public home (the training proof's benchmark uses it
+:mod:`turnstile_testbed.trainers`, its public home (the training proof's benchmark uses it
 too, and benchmarks import no test code)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from turnstile.testbed_trainers import trainers_python
+from turnstile_testbed.trainers import trainers_python
 
 
 def ensure() -> Path:
