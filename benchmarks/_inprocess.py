@@ -38,6 +38,12 @@ class InProcessEngine:
     def sampling_notes(self, params) -> list[str]:  # noqa: ANN001
         return []
 
+    def sent_sampling(self, params) -> dict:  # noqa: ANN001
+        """No wire: what the record's ``sampling_applied`` reads is the params themselves."""
+        from turnstile.engines import base
+
+        return {k: base.Sent(k, v) for k, v in params.as_dict().items()}
+
     async def pause(self, mode: str) -> str:
         return "no pause route"
 
@@ -64,10 +70,13 @@ class InProcessEngine:
 def make_gateway(data: Path, spec: dict):
     """The Gateway ``turnstile serve`` builds (template audit left out: Qwen2.5 extends
     exactly), with the in-process engine."""
+    try:
+        from turnstile.app.wiring import build_renderer, detect_parser
+    except ModuleNotFoundError:  # a baseline checkout from before turnstile/app/ (issue 41)
+        from turnstile.wiring import build_renderer, detect_parser  # type: ignore[no-redef]
     from turnstile.chat.audit import Policy
-    from turnstile.gateway.token_in import Gateway
+    from turnstile.gateway.token_in.gateway import Gateway
     from turnstile.store.store import Store
-    from turnstile.wiring import build_renderer, detect_parser
 
     renderer, _ = build_renderer(str(tiny_qwen2()))
     return Gateway(

@@ -81,7 +81,7 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
 
 
 def free_port() -> int:
-    from turnstile.testbed import free_port as fp
+    from turnstile_testbed import free_port as fp
 
     return fp()
 

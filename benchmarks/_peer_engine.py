@@ -76,7 +76,7 @@ def drifting_reply(tok, n_tokens: int) -> tuple[list[int], list[int]]:
 
 class Engine:
     def __init__(self, n_tokens: int):
-        from turnstile.wiring import build_renderer
+        from turnstile.app.wiring import build_renderer
 
         self.renderer, _ = build_renderer(str(_workload.tiny_qwen2()))
         self.tok = self.renderer.tok

@@ -102,6 +102,8 @@ def start_turnstile(
             engine_url,
             "--data",
             str(data),
+            "--model",
+            str(tiny_qwen2()),  # found here: the server may run a baseline without the test bed
         ],
         f"http://127.0.0.1:{port}/health",
         cpu,
@@ -183,13 +185,16 @@ def start_litellm(upstream: str, cpu: int | None, log: Path, workdir: Path) -> t
     return s, f"http://127.0.0.1:{port}"
 
 
-def _turnstile_app(engine_url: str, data: str, port: int) -> object:
+def _turnstile_app(engine_url: str, data: str, port: int, model: str) -> object:
     """``turnstile serve`` with the vLLM adapter (token-in ``/inference/v1/generate``)."""
+    try:
+        from turnstile.app.wiring import build_gateway
+    except ModuleNotFoundError:  # a baseline checkout from before turnstile/app/ (issue 41)
+        from turnstile.wiring import build_gateway  # type: ignore[no-redef]
     from turnstile.engines.vllm import VLLMEngine
     from turnstile.server.app import create_app
-    from turnstile.wiring import build_gateway
 
-    gateway = build_gateway(engine_url, str(tiny_qwen2()), data, model_name=MODEL_NAME)
+    gateway = build_gateway(engine_url, model, data, model_name=MODEL_NAME)
     gateway.engine = VLLMEngine(engine_url, api="generate", logprobs_mode="processed_logprobs")
     import inspect
 
@@ -208,9 +213,10 @@ def _serve_main(argv: list[str]) -> None:
     p.add_argument("--upstream")
     p.add_argument("--engine-url")
     p.add_argument("--data")
+    p.add_argument("--model", help="turnstile: the tokenizer and template folder")
     a = p.parse_args(argv)
     if a.kind == "turnstile":
-        app = _turnstile_app(a.engine_url, a.data, a.port)
+        app = _turnstile_app(a.engine_url, a.data, a.port, a.model)
     elif a.kind.startswith("floor"):
         from _floor import floor_app
 

@@ -17,7 +17,7 @@ MODEL_NAME = "bench"
 def tiny_qwen2() -> Path:
     """Random weights on the real Qwen2 vocabulary with the real Qwen2.5 template: the
     tokenizer and template Turnstile loads (the fake engine does the 'generating')."""
-    from turnstile import testbed
+    import turnstile_testbed as testbed
 
     return testbed.tiny_model("qwen2", QWEN25)
 

@@ -821,7 +821,7 @@ def start_workers(
         [
             sys.executable,
             "-m",
-            "turnstile.cli",
+            "turnstile.app.cli",
             "serve",
             *_servers.serve_options(engine_url, data),
             "--port",
@@ -860,7 +860,7 @@ def calibrate(wl: Workload) -> dict[str, float]:
     sample sessions): how the fake estimates the relay's prompt length."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from turnstile.wiring import build_renderer
+    from turnstile.app.wiring import build_renderer
 
     renderer, _ = build_renderer(str(_workload.tiny_qwen2()))
     template = renderer.template
@@ -1006,7 +1006,7 @@ PARTS = [  # (part, frame substrings): the first part whose frames a sample hold
     ),
     (
         "record/commit: record built on the loop",
-        ["TokenCall._commit", "TokenCall.record", "token_record.py", "gateway/record.py"],
+        ["TokenCall._commit", "TokenCall.record", "token_in/recording.py", "gateway/record.py"],
     ),
     ("session row on first use", ["SessionIndex.ensure", "session_index.py"]),
     ("tokenize the delta", ["LoadedTokenizer.encode", "PromptEncoder", "chat/encoding.py"]),
@@ -1032,10 +1032,10 @@ PARTS = [  # (part, frame substrings): the first part whose frames a sample hold
         [
             "streamed.py",
             "streaming.py",
-            "responses_stream",
+            "responses/stream.py",
             "EventStream",
-            "dialects/messages.py",
-            "dialects/responses.py",
+            "dialects/messages/",
+            "dialects/responses/",
         ],
     ),
     ("request: read body + JSON parse", ["read_json", "Request.body", "Request.stream"]),

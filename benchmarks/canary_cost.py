@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.chat.tokenizer import load_tokenizer
 
 TOKEN = "tst-canary-" + secrets.token_urlsafe(16)
@@ -146,7 +146,7 @@ def arm(fraction: float, engine: str, tmp: Path, args: argparse.Namespace) -> di
     port = testbed.free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [
-        sys.executable, "-m", "turnstile.cli", "serve",
+        sys.executable, "-m", "turnstile", "serve",
         "--engine", "vllm", "--vllm-api", "generate",
         "--engine-logprobs-mode", "processed_logprobs",
         "--engine-url", engine, "--model", str(model()), "--served-model-name", "bench",

@@ -102,7 +102,7 @@ def main() -> None:
     turns = args.turns or (2 if args.quick else 3)
     max_tokens = args.max_tokens or (8 if args.quick else 64)
     rounds = args.rounds or (1 if args.quick else 3)
-    from turnstile import testbed
+    import turnstile_testbed as testbed
 
     model = testbed.smollm2_gguf()
     testbed.llama_server_binary()
@@ -140,7 +140,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "turnstile.cli",
+                "turnstile.app.cli",
                 "serve",
                 "--engine-url",
                 engine_url,

@@ -101,7 +101,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
-    from turnstile.testing.postgres import PostgresServer
+    from turnstile_testbed.postgres import PostgresServer
 
     print("# Group commit vs one transaction per call (the gateway's store writer)")
     print(f"machine: {_machine.machine()}")

@@ -241,8 +241,9 @@ def in_child(args, wd: Path) -> dict:  # noqa: ANN001
 async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
     """The same conversation through an in-process Gateway, timing its parts per turn."""
     from turnstile.chat.tokenizer import load_tokenizer
-    from turnstile.dialects.chat_request import parse_chat_request
-    from turnstile.gateway.token_call import TokenCall
+    from turnstile.dialects.chat.answer import completion
+    from turnstile.dialects.chat.request import parse_chat_request
+    from turnstile.gateway.token_in.call import TokenCall
 
     tok = load_tokenizer(str(_workload.tiny_qwen2()))
     outputs = [tool_output(t, args.tool_tokens, tok) for t in range(args.turns)]
@@ -281,7 +282,7 @@ async def drive_inproc(args, spec: dict, wd: Path) -> dict:  # noqa: ANN001
                 "max_tokens": 64,
             }
         )
-        resp = (await gw.complete(session, req)).body
+        resp = completion(await gw.complete(session, req))  # as the Chat dialect answers
         spent = (share["prompt"] + share["record"]) * 1000
         m = resp["choices"][0]["message"]
         tool = {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"]}

@@ -48,7 +48,8 @@ async def build(
 ) -> int:
     from long_session import as_sent
 
-    from turnstile.dialects.chat_request import parse_chat_request
+    from turnstile.dialects.chat.answer import completion
+    from turnstile.dialects.chat.request import parse_chat_request
 
     histories = {f"{prefix}-{i:05d}": _workload.base_messages() for i in range(sessions)}
     recorded = {sid: 0 for sid in histories}
@@ -67,7 +68,7 @@ async def build(
                     "max_tokens": 64,
                 }
             )
-            resp = (await gw.complete(sid, req)).body
+            resp = completion(await gw.complete(sid, req))  # as the Chat dialect answers
             m = resp["choices"][0]["message"]
             u = resp["usage"]
             # recorded tokens of this call: the prompt delta + the completion

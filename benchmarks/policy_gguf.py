@@ -219,7 +219,7 @@ def as_stored(weights: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarra
 
 class Trainer:
     """The PyTorch policy (``trainer_policy.py`` beside this file) as a subprocess in the
-    trainers venv (:func:`turnstile.testbed_trainers.trainers_python`); one JSON command a
+    trainers venv (:func:`turnstile_testbed.trainers.trainers_python`); one JSON command a
     line."""
 
     def __init__(self, python: Path, **init: object):

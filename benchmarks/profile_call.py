@@ -42,7 +42,7 @@ PARTS = [  # (part, frame substrings), first match wins; the floor's (_floor.py)
     ),
     (
         "record: built on the loop, handed to the writer",
-        ["TokenCall._commit", "TokenCall.record", "token_record.py", "gateway/record.py"]
+        ["TokenCall._commit", "TokenCall.record", "token_in/recording.py", "gateway/record.py"]
         + ["Writer.submit", "row (_floor", "commit (_floor"],
     ),
     ("session row on first use", ["SessionIndex.ensure", "session_index.py"]),
@@ -71,7 +71,7 @@ PARTS = [  # (part, frame substrings), first match wins; the floor's (_floor.py)
     ("streaming: chunks, SSE out", ["streaming.py", "streamed", "chunk (_floor"]),
     (
         "request: body, JSON, limits, validation -> ChatRequest",
-        ["read_json", "limits.py", "chat_request", "dialects/", "resent.py", "asgi_body"],
+        ["read_json", "limits.py", "dialects/chat/request", "dialects/", "resent.py", "asgi_body"],
     ),
     ("answer: the chat.completion", ["answers.py", "whole (_floor"]),
     ("gateway: admission, sampling, the call's flow", ["gateway/", "wiring.py"]),

@@ -13,7 +13,7 @@ deployment, its ``fallback_base_url``: Serve's proxy). One local Ray node (``ray
 dashboard). Targets:
 
 - ``single``: ``turnstile serve`` as one process (uvicorn), the baseline;
-- ``ray-N serve``: ``turnstile.ray.build_app`` with N replicas (one CPU each), calls through
+- ``ray-N serve``: ``turnstile.app.ray.build_app`` with N replicas (one CPU each), calls through
   Serve's proxy;
 - ``ray-N direct``: the same deployment, calls on the replicas' own ports.
 
@@ -180,8 +180,8 @@ async def drive(
 def ray_target(n: int, fake_url: str, data: Path, port: int):
     from ray import serve
 
-    from turnstile.cli import build_parser
-    from turnstile.ray import build_app, replica_options
+    from turnstile.app.cli import build_parser
+    from turnstile.app.ray import build_app, replica_options
 
     options = _servers.serve_options(fake_url, data)
     args = build_parser().parse_args(

@@ -30,7 +30,7 @@ import httpx
 from _report import table
 from _workload import tiny_qwen2
 
-from turnstile import testbed
+import turnstile_testbed as testbed
 from turnstile.testing.fake_vllm import VLLMFake
 from turnstile.testing.toy_model import EOS
 
@@ -144,7 +144,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "turnstile.cli",
+                "turnstile.app.cli",
                 "serve",
                 "--engine",
                 "vllm",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import queue
 import random
 import statistics
 import threading
@@ -239,7 +240,18 @@ def fleet_writes(name: str, location: str, procs: int, calls: int) -> dict:
     ]
     for w in workers:
         w.start()
-    got = [out.get() for _ in workers]
+    got = []
+    while len(got) < len(workers):  # a writer that died is named, not waited for
+        try:
+            got.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if dead:
+                for w in workers:
+                    w.kill()
+                raise SystemExit(
+                    f"FAILED: a writer process exited {dead[0]} (its error above)"
+                ) from None
     for w in workers:
         w.join()
     lat = [x for _, _, ls in got for x in ls]
@@ -305,7 +317,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
-    from turnstile.testing.postgres import PostgresServer
+    from turnstile_testbed.postgres import PostgresServer
 
     print("# The record store per call: SQLite file vs PostgreSQL (loopback, fsync on)")
     print(f"machine: {_machine.machine()}")

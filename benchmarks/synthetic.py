@@ -137,6 +137,8 @@ def _row(
         b"",
         orjson.dumps(info),
         now,
+        None,  # arrays: no per-token arrays beyond the columns above
+        None,  # media: no images
     )
 
 
@@ -148,7 +150,7 @@ def _flush(db: sqlite3.Connection, sessions: list, calls: list, rewards: list) -
         "VALUES (?,?,?,?,?,?,?,?,?,?)",
         sessions,
     )
-    db.executemany(f"INSERT INTO calls VALUES ({','.join('?' * 19)})", calls)
+    db.executemany(f"INSERT INTO calls VALUES ({','.join('?' * 21)})", calls)
     db.executemany("INSERT INTO rewards VALUES (?,?,?,?,?)", rewards)
     db.execute("COMMIT")
     sessions.clear()

@@ -48,14 +48,14 @@ import openai
 import policy_gguf
 
 import turnstile
-from turnstile import testbed
+import turnstile_testbed as testbed
+from turnstile.app.wiring import build_gateway
 from turnstile.auth import load_or_create_token
-from turnstile.demo import serve_in_thread
 from turnstile.server.app import create_app
-from turnstile.testbed_trainers import trainers_python
-from turnstile.testbed_vllm import vllm_model
 from turnstile.verify import rerendered
-from turnstile.wiring import build_gateway
+from turnstile_testbed.demo import serve_in_thread
+from turnstile_testbed.trainers import trainers_python
+from turnstile_testbed.vllm import vllm_model
 
 QWEN25 = "Qwen-Qwen2.5-7B-Instruct"  # the template (hermes tool calls) for both policies
 CLIP = 0.2

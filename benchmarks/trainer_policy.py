@@ -1,7 +1,7 @@
 """The trainer's side of the agreement test and of ``benchmarks/train_proof.py``: a PyTorch
 ``LlamaForCausalLM`` (transformers' own forward) holding the weights the engine ran.
 
-Runs in the trainers venv (torch 2.13.0 CPU, :mod:`turnstile.testbed_trainers`), started by
+Runs in the trainers venv (torch 2.13.0 CPU, :mod:`turnstile_testbed.trainers`), started by
 ``policy_gguf.Trainer`` as a subprocess that reads one JSON command a
 line on stdin and answers one JSON line on stdout:
 
