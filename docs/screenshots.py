@@ -22,10 +22,10 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from turnstile import testbed
+import turnstile_testbed as testbed
+from turnstile.app.wiring import build_gateway
 from turnstile.server.app import create_app
 from turnstile.viewer.routes import viewer_routes
-from turnstile.wiring import build_gateway
 
 OUT = Path(__file__).resolve().parent
 MODEL = "SmolLM2-135M-Instruct"
@@ -119,6 +119,9 @@ def shoot(base: str, edited: str) -> None:
         wait.until(lambda b: b.find_element(By.ID, "tip").is_displayed())
         browser.execute_script("window.scrollTo(0, 0)")
         ActionChains(browser).move_to_element(target).perform()
+        # the viewer names the model as served, never by its file (issue 46)
+        shown = browser.find_element(By.TAG_NAME, "body").text
+        assert f"text by {MODEL}" in shown and ".gguf" not in shown, shown[:2000]
         browser.save_screenshot(str(OUT / "viewer-session.png"))
     finally:
         browser.quit()

@@ -27,13 +27,13 @@ import numpy as np
 import openai
 
 import turnstile
-from turnstile import testbed
+import turnstile_testbed as testbed
+from turnstile.app.wiring import build_gateway
 from turnstile.auth import load_or_create_token
 from turnstile.converters import grpo_advantages
 from turnstile.converters.verl import to_verl_batch
-from turnstile.demo import _serve
 from turnstile.server.app import create_app
-from turnstile.wiring import build_gateway
+from turnstile_testbed.demo import _serve
 
 TASKS = [
     ("What is 3 + 5?", "8"),
