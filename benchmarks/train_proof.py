@@ -691,7 +691,7 @@ def main() -> None:
                 rows += run_arm(arm, seed, args, setup, trainer, gw, control)
     finally:
         if server is not None:
-            server.should_exit = True
+            server.stop()
         trainer.close()
         for name in ("initial.npz", "initial.gguf"):  # 1.2 GB for SmolLM2; the store stays
             (work / name).unlink(missing_ok=True)

@@ -11,13 +11,10 @@ history was edited: a new segment), rewards posted as a trainer would. Then head
 from __future__ import annotations
 
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import openai
-import uvicorn
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -26,6 +23,7 @@ import turnstile_testbed as testbed
 from turnstile.app.wiring import build_gateway
 from turnstile.server.app import create_app
 from turnstile.viewer.routes import viewer_routes
+from turnstile_testbed.demo import serve_in_thread
 
 OUT = Path(__file__).resolve().parent
 MODEL = "SmolLM2-135M-Instruct"
@@ -88,15 +86,9 @@ def main() -> None:
             tokenizer=gateway.renderer.tok,
             mounted=viewer_routes(gateway.model_name),
         )
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-        threading.Thread(target=server.run, daemon=True).start()
-        while not server.started:
-            time.sleep(0.05)
-        try:
+        with serve_in_thread(app, port):
             edited = rollouts(base)
             shoot(base, edited)
-        finally:
-            server.should_exit = True
 
 
 def shoot(base: str, edited: str) -> None:

@@ -33,7 +33,7 @@ from turnstile.auth import load_or_create_token
 from turnstile.converters import grpo_advantages
 from turnstile.converters.verl import to_verl_batch
 from turnstile.server.app import create_app
-from turnstile_testbed.demo import _serve
+from turnstile_testbed.demo import serve_in_thread
 
 TASKS = [
     ("What is 3 + 5?", "8"),
@@ -110,11 +110,9 @@ def main() -> None:
         gateway = build_gateway(engine_url, str(model), data, model_name="policy")
         port = testbed.free_port()
         base = f"http://127.0.0.1:{port}"
-        server = _serve(create_app(gateway, base, token=load_or_create_token(data)[0]), port)
-        try:
+        app = create_app(gateway, base, token=load_or_create_token(data)[0])
+        with serve_in_thread(app, port):  # stopped (and joined) before the process exits
             trajs = asyncio.run(collect(base, data, args.groups, args.group_size, args.max_tokens))
-        finally:
-            server.should_exit = True
     tok = gateway.tok
     pad_id = (
         tok.pad_token_id if getattr(tok, "pad_token_id", None) is not None else tok.eos_token_id

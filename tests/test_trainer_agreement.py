@@ -40,7 +40,7 @@ from turnstile.client import AsyncClient
 from turnstile.server.app import create_app
 from turnstile.store.trajectories import Trajectory, stitch
 from turnstile.verify import rerendered
-from turnstile_testbed.demo import _serve
+from turnstile_testbed.demo import serve_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,11 +144,9 @@ def recorded(policy: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
             [dash] = gateway.tok.encode(DASH)
             port = testbed.free_port()
             base = f"http://127.0.0.1:{port}"
-            server = _serve(create_app(gateway, base, token=load_or_create_token(data)[0]), port)
-            try:
+            app = create_app(gateway, base, token=load_or_create_token(data)[0])
+            with serve_in_thread(app, port):
                 sid, msgs = asyncio.run(_conversation(base, data, dash))
-            finally:
-                server.should_exit = True
         [traj] = stitch(gateway.store.calls(sid))
         out[dtype] = {"traj": traj, "messages": msgs, "renderer": gateway.renderer}
     return out

@@ -138,7 +138,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         }
     finally:
         if server is not None:
-            server.should_exit = True
+            server.stop()
         relay_server.shutdown()
         relay_server.server_close()
         subprocess.run([*engine, "--stop", *where], timeout=60)

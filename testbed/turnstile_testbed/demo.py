@@ -84,22 +84,41 @@ CONVERSATIONS = [
 ]
 
 
-def serve_in_thread(app: Starlette, port: int) -> uvicorn.Server:
-    """``app`` served by uvicorn on ``127.0.0.1:port`` in a daemon thread, returned once it
-    listens (set ``should_exit`` to stop it): the demo's server, and the benchmarks' and
-    examples' that run a gateway in their own process."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="error", loop="uvloop", http="httptools"
+class ServedApp:
+    """An app served by uvicorn in a thread of this process: the demo's server, and the
+    benchmarks', examples' and tests' that run a gateway in their own process.
+
+    ``stop`` waits for uvicorn's shutdown (the app's lifespan closes the engine client and the
+    store): a process that exits while that thread still runs native code (tokenizers, SQLite,
+    uvloop) can die with a segfault at interpreter teardown, after its work is done."""
+
+    def __init__(self, app: Starlette, port: int) -> None:
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app, host="127.0.0.1", port=port, log_level="error", loop="uvloop", http="httptools"
+            )
         )
-    )
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return server
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError(f"uvicorn did not start on port {port}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> ServedApp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
-_serve = serve_in_thread  # the name examples/grpo_loop.py and a test still import
+def serve_in_thread(app: Starlette, port: int) -> ServedApp:
+    """``app`` served on ``127.0.0.1:port`` once it listens; ``.stop()`` ends it."""
+    return ServedApp(app, port)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -151,8 +170,7 @@ def run(args: argparse.Namespace) -> None:
             sessions.append(Session(sid, "tools", msgs, TOOLS))
             _report(gateway, sessions, data)
         finally:
-            server.should_exit = True
-            time.sleep(0.3)
+            server.stop()
 
 
 @dataclass
