@@ -16,7 +16,7 @@ on the path that recorded them, and a position no call covers is absent (never a
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +43,10 @@ class TokenArray:
     # a key of its own on the stitched sample (``<name>`` and ``<name>_present``); False for
     # an array a sample already gives in another form (weight versions: ``versions``)
     own_key: bool = True
+    # the trailing dimensions may differ call to call (top-k lists: each call asks its own k):
+    # a sample pads every call's rows with ``fill`` to the widest, where otherwise a call of
+    # another shape is left absent
+    ragged: bool = False
 
     def empty(self, tail: tuple[int, ...] = ()) -> np.ndarray:
         return np.zeros((0, *tail), dtype=self.dtypes[0])
@@ -80,7 +84,31 @@ KEPT_MASS = TokenArray(
     fill=float("nan"),
     doc="the kept set's mass of each sampled token (the engine's sampling mask)",
 )
-DECLARED: dict[str, TokenArray] = {a.name: a for a in (WEIGHT_VERSION, ROUTED_EXPERTS, KEPT_MASS)}
+# The top-k candidates of each sampled token, as the engine returned them for a request that
+# asked for top logprobs (Chat and Responses ``top_logprobs``): their ids and logprobs, best
+# first, ``k`` the most any token of the call got (at least the k asked). A short row (the
+# engine gave fewer) is padded with -1 / NaN; a call that asked for none has no rows.
+TOP_IDS = TokenArray(
+    "top_ids",
+    ("int32",),
+    ("k",),
+    COMPLETION,
+    fill=-1,
+    doc="the ids of each sampled token's top-k candidates, best first (-1: none)",
+    ragged=True,
+)
+TOP_LOGPROBS = TokenArray(
+    "top_logprobs",
+    ("float32",),
+    ("k",),
+    COMPLETION,
+    fill=float("nan"),
+    doc="the logprobs of each sampled token's top-k candidates, as top_ids (NaN: none)",
+    ragged=True,
+)
+DECLARED: dict[str, TokenArray] = {
+    a.name: a for a in (WEIGHT_VERSION, ROUTED_EXPERTS, KEPT_MASS, TOP_IDS, TOP_LOGPROBS)
+}
 
 
 def declared(name: str) -> TokenArray:
@@ -199,6 +227,43 @@ def version_rows(spans: list[dict] | None, start: int, n: int) -> Rows | None:
     return Rows(start, out)
 
 
+# --- top-k candidates: the engine's ragged lists as two padded arrays ---------------------
+
+
+def top_rows(tops: Sequence[Sequence[tuple[int, float]]], start: int, k: int) -> dict[str, Rows]:
+    """The top-k candidates of the sampled tokens (``tops[i]``: token ``i``'s ``(id,
+    logprob)`` pairs, as the engine returned them) as :data:`TOP_IDS` and :data:`TOP_LOGPROBS`
+    rows from sequence position ``start``: ``[n, width]``, ``width`` the longest list or ``k``
+    (what was asked) if more, short lists padded. Empty when none was asked for (``k`` 0)."""
+    n = len(tops)
+    if k <= 0 or n == 0:
+        return {}
+    lengths = set(map(len, tops))
+    width = max(k, *lengths)
+    if lengths == {width}:  # every row whole (the usual answer): one conversion, no loop
+        flat = [x for row in tops for pair in row for x in pair]
+        ids = np.array(flat[0::2], dtype=TOP_IDS.dtypes[0]).reshape(n, width)
+        lps = np.array(flat[1::2], dtype=TOP_LOGPROBS.dtypes[0]).reshape(n, width)
+        return {TOP_IDS.name: Rows(start, ids), TOP_LOGPROBS.name: Rows(start, lps)}
+    ids = np.full((n, width), TOP_IDS.fill, dtype=TOP_IDS.dtypes[0])
+    lps = np.full((n, width), TOP_LOGPROBS.fill, dtype=TOP_LOGPROBS.dtypes[0])
+    for i, row in enumerate(tops):
+        if row:
+            m = len(row)
+            ids[i, :m] = [t for t, _ in row]
+            lps[i, :m] = [v for _, v in row]
+    return {TOP_IDS.name: Rows(start, ids), TOP_LOGPROBS.name: Rows(start, lps)}
+
+
+def top_lists(ids: np.ndarray, logprobs: np.ndarray) -> list[list[tuple[int, float]]]:
+    """The inverse of :func:`top_rows` for one array pair: each row's candidates, the
+    padding (id -1) left out."""
+    return [
+        [(int(t), float(v)) for t, v in zip(r_ids, r_lps, strict=True) if t != TOP_IDS.fill]
+        for r_ids, r_lps in zip(ids.tolist(), logprobs.tolist(), strict=True)
+    ]
+
+
 # --- stitching ------------------------------------------------------------------------------
 
 
@@ -223,11 +288,18 @@ def stitch(
     if not usable:
         return None
     tail = usable[0].rows.values.shape[1:]
+    if array.ragged:  # each call's own width: padded to the widest
+        tails = [p.rows.values.shape[1:] for p in usable if p.rows.values.ndim == len(tail) + 1]
+        tail = tuple(max(d) for d in zip(*tails, strict=True)) if tail else tail
     dtype = np.result_type(*(p.rows.values.dtype for p in usable))
     out = np.full((total, *tail), array.fill, dtype=dtype)
     present = np.zeros(total, dtype=np.int8)
     for p in usable:
         v = p.rows.values
+        if array.ragged and v.ndim == len(tail) + 1 and v.shape[1:] != tail:
+            wide = np.full((len(v), *tail), array.fill, dtype=dtype)
+            wide[(slice(None), *(slice(0, d) for d in v.shape[1:]))] = v
+            v = wide
         if v.shape[1:] != tail:
             continue  # a call recorded another model's shape: left absent, never reshaped
         lo, hi = p.rows.start + p.offset, p.rows.end + p.offset

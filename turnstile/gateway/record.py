@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..errors import APIError
 from ..store import database
@@ -19,7 +19,7 @@ from ..store.contracts import SessionOpener
 from ..store.records import CallRecord
 from ..store.store import Store
 from ..store.writes import CallWrite, SessionGone
-from ..token_arrays import WEIGHT_VERSION, Rows, version_rows
+from ..token_arrays import WEIGHT_VERSION, Rows, top_rows, version_rows
 
 # What a failed commit raises: the harness gets a clean 503/507/404 (store_error), never a 500.
 STORE_ERRORS: tuple[type[Exception], ...] = (*database.ERRORS, OSError, SessionGone)
@@ -125,15 +125,24 @@ def weight_version(spans: list[dict] | None, n: int, whole: object, policy: str 
 
 
 def call_arrays(
-    spans: list[dict] | None, completion_start: int, n: int, engine: dict[str, Rows] | None
+    spans: list[dict] | None,
+    completion_start: int,
+    n: int,
+    engine: dict[str, Rows] | None,
+    tops: Sequence[Sequence[tuple[int, float]]] = (),
+    top_k: int = 0,
 ) -> dict[str, Rows]:
     """A call record's per-token arrays: what the engine returned by name (routed experts),
-    and the weight version of each of the ``n`` sampled tokens from the engine's spans (the
-    completion starts at sequence position ``completion_start``)."""
+    the weight version of each of the ``n`` sampled tokens from the engine's spans (the
+    completion starts at sequence position ``completion_start``), and, when ``top_k``
+    candidates were asked for, each sampled token's as the engine gave them (``tops``, one list
+    per sampled token)."""
     out = dict(engine or {})
     versions = version_rows(spans, completion_start, n)
     if versions is not None:
         out[WEIGHT_VERSION.name] = versions
+    if top_k > 0 and len(tops) == n:
+        out.update(top_rows(tops, completion_start, top_k))
     return out
 
 

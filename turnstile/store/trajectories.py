@@ -199,11 +199,14 @@ def _arrays_from_json(d: dict) -> dict:
     arrays, present = {}, {}
     for name, decl in DECLARED.items():
         if decl.own_key and d.get(name) is not None:
-            values = np.asarray(d[name])
             wide = np.dtype(decl.dtypes[-1])
-            arrays[name] = values.astype(
-                decl.dtypes[0] if values.size == 0 or values.max() < 256 else wide
-            )
+            if wide.kind == "f":  # JSON writes NaN (an absent value) as null
+                arrays[name] = np.asarray(d[name], dtype=np.float64).astype(wide)
+            else:
+                values = np.asarray(d[name])
+                arrays[name] = values.astype(
+                    decl.dtypes[0] if values.size == 0 or values.max() < 256 else wide
+                )
             present[name] = np.asarray(d.get(f"{name}_present") or [], dtype=np.int8)
     return {"arrays": arrays, "present": present}
 

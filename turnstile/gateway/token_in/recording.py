@@ -215,6 +215,8 @@ def build_record(
             len(prompt.ids),
             n,
             finish.arrays if finish else None,
+            gen.top,
+            params.top_logprobs,
         ),
         media=mp.media if mp is not None else (),
         # the bytes of the images this call brings (a reused prefix's are stored already)
