@@ -19,6 +19,8 @@ def test_grpo_example_prints_a_consistent_verl_batch(tiny_qwen2, tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
+            "-X",
+            "faulthandler",  # a crash prints where (CI once saw a bare SIGSEGV at exit)
             str(ROOT / "examples" / "grpo_loop.py"),
             "--model",
             "tiny",
@@ -35,7 +37,7 @@ def test_grpo_example_prints_a_consistent_verl_batch(tiny_qwen2, tmp_path):
         text=True,
         timeout=540,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line.removeprefix("RESULT "))
     shapes = result["shapes"]
