@@ -238,6 +238,8 @@ def test_a_session_records_the_top_k_the_engine_returned(engine, tiny_qwen2, tmp
 
         wire = _truth(kind, fake, relay)
         assert len(wire) == 5
+        gens = [ex for ex in relay.exchanges if ex.path == PATHS[kind] and ex.request.get("stream")]
+        assert len(gens) >= 2 and all(len(ex.chunks) > 1 for ex in gens)  # turns 2 and 4 streamed
         trajs = ts.get(f"/v1/sessions/{sid}/trajectories")["data"]
         trajs += ts.get(f"/v1/sessions/{sid2}/trajectories")["data"]
         per_call = ts.get(f"/v1/sessions/{sid}/trajectories?mode=per_call")["data"]
@@ -286,6 +288,17 @@ def test_a_session_records_the_top_k_the_engine_returned(engine, tiny_qwen2, tmp
             assert present == [0] * len(prompt) + [1] * len(out)
             assert s["top_ids"][len(prompt)][: asked[i]] == [tid for tid, _ in tops[0][: asked[i]]]
 
+        # the trainer's SDK: numpy arrays, NaN where the JSON said null
+        by_json = {tuple(t["token_ids"]): t for t in trajs}
+        for tr in ts.client().trajectories(sid) + ts.client().trajectories(sid2):
+            t = by_json[tuple(tr.token_ids.tolist())]
+            assert tr.arrays["top_ids"].dtype == np.int32
+            assert tr.arrays["top_ids"].tolist() == t["top_ids"]
+            lp = tr.arrays["top_logprobs"]
+            assert lp.dtype == np.float32
+            want = np.array([[np.nan if v is None else v for v in r] for r in t["top_logprobs"]])
+            assert np.array_equal(lp, want.astype(np.float32), equal_nan=True)
+
         out_dir = tmp_path / "export"
         res = export(ts.data, out_dir, fmt="parquet", session_ids=[sid, sid2])
         table = pa.concat_tables([pq.read_table(f) for f in res.files["trajectories"]])
@@ -303,6 +316,17 @@ def test_a_session_records_the_top_k_the_engine_returned(engine, tiny_qwen2, tmp
             lp = np.array(row["top_logprobs"], dtype=np.float32)  # a trainer's read
             want = np.array(t["top_logprobs"], dtype=np.float32)
             assert np.array_equal(lp, want, equal_nan=True)
+        res = export(ts.data, tmp_path / "jsonl", fmt="jsonl", session_ids=[sid, sid2])
+        lines = [orjson.loads(x) for f in res.files["trajectories"] for x in open(f, "rb")]
+        assert len(lines) == len(trajs)
+        for line in lines:  # NaN written as null, as the trajectories route gives it
+            t = by_ids[tuple(line["token_ids"])]
+            assert line["top_ids"] == t["top_ids"]
+            got, want = (
+                np.array([[np.nan if v is None else v for v in r] for r in x], dtype=np.float32)
+                for x in (line["top_logprobs"], t["top_logprobs"])
+            )
+            assert np.array_equal(got, want, equal_nan=True)
     finally:
         ts.stop()
 
@@ -317,7 +341,9 @@ def _holds(t: dict, w: tuple) -> bool:
 
 def test_llama_server_top_k_recorded_as_returned(relay: Relay, tiny_qwen2: Path, tmp_path):
     """llama-server's ``completion_probabilities`` (its ``top_logprobs`` per token, by id): the
-    recorded candidates are those of the wire, token for token, whole and streamed."""
+    recorded candidates are those of the wire, token for token, for a whole turn and a
+    streamed one (the adapter asks llama-server for a whole answer either way), the second a
+    child whose per-call sample holds its own completion's rows only."""
     ts = Turnstile(relay.url, tiny_qwen2, tmp_path / "data", tmp_path / "ts.log")
     ts.start()
     try:
