@@ -20,6 +20,7 @@ from ...answer import (
     Streamed,
     TextDelta,
     ToolArgumentsDelta,
+    ToolCallEnd,
     ToolCallStart,
     Usage,
 )
@@ -301,6 +302,8 @@ class _Blocks:
             out += self._arguments(ev.arguments)
         elif isinstance(ev, ToolArgumentsDelta):
             out += self._arguments(ev.text)
+        elif isinstance(ev, ToolCallEnd) and self.kind == "tool_use":
+            out += self.close()  # its content_block_stop now, as Anthropic's stream does
         return out
 
     def _arguments(self, text: str) -> list[tuple[str, dict]]:

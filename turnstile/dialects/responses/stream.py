@@ -18,6 +18,7 @@ from ...answer import (
     TextDelta,
     TokenLogprobs,
     ToolArgumentsDelta,
+    ToolCallEnd,
     ToolCallStart,
 )
 from ...errors import APIError
@@ -144,6 +145,9 @@ class ResponseEvents:
         if isinstance(ev, TokenLogprobs):
             self.batch_logprobs = ev.entries
             return []
+        if isinstance(ev, ToolCallEnd):  # the call's item is done now, as OpenAI's stream does
+            is_call = self.item is not None and self.item["type"] == "function_call"
+            return self._close() if is_call else []
         if not isinstance(ev, (TextDelta, ReasoningDelta, ToolCallStart, ToolArgumentsDelta)):
             return []
         logprobs, self.batch_logprobs = self.batch_logprobs, None
