@@ -22,7 +22,16 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import Turnstile
-from test_vllm_real import NO_END, Exchange, Relay, _chat, _client, start_relay
+from test_vllm_real import (
+    NO_END,
+    Exchange,
+    Relay,
+    TopWire,
+    _chat,
+    _check_top_k,
+    _client,
+    start_relay,
+)
 
 import turnstile_testbed as testbed
 from turnstile_testbed import sglang as testbed_sglang
@@ -121,6 +130,53 @@ def test_two_turns_are_recorded_as_sglang_sampled(ts, relay, stream):
         assert c["weight_version"] == ["default"] * 6
     chained = exs[0].request["input_ids"] + _sampled(exs[0])[0]
     assert exs[1].request["input_ids"][: len(chained)] == chained
+
+
+def _sglang_tops(ex: Exchange) -> list[list[tuple[int, float]]]:
+    """SGLang's ``meta_info.output_top_logprobs``, one list per sampled token (``[logprob,
+    token id, text]`` entries, best first), whole or from a cumulative/incremental stream."""
+    tops: list[list] = []
+    for p in ex.parts():
+        meta, out = p["meta_info"], p["output_ids"]
+        given = meta.get("output_top_logprobs") or []
+        if len(out) == meta["completion_tokens"]:  # cumulative: everything so far
+            tops = list(given)
+        elif out:
+            tops += given[-len(out) :]
+    return [[(int(c[1]), float(c[0])) for c in row] for row in tops]
+
+
+def test_top_k_candidates_are_recorded_as_sglang_returned_them(ts, relay):
+    """Turn 1 whole (k 3), turn 2 streamed (k 5), each forced to 6 tokens: SGLang is asked
+    ``top_logprobs_num`` k and the recorded candidates are its ``output_top_logprobs``, token
+    for token (test_vllm_real._check_top_k)."""
+    session = ts.session(test="sglang-top-k")
+    client = _client(session)
+    before = len(relay.exchanges)
+    msgs: list[dict] = [{"role": "user", "content": "Name three colours."}]
+    asked = [3, 5]
+    for turn, (k, stream) in enumerate(zip(asked, (False, True), strict=True)):
+        text, entries, finish = _chat(
+            client, stream, messages=msgs, max_tokens=6, temperature=1.0, seed=11 + turn,
+            logprobs=True, top_logprobs=k, logit_bias=NO_END,
+        )  # fmt: skip
+        assert finish == "length" and len(entries) == 6
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
+    exs = [e for e in relay.wait(before + 2)[before:] if e.path == GENERATE]
+    assert [e.request["stream"] for e in exs] == [False, True]
+    assert len(exs[1].chunks) > 1  # streamed on the wire too
+    wire: TopWire = []
+    for ex, k in zip(exs, asked, strict=True):
+        assert ex.request["top_logprobs_num"] == k and ex.request["return_logprob"] is True
+        ids, _ = _sampled(ex)
+        tops = _sglang_tops(ex)
+        assert len(ids) == len(tops) == 6
+        for row in tops:  # k candidates, best first, as SGLang sent them
+            assert len(row) == k and [lp for _, lp in row] == sorted(
+                (lp for _, lp in row), reverse=True
+            )
+        wire.append((ex.request["input_ids"], ids, tops))
+    assert _check_top_k(ts, session, wire, asked) == 12
 
 
 def test_the_live_sglang_still_answers_as_the_golden_file(sglang):

@@ -977,3 +977,85 @@ def test_applied_sampling_is_what_vllm_got_and_applied(request, relay, route):  
                 assert sum(math.exp(lp) for lp in live.values()) == pytest.approx(1.0, abs=1e-4)
             else:  # no cut: every listed token is live
                 assert len(live) == len(dict(top)) >= 3, top
+
+
+# --- top-k candidates as per-token arrays (issue 41) on the real engines ------------------
+# A two-turn session, the first turn whole with top_logprobs 3, the second (a child call)
+# streamed with 5: each sampled token's recorded ``top_ids``/``top_logprobs`` are the engine's
+# best k as it returned them on the wire (the relay), present on completion tokens only.
+
+TopWire = list[tuple[list[int], list[int], list[list[tuple[int, float]]]]]
+
+
+def _vllm_tops(ex: Exchange, k: int) -> list[list[tuple[int, float]]]:
+    """vLLM 0.32's best k of each step, by its own ``rank`` (1 the best): the generate route
+    lists the sampled token, then the top ``logprobs`` (one more than k, the adapter asks)."""
+    out = []
+    for part in ex.parts():
+        for ch in part.get("choices") or []:
+            for e in (ch.get("logprobs") or {}).get("content") or []:
+                ranked = {t["token_id"]: t for t in e["top_logprobs"]}.values()
+                best = sorted((t for t in ranked if t["rank"] <= k), key=lambda t: t["rank"])
+                assert [t["rank"] for t in best] == list(range(1, k + 1)), e
+                out.append([(t["token_id"], t["logprob"]) for t in best])
+    return out
+
+
+def _check_top_k(t: Turnstile, session: dict, wire: TopWire, asked: list[int]) -> int:
+    """The session's one trajectory and its per-call samples against the engine's wire: each
+    completion token's row is the engine's best k (padded to the widest k with -1 / null), the
+    prompt's positions absent, a child call's own sample without rows for its prefix."""
+    sid = session["id"]
+    calls = t.get(f"/v1/sessions/{sid}/calls")["data"]
+    assert [c["parent_id"] for c in calls] == [None, calls[0]["id"]]
+    (traj,) = t.get(f"/v1/sessions/{sid}/trajectories")["data"]
+    width = max(asked)
+    sampled: set[int] = set()
+    checked = 0
+    for (prompt, out, tops), k in zip(wire, asked, strict=True):
+        assert len(tops) == len(out)
+        assert traj["token_ids"][: len(prompt) + len(out)] == prompt + out
+        for j, want in enumerate(tops):
+            p = len(prompt) + j
+            sampled.add(p)
+            assert len(want) == k
+            assert traj["top_ids"][p] == [tid for tid, _ in want] + [-1] * (width - k), p
+            got = traj["top_logprobs"][p]
+            assert got[:k] == pytest.approx([lp for _, lp in want], abs=1e-6), p
+            assert got[k:] == [None] * (width - k)  # NaN: null in the JSON
+            checked += 1
+    n = len(traj["token_ids"])
+    assert traj["top_ids_present"] == [int(p in sampled) for p in range(n)]
+    per_call = t.get(f"/v1/sessions/{sid}/trajectories?mode=per_call")["data"]
+    prompt, out, tops = wire[1]
+    (child,) = [s for s in per_call if s["token_ids"] == prompt + out]
+    assert child["top_ids_present"] == [0] * len(prompt) + [1] * len(out)
+    assert child["top_ids"][len(prompt) :] == [[tid for tid, _ in row] for row in tops]
+    return checked
+
+
+def test_top_k_candidates_are_recorded_as_vllm_returned_them(ts, relay):
+    """Turn 1 whole (k 3), turn 2 streamed (k 5), each forced to 6 tokens: the recorded
+    candidates are vLLM's own best k by rank, token for token."""
+    session = ts.session(test="top-k")
+    client = _client(session)
+    before = len(relay.exchanges)
+    msgs: list[dict] = [{"role": "user", "content": "Name three colours."}]
+    asked = [3, 5]
+    for turn, (k, stream) in enumerate(zip(asked, (False, True), strict=True)):
+        text, entries, finish = _chat(
+            client, stream, messages=msgs, max_tokens=6, temperature=1.0, seed=11 + turn,
+            logprobs=True, top_logprobs=k, logit_bias=NO_END,
+        )  # fmt: skip
+        assert finish == "length" and len(entries) == 6
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
+    exs = relay.wait(before + 2)[before:]
+    assert [(e.path, e.request["stream"]) for e in exs] == [(GENERATE, False), (GENERATE, True)]
+    assert len(exs[1].chunks) > 1  # streamed on the wire too
+    wire: TopWire = []
+    for ex, k in zip(exs, asked, strict=True):
+        assert ex.request["sampling_params"]["logprobs"] == k + 1  # 0.32: one more than k
+        ids, _, _ = _sampled(ex)
+        assert len(ids) == 6
+        wire.append((_prompt(ex), ids, _vllm_tops(ex, k)))
+    assert _check_top_k(ts, session, wire, asked) == 12
