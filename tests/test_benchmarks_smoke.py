@@ -33,6 +33,7 @@ SCRIPTS = {
     "profile_call.py": "Turnstile CPU per call",
     "store_backends.py": "gateway+database pg/sqlite",
     "group_commit.py": "group / per call: CPU",
+    "routed_experts_cost.py": "arrays / uint8 routing size",
 }
 # the load benchmarks: their records checked against the fake engine's own recorder
 CHECKED = {
@@ -123,6 +124,20 @@ def test_readme_names_each_run() -> None:
     readme = (BENCH / "README.md").read_text()
     for script in SCRIPTS:
         assert f"~/.cache/turnstile/venv/bin/python benchmarks/{script} --quick" in readme, script
+
+
+def test_routed_experts_cost_stores_the_rows_it_times() -> None:
+    """The routing arm must record every token's rows (384 bytes each at the uint8 size) and
+    the off arm none: a ratio of routing timed but not stored would measure nothing."""
+    r = quick("routed_experts_cost.py")
+    rows = {
+        cells[0]: float(cells[-1])
+        for line in r.stdout.splitlines()
+        if line.startswith("| o")
+        and len(cells := [c.strip() for c in line.strip("|").split("|")]) == 5
+    }
+    assert rows.keys() == {"off", "on"}, r.stdout[-3000:]
+    assert rows["off"] == 0.0 and 0.999 <= rows["on"] <= 1.01, rows
 
 
 def test_overhead_counts_every_call() -> None:
