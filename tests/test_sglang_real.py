@@ -30,6 +30,7 @@ from test_vllm_real import (
     _chat,
     _check_top_k,
     _client,
+    _top_k_turns,
     start_relay,
 )
 
@@ -150,19 +151,8 @@ def test_top_k_candidates_are_recorded_as_sglang_returned_them(ts, relay):
     """Turn 1 whole (k 3), turn 2 streamed (k 5), each forced to 6 tokens: SGLang is asked
     ``top_logprobs_num`` k and the recorded candidates are its ``output_top_logprobs``, token
     for token (test_vllm_real._check_top_k)."""
-    session = ts.session(test="sglang-top-k")
-    client = _client(session)
-    before = len(relay.exchanges)
-    msgs: list[dict] = [{"role": "user", "content": "Name three colours."}]
-    asked = [3, 5]
-    for turn, (k, stream) in enumerate(zip(asked, (False, True), strict=True)):
-        text, entries, finish = _chat(
-            client, stream, messages=msgs, max_tokens=6, temperature=1.0, seed=11 + turn,
-            logprobs=True, top_logprobs=k, logit_bias=NO_END,
-        )  # fmt: skip
-        assert finish == "length" and len(entries) == 6
-        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
-    exs = [e for e in relay.wait(before + 2)[before:] if e.path == GENERATE]
+    session, asked, exs = _top_k_turns(ts, relay, "sglang-top-k")
+    exs = [e for e in exs if e.path == GENERATE]
     assert [e.request["stream"] for e in exs] == [False, True]
     assert len(exs[1].chunks) > 1  # streamed on the wire too
     wire: TopWire = []

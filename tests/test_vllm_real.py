@@ -1001,6 +1001,26 @@ def _vllm_tops(ex: Exchange, k: int) -> list[list[tuple[int, float]]]:
     return out
 
 
+TOP_K_ASKED = [3, 5]  # turn 1 whole, turn 2 streamed
+
+
+def _top_k_turns(t: Turnstile, relay: Relay, test: str) -> tuple[dict, list[int], list[Exchange]]:
+    """Two turns of one session, each forced to 6 tokens, asking top_logprobs 3 (whole) then
+    5 (streamed): the session, the k asked and the relay's exchanges since."""
+    session = t.session(test=test)
+    client = _client(session)
+    before = len(relay.exchanges)
+    msgs: list[dict] = [{"role": "user", "content": "Name three colours."}]
+    for turn, (k, stream) in enumerate(zip(TOP_K_ASKED, (False, True), strict=True)):
+        text, entries, finish = _chat(
+            client, stream, messages=msgs, max_tokens=6, temperature=1.0, seed=11 + turn,
+            logprobs=True, top_logprobs=k, logit_bias=NO_END,
+        )  # fmt: skip
+        assert finish == "length" and len(entries) == 6
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
+    return session, TOP_K_ASKED, relay.wait(before + 2)[before:]
+
+
 def _check_top_k(t: Turnstile, session: dict, wire: TopWire, asked: list[int]) -> int:
     """The session's one trajectory and its per-call samples against the engine's wire: each
     completion token's row is the engine's best k (padded to the widest k with -1 / null), the
@@ -1037,19 +1057,7 @@ def _check_top_k(t: Turnstile, session: dict, wire: TopWire, asked: list[int]) -
 def test_top_k_candidates_are_recorded_as_vllm_returned_them(ts, relay):
     """Turn 1 whole (k 3), turn 2 streamed (k 5), each forced to 6 tokens: the recorded
     candidates are vLLM's own best k by rank, token for token."""
-    session = ts.session(test="top-k")
-    client = _client(session)
-    before = len(relay.exchanges)
-    msgs: list[dict] = [{"role": "user", "content": "Name three colours."}]
-    asked = [3, 5]
-    for turn, (k, stream) in enumerate(zip(asked, (False, True), strict=True)):
-        text, entries, finish = _chat(
-            client, stream, messages=msgs, max_tokens=6, temperature=1.0, seed=11 + turn,
-            logprobs=True, top_logprobs=k, logit_bias=NO_END,
-        )  # fmt: skip
-        assert finish == "length" and len(entries) == 6
-        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "More."}]
-    exs = relay.wait(before + 2)[before:]
+    session, asked, exs = _top_k_turns(ts, relay, "top-k")
     assert [(e.path, e.request["stream"]) for e in exs] == [(GENERATE, False), (GENERATE, True)]
     assert len(exs[1].chunks) > 1  # streamed on the wire too
     wire: TopWire = []
