@@ -310,6 +310,53 @@ def wait_healthy(
     raise TimeoutError(f"{url} not healthy after {timeout}s")
 
 
+def _die_with_parent() -> None:
+    """In a child, before exec: SIGTERM when the process that started it dies (a test run
+    killed outright would otherwise leave an engine and its memory behind)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def engine_process(
+    name: str, cmd: list[str], env: dict[str, str], port: int, log: Path | None, timeout: float
+) -> Iterator[str]:
+    """An engine server (vLLM, SGLang) started as its own process group; yields its URL once
+    ``/health`` answers 200 (its log's tail in the error when it never does), and stops the
+    whole group after (engines run their cores in child processes): SIGTERM, then SIGKILL."""
+    out = log.open("ab") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_healthy(url + "/health", proc, timeout=timeout)
+        except (RuntimeError, TimeoutError) as exc:
+            tail = log.read_text(errors="replace").splitlines()[-30:] if log else []
+            raise RuntimeError(f"{name} did not start: {exc}\n" + "\n".join(tail)) from None
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
+        if not isinstance(out, int):
+            out.close()
+
+
 @contextlib.contextmanager
 def llama_server(
     model: Path,

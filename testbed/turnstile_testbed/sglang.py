@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import _download, cache_dir, free_port, wait_healthy
+from . import _download, cache_dir, engine_process, free_port
 from .venv import pinned_venv, pip_install
 
 SGLANG = (
@@ -166,26 +164,5 @@ def sglang_server(
         env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(cpu_routing_shim()), env.get("PYTHONPATH")])
         )
-    out = log.open("ab") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_healthy(url + "/health", proc, timeout=timeout)
-        except (RuntimeError, TimeoutError) as exc:
-            tail = log.read_text(errors="replace").splitlines()[-30:] if log else []
-            raise RuntimeError(f"SGLang did not start: {exc}\n" + "\n".join(tail)) from None
+    with engine_process("SGLang", cmd, env, port, log, timeout) as url:
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if not isinstance(out, int):
-            out.close()

