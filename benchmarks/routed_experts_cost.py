@@ -26,8 +26,11 @@ time on a CPU (the scheduler's nanoseconds: the event loop's thread, the store's
 ``--timed`` names it, the rest). ``--control`` runs both arms without routing: the ratio's
 noise floor on a shared machine. ``--arms`` compares more servers in one run (``ARMS``: the
 rows decoded then dropped, the rows never decoded, a transport-only engine, an older tree with
-``--before``); ``--timed`` patches every server to add up the CPU of each step between the
-engine's answer and the commit. ``--profile DIR`` py-spies each server over its measured turns
+``--before``, a design prototype: ``segment``, each call's arrays in an ``O_DIRECT`` file
+instead of SQLite); ``--timed`` patches every server to add up the CPU of each step between the
+engine's answer and the commit; ``--floor`` writes the on arm's stored rows again with sqlite3
+alone, with and without their arrays: what storing the rows durably costs before any of
+Turnstile runs. ``--profile DIR`` py-spies each server over its measured turns
 only and prints where the on arm's extra samples fall (wall samples of busy threads, not CPU:
 a guide, not a figure).
 
@@ -35,6 +38,8 @@ a guide, not a figure).
     ~/.cache/turnstile/venv/bin/python benchmarks/routed_experts_cost.py --rounds 4 --control
     ~/.cache/turnstile/venv/bin/python benchmarks/routed_experts_cost.py --sessions 1 \
         --turns 150 --rounds 2 --contexts 4000,110000 --arms off,on,drop,unread,aa --timed
+    ~/.cache/turnstile/venv/bin/python benchmarks/routed_experts_cost.py --turns 150 \
+        --rounds 3 --arms off,on,segment --floor
     ~/.cache/turnstile/venv/bin/python benchmarks/routed_experts_cost.py --quick
 """
 
@@ -259,10 +264,57 @@ def stored(data: Path) -> dict:
     pages = (
         db.execute("PRAGMA page_count").fetchone()[0] * db.execute("PRAGMA page_size").fetchone()[0]
     )
-    rows = db.execute("SELECT info FROM calls").fetchall()
+    infos = [json.loads(r[0]) for r in db.execute("SELECT info FROM calls")]
     db.close()
-    asked = [json.loads(r[0]).get("arrays_asked", {}).get("routed_experts") for r in rows]
+    asked = [i.get("arrays_asked", {}).get("routed_experts") for i in infos]
+    arrays += sum(i["arrays_at"][1] for i in infos if "arrays_at" in i)  # the segment arm's
     return {"tokens": tokens, "file": pages, "arrays": arrays, "asked": asked}
+
+
+def floor(data: Path, synchronous: str, tmp: Path, limit: int = 600) -> dict[str, float]:
+    """The storage's own floor: the routing arm's measured calls' rows, as stored, written
+    again bare (no gateway, no Python beside ``sqlite3``) into fresh files of the store's own
+    schema and pragmas (WAL, ``synchronous``), one row a transaction as the server's lockstep
+    turns commit them; each row twice, interleaved: with its ``arrays`` and with NULL there.
+    CPU (``thread_time``: user + kernel) a commit, us."""
+    src = sqlite3.connect(data / "turnstile.sqlite3")
+    schema = [
+        sql
+        for (sql,) in src.execute(
+            "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY type = 'table' DESC, rowid"
+        )
+    ]
+    names = [r[1] for r in src.execute("PRAGMA table_info(calls)")]
+    rows = src.execute(  # the measured turns' (a session's first call, the warm-up, has none)
+        f"SELECT * FROM calls WHERE parent_id IS NOT NULL ORDER BY rowid LIMIT {limit}"
+    ).fetchall()
+    src.close()
+    at = names.index("arrays")
+    dbs = {}
+    for arm in ("with", "without"):
+        db = sqlite3.connect(tmp / f"floor-{arm}.sqlite3", isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        for sql in schema:
+            db.execute(sql)
+        dbs[arm] = db
+    spent = {"with": 0.0, "without": 0.0}
+    insert = f"INSERT INTO calls VALUES ({', '.join('?' * len(names))})"
+    for i, row in enumerate(rows):
+        for arm in ("with", "without") if i % 2 else ("without", "with"):
+            values = row if arm == "with" else (*row[:at], None, *row[at + 1 :])
+            t0 = time.thread_time()
+            dbs[arm].execute("BEGIN IMMEDIATE")
+            dbs[arm].execute(insert, values)
+            dbs[arm].execute("COMMIT")
+            spent[arm] += time.thread_time() - t0
+    for db in dbs.values():
+        db.close()
+    n = max(1, len(rows))
+    arrays = sum(len(r[at] or b"") for r in rows) / n
+    return {"with": 1e6 * spent["with"] / n, "without": 1e6 * spent["without"] / n,
+            "rows": len(rows), "arrays": arrays}  # fmt: skip
 
 
 def spy(out: Path, pid: int) -> subprocess.Popen:
@@ -349,6 +401,8 @@ ARMS: dict[str, tuple[bool, str | None, dict]] = {
     "unread": (True, "unread", {}),
     # routing off, but its engine (a second fake) sends 160 rows with every answer
     "transport": (False, None, {}),
+    # routing on, each call's arrays in an O_DIRECT segment file, not SQLite (``segment``)
+    "segment": (True, "segment", {}),
     "off-heap": (False, None, HEAP),
     "on-heap": (True, None, HEAP),
     # routing on, the ``turnstile`` package from ``--before DIR`` (an older tree, e.g. ``git
@@ -414,13 +468,50 @@ def timed(path: str) -> None:
     del writes
 
 
+def segment(path: Path) -> None:
+    """A design prototype, not Turnstile's store: each call's arrays blob written to a segment
+    file with ``O_DIRECT | O_DSYNC`` (one DMA write, no page-cache copy, durable when the
+    write returns, in 4 KB blocks) by the store's writer before the call's row commits, the row
+    keeping only where (``info.arrays_at``). What the rows' storage would cost out of SQLite's
+    WAL, which writes each page twice (the log, then the checkpoint) through the page cache.
+    No read path, no reclaim, one process: a measurement, not a store."""
+    import mmap
+
+    from turnstile.store import store
+    from turnstile.token_arrays import pack
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_DSYNC, 0o600)
+    except OSError:  # a file system without O_DIRECT (tmpfs): the same writes, buffered
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DSYNC, 0o600)
+    block = mmap.mmap(-1, 4 << 20)  # page-aligned, as O_DIRECT asks of the buffer
+    at = [0]
+    real = store.call_rows
+
+    def call_rows(w: object, keep: bool, fields: dict) -> object:
+        c = w.record  # type: ignore[attr-defined]
+        blob = pack(c.arrays) if c.arrays else None
+        if blob and len(blob) <= len(block):
+            size = -(-len(blob) // 4096) * 4096
+            block[: len(blob)] = blob
+            os.pwrite(fd, memoryview(block)[:size], at[0])
+            c.info["arrays_at"] = [at[0], len(blob)]
+            at[0] += size
+            c.arrays = {}
+        return real(w, keep, fields)  # type: ignore[arg-type]
+
+    store.call_rows = call_rows  # type: ignore[assignment]
+
+
 def ablate(what: str) -> None:
     """Patch this (server) process before ``turnstile serve`` starts (``--arm-patch``)."""
     from turnstile.engines import vllm_reader
 
+    if what == "segment":
+        segment(Path(os.environ["ROUTED_COST_SEGMENT"]))
     if os.environ.get("ROUTED_COST_TIMED"):
         timed(os.environ["ROUTED_COST_TIMED"])
-    if what == "timed":
+    if what in ("timed", "segment"):
         return
     real = vllm_reader.read_routing
 
@@ -443,6 +534,8 @@ def serve_arm(
             **extra,
             "PYTHONPATH": os.pathsep.join([BEFORE[0], os.environ.get("PYTHONPATH", "")]),
         }
+    if name == "segment":
+        extra = {**extra, "ROUTED_COST_SEGMENT": str(tmp / "segment.bin")}
     if steps:
         patch = patch or "timed"
         extra = {**extra, "ROUTED_COST_TIMED": str(tmp / f"timed-{name}.json")}
@@ -519,6 +612,12 @@ def main() -> None:
         "commit (thread_time; a patched server) and the table shows them per call",
     )
     p.add_argument(
+        "--floor",
+        action="store_true",
+        help="after the run, write the on arm's stored rows again bare (sqlite3 alone), with "
+        "and without their arrays: what storing the rows costs before any of Turnstile runs",
+    )
+    p.add_argument(
         "--before",
         metavar="DIR",
         default="",
@@ -592,6 +691,9 @@ def main() -> None:
             fake.terminate()
             fake.wait(15)
         disk = {name: stored(tmp / f"data-{name}") for name in names}
+        bare = (
+            floor(tmp / "data-on", args.synchronous, tmp) if args.floor and "on" in names else None
+        )
     base, others = names[0], names[1:]
     print(
         f"\n{args.sessions} session(s) x {args.turns} measured turns per cell; routing "
@@ -640,13 +742,29 @@ def main() -> None:
             f"| {name} | {s['tokens']:,} | {s['file'] / s['tokens']:.1f} | {per:.1f} | "
             f"{per / (LAYERS * TOPK):.4f} |"
         )
+    if bare is not None:
+        extra = bare["with"] - bare["without"]
+        print()
+        print(
+            f"The storage's floor (`--floor`): the on arm's {bare['rows']} stored rows "
+            f"({bare['arrays'] / 1024:.1f} KB of arrays a row) written again bare, one a "
+            "transaction, with and without their arrays (us a commit, user + kernel):"
+        )
+        print()
+        print("| without arrays | with | the rows' own write | / the off arm's call, by context |")
+        print("|---|---|---|---|")
+        share = ", ".join(
+            f"{c:,}: +{extra / (1e6 * np.mean([sum(g[base][:2]) for g in got])):.1%}"
+            for c, got in cells.items()
+        )
+        print(f"| {bare['without']:.0f} | {bare['with']:.0f} | +{extra:.0f} | {share} |")
     if args.profile and {"off", "on"} <= set(names):
         print()
         print(profile_table(args.profile))
     for name in others:
         routing, patch, _ = ARMS[name]
         missing = [a for a in disk[name]["asked"] if not a or a.get("rows") is None]
-        if routing and patch is None and missing:
+        if routing and patch in (None, "segment") and missing:
             raise SystemExit(f"{name}: {len(missing)} call(s) recorded no routing: {missing[:2]}")
 
 

@@ -140,6 +140,23 @@ def test_routed_experts_cost_stores_the_rows_it_times() -> None:
     assert rows["off"] == 0.0 and 0.999 <= rows["on"] <= 1.01, rows
 
 
+def test_routed_experts_cost_prototype_and_floor_store_every_row() -> None:
+    """The segment prototype stores every row too (outside SQLite: its calls' ``arrays_at``),
+    and the floor rewrites real rows: with their arrays each commit costs more than without."""
+    r = quick("routed_experts_cost.py", "--arms", "off,on,segment", "--contexts", "4000", "--floor")
+    rows = {
+        cells[0]: float(cells[-1])
+        for line in r.stdout.splitlines()
+        if line.startswith(("| o", "| s"))
+        and len(cells := [c.strip() for c in line.strip("|").split("|")]) == 5
+    }
+    assert rows.keys() == {"off", "on", "segment"}, r.stdout[-3000:]
+    assert 0.999 <= rows["segment"] <= 1.01, rows
+    floor = r.stdout.split("The storage's floor", 1)[1].splitlines()[-1]
+    without, with_, extra = (float(c.strip().strip("+")) for c in floor.strip("|").split("|")[:3])
+    assert with_ > without and extra > 0, floor
+
+
 def test_overhead_counts_every_call() -> None:
     """overhead.py's check pass sends one call per agent per mode through each recording
     target, and the engine must have received exactly that many: 2 agents x 2 modes x 2
