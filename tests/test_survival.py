@@ -6,6 +6,7 @@ record of what it received and sampled is the truth the records are checked agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -24,7 +25,9 @@ import httpx
 import pytest
 
 import turnstile_testbed as testbed
+from turnstile.gateway.admission import SERVER_STOPPED
 from turnstile.testing.fake_vllm import MODEL, VLLMFake
+from turnstile.testing.scripted import first_token_delay
 from turnstile.testing.toy_model import EOS
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
@@ -572,6 +575,61 @@ def test_client_gone_mid_call_aborts_the_engine_call(tiny_qwen2, servers, stream
         assert len(ts.calls(sid)) == 1 and calls[0]["error"] == "the client disconnected"
         assert len(calls[0]["completion_ids"]) < 400
         _until(lambda: ts.in_flight() == 0, what="in_flight 0")
+
+
+@pytest.mark.parametrize("mode", ["token-in", "passthrough"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_sigterm_gives_running_calls_a_grace_then_records_them_aborted(
+    tiny_qwen2, servers, tmp_path, stream, mode
+):
+    """SIGTERM while a call runs (400 tokens at 50 ms: 20 s): the server lets it go on for
+    ``--shutdown-grace`` (2 s), then cancels it, records it as aborted with the tokens it had
+    (the stream's; a whole call has none before the engine's answer; in passthrough the engine
+    is still silent) and why, and exits by
+    itself, well before a supervisor's kill (which would record nothing). A second server on
+    the same store reads the record back. (Before the grace, the whole call's record was lost
+    and the stream's said its client had gone.)"""
+    with VLLMFake("0.33.0") as fake, contextlib.ExitStack() as slow:
+        fake.token_delay = 0.05
+        if mode == "passthrough":  # its replies are short: it waits before its first token
+            slow.enter_context(first_token_delay(fake, 30))
+        model = tiny_qwen2 if mode == "token-in" else Path(MODEL)
+        ts = servers(fake.url, model, tmp_path / "data", "--shutdown-grace", "2", "--mode", mode)
+        sid = ts.session()["id"]
+        url = f"{ts.url}/s/{sid}/v1/chat/completions"
+        body = _body([{"role": "user", "content": "go"}], 1, stream, max_tokens=400)
+        if mode == "passthrough":
+            body["model"] = MODEL  # the engine's own name: the harness speaks to it
+        seen: list[str] = []
+
+        def go() -> None:
+            with httpx.Client(headers=AUTH, timeout=60) as c:
+                try:
+                    with c.stream("POST", url, json=body) as r:
+                        seen.extend(r.iter_lines())
+                except httpx.HTTPError as exc:
+                    seen.append(f"{type(exc).__name__}")
+
+        harness = threading.Thread(target=go, daemon=True)
+        harness.start()
+        _until(lambda: ts.in_flight() == 1 or not harness.is_alive(), what="the call running")
+        assert harness.is_alive(), seen
+        time.sleep(0.5)  # some tokens out
+        assert ts.proc is not None
+        began = time.monotonic()
+        ts.proc.send_signal(signal.SIGTERM)
+        rc = ts.proc.wait(15)
+        took = time.monotonic() - began
+        assert rc in (0, -signal.SIGTERM), ts.log.read_text()[-2000:]  # uvicorn re-raises it
+        assert 1.5 < took < 8, (took, ts.log.read_text()[-3000:], seen)  # the grace, not 20 s
+        harness.join(10)
+        assert not harness.is_alive()
+        again = servers(fake.url, model, tmp_path / "data", "--mode", mode)
+        calls = again.calls(sid)
+        assert [c["status"] for c in calls] == ["aborted"], (calls, ts.log.read_text()[-4000:])
+        got = len(calls[0]["completion_ids"])  # a whole call reads the engine whole: none yet
+        assert 0 < got < 400 if stream and mode == "token-in" else got == 0, got
+        assert calls[0]["error"] == SERVER_STOPPED
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,10 +71,9 @@ def audit_command(args: argparse.Namespace) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from ..auth import AuthSetupError, server_token
     from ..server.error_log import log_to_stderr
+    from . import served
 
     try:  # before anything slow: a refused start fails at once
         if args.mode == "passthrough":
@@ -102,12 +101,13 @@ def serve(args: argparse.Namespace) -> None:
     for line in server.banner:
         print(f"turnstile: {line}", file=sys.stderr)
     log_to_stderr(args.log_level)  # one line per error answered (server.error_log)
-    uvicorn.run(
+    served.run(
         server.app,
+        server.gateway.control,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        **serve_options.UVICORN,
+        grace=serve_options.grace(args.shutdown_grace),
     )
 
 

@@ -30,6 +30,14 @@ class UvicornSettings(TypedDict):
     proxy_headers: bool
 
 
+SHUTDOWN_GRACE_S = 10.0  # default --shutdown-grace
+
+
+def grace(seconds: float) -> float | None:
+    """``--shutdown-grace`` as uvicorn's ``timeout_graceful_shutdown`` (0: no limit)."""
+    return seconds if seconds > 0 else None
+
+
 UVICORN: UvicornSettings = {
     "loop": "uvloop",
     "http": "httptools",
@@ -177,6 +185,16 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         default=600.0,
         metavar="SECONDS",
         help="a held call waits this long for the resume, then is aborted (default: 600)",
+    )
+    s.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=SHUTDOWN_GRACE_S,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running calls (and calls held at a paused door) may go on; "
+        "then they are cancelled and recorded as aborted, and the process exits: a "
+        "supervisor's kill, which records nothing, comes later (Kubernetes: 30 s) "
+        "(default: %(default)s; 0: no limit)",
     )
     s.add_argument(
         "--hold-stream",

@@ -37,12 +37,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..gateway.control import PolicyControl
+from . import served
+
 REFUSED = (
     "--workers runs token-in gateways (passthrough keeps a lineage index that is not "
     "rebuilt when another worker recorded calls)"
 )
 RESTART_S = (0.5, 30.0)  # first and longest wait before a dead worker is started again
-GRACE_S = 10  # seconds: how long a stopping worker waits for its running calls
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -93,6 +95,7 @@ class Fleet:
 
     def __init__(self, sockets: list[socket.socket], spec: dict):
         self.sockets, self.spec = sockets, spec
+        self.grace = served.bounded(spec["options"].get("shutdown_grace", 0))  # each worker's
         self.procs: list[subprocess.Popen] = []
         self._stopping = threading.Event()
         self._watch = threading.Thread(target=self._watch_loop, daemon=True, name="workers")
@@ -142,7 +145,7 @@ class Fleet:
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_S + 5
+        deadline = time.monotonic() + self.grace + 5
         for k, p in enumerate(self.procs, 1):
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
@@ -152,21 +155,10 @@ class Fleet:
                 p.wait()
 
 
-def run(app: Any, sock: socket.socket, log_level: str) -> None:
+def run(app: Any, control: PolicyControl, sock: socket.socket, args: Any) -> None:
     """uvicorn on a socket this process was given."""
-    import uvicorn
-
-    from .serve_options import UVICORN
-
-    config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        **UVICORN,
-        # a call held at a paused door would keep a graceful shutdown waiting for ever (and
-        # the front would never stop its workers)
-        timeout_graceful_shutdown=GRACE_S,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+    grace = served.bounded(args.shutdown_grace)
+    served.run(app, control, log_level=args.log_level, grace=grace, sockets=[sock])
 
 
 def serve_workers(args: argparse.Namespace) -> None:
@@ -204,18 +196,15 @@ def serve_workers(args: argparse.Namespace) -> None:
             flush=True,
         )
         log_to_stderr(args.log_level)
-        run(server.app, front_sock, args.log_level)
+        run(server.app, server.gateway.control, front_sock, args)
     finally:
         fleet.stop()
 
 
-ORPHAN_EXIT_S = GRACE_S + 5.0  # how long a worker whose front died may take to shut down
-
-
-def _die_with_parent(parent: int) -> None:
+def _die_with_parent(parent: int, grace: float) -> None:
     """Stop this worker when the front goes, however it goes: SIGTERM at once (Linux's
     PDEATHSIG; a graceful shutdown commits what is pending), and out after
-    :data:`ORPHAN_EXIT_S` whatever it still waits for (a call held at a paused door keeps
+    its grace and 5 s whatever it still waits for (a call held at a paused door keeps
     uvicorn's graceful shutdown waiting)."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
@@ -227,7 +216,7 @@ def _die_with_parent(parent: int) -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGTERM)  # where PDEATHSIG is not there
-        time.sleep(ORPHAN_EXIT_S)
+        time.sleep(served.bounded(grace) + 5.0)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="front-watch").start()
@@ -242,9 +231,9 @@ def worker_main() -> None:
 
     parent = os.getppid()
     spec = json.loads(sys.stdin.buffer.read())
-    _die_with_parent(parent)
-    sock = socket.socket(fileno=spec["fd"])
     args = argparse.Namespace(**spec["options"])
+    _die_with_parent(parent, args.shutdown_grace)
+    sock = socket.socket(fileno=spec["fd"])
     k = spec["index"]
     server = server_from_args(args, record_fields={"worker": k}, shared=True, peer_route=True)
     state = front_state(spec["front"], args.trainer_token)
@@ -253,7 +242,7 @@ def worker_main() -> None:
     if state.get("paused"):
         control.close_door("drain")
     log_to_stderr(args.log_level)
-    run(server.app, sock, args.log_level)
+    run(server.app, control, sock, args)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,13 @@ async def open_stream(
 
 
 CLIENT_GONE = "the client disconnected"
+SERVER_STOPPED = "the server shut down before the call ended (--shutdown-grace)"
+
+
+def cancelled_why(control: PolicyControl, default: str) -> str:
+    """What a call cancelled by no pause or close records as its end: the server's shutdown,
+    or ``default`` (its harness gone)."""
+    return SERVER_STOPPED if control.stopping else default
 
 
 class ClientGone(Exception):

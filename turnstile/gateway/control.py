@@ -109,6 +109,12 @@ class PolicyControl:
         self.holding = False
         self._in_engine: set[asyncio.Task] = set()
         self._held: set[asyncio.Task] = set()
+        # the server is shutting down: a call cancelled from now on records that as its end
+        self.stopping = False
+
+    def stop(self) -> None:
+        """The server's shutdown has begun (called by the ASGI server, before it waits)."""
+        self.stopping = True
 
     @property
     def paused(self) -> bool:

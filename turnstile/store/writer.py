@@ -141,6 +141,8 @@ _writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 
 
 @atexit.register
-def _drain_all() -> None:
+def drain_all() -> None:
+    """Commit every write handed to any writer so far (at exit; and by the server before a
+    re-raised SIGTERM ends the process, which runs no ``atexit``)."""
     for w in list(_writers):
         w.drain()

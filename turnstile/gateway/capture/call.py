@@ -28,7 +28,7 @@ from ...engines.pool import Bound
 from ...errors import APIError
 from ...store.records import CallRecord
 from ...store.store import Store
-from ..admission import CLIENT_GONE, ClientGone
+from ..admission import CLIENT_GONE, SERVER_STOPPED, ClientGone, cancelled_why
 from ..record import STORE_ERRORS, commit, committed
 from .lineage import LineageIndex, Link, new_node
 from .lineage import link as lineage_link
@@ -179,6 +179,8 @@ class CaptureCall:
             if asyncio.current_task() in self.owner.gone:  # the harness left (admission.watched)
                 await self._recorded_failure("aborted", CLIENT_GONE)
                 raise ClientGone(call.session_id) from None
+            if self.owner.control.stopping:  # the server's grace is over: the record, then out
+                await self._recorded_failure("aborted", SERVER_STOPPED)
             raise
 
     async def answer(self) -> Relayed:
@@ -245,7 +247,7 @@ class CaptureCall:
         chunks: list[dict] = []  # as the engine sent them (kept with --keep-bodies)
         held: list[dict] = []  # from the finishing chunk on: sent after the call is recorded
         status = "aborted"
-        error: str | None = "the client disconnected"
+        error: str | None = CLIENT_GONE
         done = first is None
         try:
             pending = [first] if first is not None else []
@@ -292,6 +294,7 @@ class CaptureCall:
         except asyncio.CancelledError:
             why = self.owner.control.aborted()  # a pause or the session's close
             if why is None:
+                error = cancelled_why(self.owner.control, CLIENT_GONE)  # recorded below
                 raise
             status = "recorded"
             resp.close()  # the engine stops before the record is written

@@ -26,7 +26,7 @@ from ...request import ChatRequest
 from ...store.records import CallRecord
 from ...store.store import Store
 from ...store.writes import SessionGone
-from ..admission import CLIENT_GONE, ClientGone
+from ..admission import CLIENT_GONE, SERVER_STOPPED, ClientGone, cancelled_why
 from ..control import Abort, hold_abort
 from ..record import STORE_ERRORS, commit, store_error
 from . import answers as cc
@@ -307,6 +307,8 @@ class TokenCall:
             if asyncio.current_task() in owner.gone:
                 await self.record("aborted", error=CLIENT_GONE)
                 raise ClientGone(call.session_id) from None
+            if owner.control.stopping:  # the server's grace is over: the record, then out
+                await self.record("aborted", error=SERVER_STOPPED)
             raise
         text = cc.cut_stop(owner.tok.decode(self._text_ids()), gen.finish)
         parser = owner.parser_for(req, call.tail)
@@ -400,6 +402,7 @@ class TokenCall:
         except asyncio.CancelledError:
             why = owner.control.aborted()  # a pause or the session's close: recorded first
             if why is None:
+                error = cancelled_why(owner.control, CLIENT_GONE)  # recorded below
                 raise
             status = "recorded"
             with contextlib.suppress(APIError):
