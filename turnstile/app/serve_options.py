@@ -30,10 +30,10 @@ class UvicornSettings(TypedDict):
     proxy_headers: bool
 
 
-SHUTDOWN_GRACE_S = 10.0  # default --shutdown-grace
+SHUTDOWN_GRACE_S = 10  # default --shutdown-grace (whole seconds, as uvicorn takes them)
 
 
-def grace(seconds: float) -> float | None:
+def grace(seconds: int) -> int | None:
     """``--shutdown-grace`` as uvicorn's ``timeout_graceful_shutdown`` (0: no limit)."""
     return seconds if seconds > 0 else None
 
@@ -188,7 +188,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=int,
         default=SHUTDOWN_GRACE_S,
         metavar="SECONDS",
         help="on SIGTERM, how long running calls (and calls held at a paused door) may go on; "

@@ -42,7 +42,7 @@ def run(
     control: PolicyControl,
     *,
     log_level: str,
-    grace: float | None,
+    grace: int | None,
     sockets: list[socket.socket] | None = None,
     **where: Any,
 ) -> None:
@@ -58,7 +58,7 @@ def run(
         sys.exit(3)  # as uvicorn.run: it never started (the port taken, a failed startup)
 
 
-def bounded(seconds: float) -> float:
+def bounded(seconds: int) -> int:
     """A grace that always ends (the workers': a call held at a paused door would keep a
     shutdown waiting for ever, and the front would never stop its workers)."""
     return seconds if seconds > 0 else SHUTDOWN_GRACE_S

@@ -201,7 +201,7 @@ def serve_workers(args: argparse.Namespace) -> None:
         fleet.stop()
 
 
-def _die_with_parent(parent: int, grace: float) -> None:
+def _die_with_parent(parent: int, grace: int) -> None:
     """Stop this worker when the front goes, however it goes: SIGTERM at once (Linux's
     PDEATHSIG; a graceful shutdown commits what is pending), and out after
     its grace and 5 s whatever it still waits for (a call held at a paused door keeps
